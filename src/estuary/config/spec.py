@@ -1,0 +1,407 @@
+"""Typed job specification.
+
+Every section of a job file maps to one frozen dataclass below. The loader in
+``estuary.config.loader`` builds them from YAML/dicts by reading the type hints,
+so a field added here is automatically validated (type, unknown keys) and must be
+documented in ``docs/job-spec.md``. Range checks live in each class's
+``validate()``, which raises ``ConfigError`` with the dotted field path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from estuary.config.errors import ConfigError
+
+InitializerName = Literal["uniform", "normal", "truncated_normal", "zeros"]
+OptimizerName = Literal["sgd", "adagrad", "adam", "ftrl"]
+PoolingName = Literal["sum", "mean", "none"]
+FormatName = Literal["criteo_tsv", "csv", "tsv", "parquet", "jsonl"]
+TrainMode = Literal["sync", "hybrid", "async"]
+
+
+@dataclass(frozen=True)
+class InitializerSpec:
+    """How new embedding rows are filled.
+
+    Args:
+        name: ``uniform`` (in ``[-scale, scale]``), ``normal`` / ``truncated_normal``
+            (mean 0, std ``scale``; truncated at 2 std), or ``zeros``.
+        scale: bound (uniform) or standard deviation (normal). ``None`` means
+            ``1 / sqrt(dim)``.
+    """
+
+    name: InitializerName = "uniform"
+    scale: float | None = None
+
+    def validate(self, path: str) -> None:
+        if self.scale is not None and self.scale < 0:
+            raise ConfigError(f"{path}.scale", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class SparseOptimizerSpec:
+    """Row-wise optimizer applied inside the embedding table.
+
+    Args:
+        name: ``sgd``, ``adagrad``, ``adam`` or ``ftrl``.
+        lr: learning rate (> 0).
+        eps: numerical floor in the denominator (adagrad, adam).
+        initial_accumulator: starting value of adagrad's squared-gradient sum.
+        beta1: adam first-moment decay.
+        beta2: adam second-moment decay.
+        l1: ftrl L1 strength.
+        l2: ftrl L2 strength.
+        lr_power: ftrl learning-rate power (usually -0.5).
+        weight_decay: decoupled L2 decay applied to touched rows, per step.
+        clip: if set, row values are clipped to ``[-clip, clip]`` after each update.
+    """
+
+    name: OptimizerName = "adagrad"
+    lr: float = 0.05
+    eps: float = 1e-8
+    initial_accumulator: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    l1: float = 0.0
+    l2: float = 0.0
+    lr_power: float = -0.5
+    weight_decay: float = 0.0
+    clip: float | None = None
+
+    def validate(self, path: str) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"{path}.lr", "must be > 0")
+        if self.eps <= 0:
+            raise ConfigError(f"{path}.eps", "must be > 0")
+        if self.initial_accumulator < 0:
+            raise ConfigError(f"{path}.initial_accumulator", "must be >= 0")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{path}.{name}", "must be in [0, 1)")
+        for name in ("l1", "l2", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{path}.{name}", "must be >= 0")
+        if self.clip is not None and self.clip <= 0:
+            raise ConfigError(f"{path}.clip", "must be > 0")
+
+
+@dataclass(frozen=True)
+class AdmissionSpec:
+    """When an id earns its own row.
+
+    Args:
+        min_count: an id gets a row once it has been seen this many times in
+            training batches (1 = admit at first sight). Until then it reads the
+            table's shared ``unknown`` row and its gradient trains that row.
+        probability: admit a new id with this probability per sighting (1.0 = always).
+    """
+
+    min_count: int = 1
+    probability: float = 1.0
+
+    def validate(self, path: str) -> None:
+        if self.min_count < 1:
+            raise ConfigError(f"{path}.min_count", "must be >= 1")
+        if not 0.0 < self.probability <= 1.0:
+            raise ConfigError(f"{path}.probability", "must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class EvictionSpec:
+    """Bounds on a table's memory.
+
+    Args:
+        capacity_rows: maximum rows held; ``None`` = unbounded.
+        policy: which rows go first when full: ``lru`` or ``lfu``.
+        ttl_steps: rows untouched for this many training steps are swept.
+        ttl_s: rows untouched for this many seconds are swept.
+    """
+
+    capacity_rows: int | None = None
+    policy: Literal["lru", "lfu"] = "lru"
+    ttl_steps: int | None = None
+    ttl_s: float | None = None
+
+    def validate(self, path: str) -> None:
+        if self.capacity_rows is not None and self.capacity_rows < 1:
+            raise ConfigError(f"{path}.capacity_rows", "must be >= 1")
+        if self.ttl_steps is not None and self.ttl_steps < 1:
+            raise ConfigError(f"{path}.ttl_steps", "must be >= 1")
+        if self.ttl_s is not None and self.ttl_s <= 0:
+            raise ConfigError(f"{path}.ttl_s", "must be > 0")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table. ``model.embedding.default`` gives every field's default;
+    ``model.embedding.tables.<feature>`` overrides fields for one feature.
+
+    Args:
+        dim: embedding width D (> 0).
+        initializer: how new rows are filled.
+        optimizer: row-wise sparse optimizer.
+        pooling: how a multi-id bag becomes one vector: ``sum``, ``mean`` or
+            ``none`` (unpooled sequence output).
+        admission: when an id gets its own row.
+        eviction: capacity and TTL bounds.
+        shards: number of hash shards the table is split into.
+        initial_capacity_rows: rows pre-allocated; the table grows beyond it.
+    """
+
+    dim: int = 16
+    initializer: InitializerSpec = field(default_factory=InitializerSpec)
+    optimizer: SparseOptimizerSpec = field(default_factory=SparseOptimizerSpec)
+    pooling: PoolingName = "sum"
+    admission: AdmissionSpec = field(default_factory=AdmissionSpec)
+    eviction: EvictionSpec = field(default_factory=EvictionSpec)
+    shards: int = 1
+    initial_capacity_rows: int = 1024
+
+    def validate(self, path: str) -> None:
+        if self.dim < 1:
+            raise ConfigError(f"{path}.dim", "must be > 0")
+        if self.shards < 1:
+            raise ConfigError(f"{path}.shards", "must be >= 1")
+        if self.initial_capacity_rows < 1:
+            raise ConfigError(f"{path}.initial_capacity_rows", "must be >= 1")
+        self.initializer.validate(f"{path}.initializer")
+        self.optimizer.validate(f"{path}.optimizer")
+        self.admission.validate(f"{path}.admission")
+        self.eviction.validate(f"{path}.eviction")
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    """Embedding configuration for all sparse features.
+
+    Args:
+        default: table settings used by every sparse feature.
+        tables: per-feature overrides, keyed by sparse feature name; each value is
+            a partial table section merged over ``default``.
+        shared: groups of features that read one shared table, e.g.
+            ``{ids: [user_id, clicked_user_id]}``; the table is named by the key.
+    """
+
+    default: TableSpec = field(default_factory=TableSpec)
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    shared: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The network.
+
+    Args:
+        type: registered model name (``dlrm``, ``deepfm``, ``dcnv2``, ``logreg``).
+        params: keyword arguments for that model's constructor (see docs/job-spec.md).
+        embedding: sparse tables.
+    """
+
+    type: str = "dlrm"
+    params: dict[str, Any] = field(default_factory=dict)
+    embedding: EmbeddingSpec = field(default_factory=EmbeddingSpec)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One input file (or glob of files).
+
+    Args:
+        path: file path or glob; relative paths resolve against the job file.
+        format: ``criteo_tsv`` (40 tab-separated columns, no header), ``csv``/``tsv``
+            (with a header row).
+        columns: column names for header-less formats; ``criteo_tsv`` defaults to
+            ``label, I1..I13, C1..C26``.
+        compression: ``auto`` (by file suffix), ``none``, ``gzip`` or ``zstd``.
+    """
+
+    path: str
+    format: FormatName = "criteo_tsv"
+    columns: list[str] | None = None
+    compression: Literal["auto", "none", "gzip", "zstd"] = "auto"
+
+
+@dataclass(frozen=True)
+class SchemaSpec:
+    """Maps columns to roles.
+
+    Args:
+        label: name of the 0/1 label column.
+        dense: numeric columns, in model order. Missing values become 0; values
+            are transformed by ``dense_transform``.
+        sparse: categorical columns, in model order; each becomes one id per row.
+        dense_transform: ``log1p`` (``sign(x) * log(1 + |x|)``, for counts) or ``none``.
+        transforms: per-column value transforms applied before hashing, e.g.
+            ``{hour: hour_of_day}``. Registered names: ``hour_of_day``
+            (``YYMMDDHH`` -> ``HH``), ``day_of_week``, ``identity``.
+    """
+
+    label: str = "label"
+    dense: list[str] = field(default_factory=list)
+    sparse: list[str] = field(default_factory=list)
+    dense_transform: Literal["log1p", "none"] = "log1p"
+    transforms: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where rows come from and how they are split.
+
+    Args:
+        sources: input files, read in order.
+        schema: column roles.
+        eval_fraction: the last fraction of rows (file order, i.e. chronological)
+            held out for evaluation; 0 disables evaluation.
+        max_bad_row_ratio: the run fails once bad rows exceed this fraction of
+            rows read; below it they are counted and skipped.
+        report_bad_rows: how many bad rows are reported with file:line and reason.
+    """
+
+    sources: list[SourceSpec]
+    schema: SchemaSpec = field(default_factory=SchemaSpec)
+    eval_fraction: float = 0.1
+    max_bad_row_ratio: float = 0.01
+    report_bad_rows: int = 5
+
+    def validate(self, path: str) -> None:
+        if not self.sources:
+            raise ConfigError(f"{path}.sources", "at least one source is required")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"{path}.eval_fraction", "must be in [0, 1)")
+        if not 0.0 <= self.max_bad_row_ratio <= 1.0:
+            raise ConfigError(f"{path}.max_bad_row_ratio", "must be in [0, 1]")
+        if self.report_bad_rows < 0:
+            raise ConfigError(f"{path}.report_bad_rows", "must be >= 0")
+        if not self.schema.sparse and not self.schema.dense:
+            raise ConfigError(f"{path}.schema", "needs at least one dense or sparse column")
+
+
+@dataclass(frozen=True)
+class DenseOptimizerSpec:
+    """Optimizer for the dense (torch) parameters.
+
+    Args:
+        name: ``adam``, ``adamw``, ``adagrad`` or ``sgd``.
+        lr: learning rate (> 0).
+        weight_decay: L2 / decoupled weight decay.
+    """
+
+    name: Literal["adam", "adamw", "adagrad", "sgd"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+
+    def validate(self, path: str) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"{path}.lr", "must be > 0")
+        if self.weight_decay < 0:
+            raise ConfigError(f"{path}.weight_decay", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The training loop.
+
+    Args:
+        batch_size: rows per step (> 0).
+        eval_batch_size: rows per evaluation batch (> 0).
+        epochs: passes over the training rows (> 0).
+        seed: seeds torch, numpy and table initialisers.
+        mode: ``sync`` (every sparse update lands before the next lookup),
+            ``hybrid`` (updates applied in the background, bounded by
+            ``staleness``) or ``async`` (unbounded).
+        staleness: in ``hybrid`` mode, the lookup for batch t+k waits for batch t's
+            update when k >= staleness.
+        shuffle: shuffle training rows within each epoch (seeded).
+        dense_optimizer: optimizer for the torch parameters.
+        threads: torch intra-op threads; 0 = torch's default.
+    """
+
+    batch_size: int = 1024
+    eval_batch_size: int = 8192
+    epochs: int = 1
+    seed: int = 0
+    mode: TrainMode = "sync"
+    staleness: int = 1
+    shuffle: bool = False
+    dense_optimizer: DenseOptimizerSpec = field(default_factory=DenseOptimizerSpec)
+    threads: int = 0
+
+    def validate(self, path: str) -> None:
+        for name in ("batch_size", "eval_batch_size", "epochs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{path}.{name}", "must be > 0")
+        if self.staleness < 0:
+            raise ConfigError(f"{path}.staleness", "must be >= 0")
+        if self.threads < 0:
+            raise ConfigError(f"{path}.threads", "must be >= 0")
+        self.dense_optimizer.validate(f"{path}.dense_optimizer")
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """Where the job runs.
+
+    Args:
+        backend: ``local`` (one process, no extra dependencies).
+    """
+
+    backend: Literal["local"] = "local"
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """What the run writes.
+
+    Args:
+        dir: output folder for the checkpoint and ``summary.json``; relative paths
+            resolve against the job file.
+        checkpoint: write a checkpoint at the end of training.
+        progress: show a progress bar.
+    """
+
+    dir: str = "runs/default"
+    checkpoint: bool = True
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A whole training job.
+
+    Args:
+        data: inputs and split.
+        model: network and embedding tables.
+        train: the training loop.
+        runtime: where it runs.
+        output: what it writes.
+        name: a label for the run.
+        base_dir: folder the job file's relative paths resolve against (set by the
+            loader; not a YAML key).
+    """
+
+    data: DataSpec
+    model: ModelSpec = field(default_factory=ModelSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    output: OutputSpec = field(default_factory=OutputSpec)
+    name: str = "estuary-job"
+    base_dir: Path = field(default=Path("."), metadata={"yaml": False})
+
+    def resolve(self, path: str | Path) -> Path:
+        """A path from the job file, resolved against the job file's folder."""
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p)
+
+    def table_spec(self, feature: str) -> TableSpec:
+        """The table settings for one sparse feature (default + its override)."""
+        from estuary.config.loader import merge_table_spec
+
+        return merge_table_spec(
+            self.model.embedding.default,
+            self.model.embedding.tables.get(feature, {}),
+            f"model.embedding.tables.{feature}",
+        )

@@ -1,0 +1,93 @@
+"""Batch types shared by readers, the embedding layer and the trainer.
+
+A ``Batch`` holds B rows:
+
+    labels  float32 (B,)
+    dense   float32 (B, Dd)          already transformed (log1p), missing -> 0
+    sparse  dict feature -> JaggedIds, in schema order
+
+``JaggedIds`` is one feature's ids in CSR layout. For single-valued columns every
+row has exactly one id, so ``offsets == arange(B + 1)``::
+
+    rows:    r0      r1   r2
+    ids:    [a, b] [ c ] [ ]         values  = [a, b, c]
+                                     offsets = [0, 2, 3, 3]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+Int64Array = npt.NDArray[np.int64]
+Float32Array = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class JaggedIds:
+    """One feature's ids for a batch (CSR).
+
+    Args:
+        values: int64 (N,) raw 64-bit ids (hashes); any int64 value is valid.
+        offsets: int64 (B + 1,) row boundaries into ``values``.
+    """
+
+    values: Int64Array
+    offsets: Int64Array
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @classmethod
+    def single(cls, values: Int64Array) -> JaggedIds:
+        """One id per row."""
+        return cls(values=values, offsets=np.arange(values.shape[0] + 1, dtype=np.int64))
+
+    def take(self, rows: Int64Array) -> JaggedIds:
+        """The sub-batch made of ``rows`` (in that order)."""
+        starts = self.offsets[rows]
+        lengths = self.offsets[rows + 1] - starts
+        offsets = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if np.all(lengths == 1):
+            return JaggedIds(values=self.values[starts], offsets=offsets)
+        index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return JaggedIds(values=self.values[index], offsets=offsets)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """B rows ready for the model (see module docstring for shapes).
+
+    Args:
+        labels: float32 (B,) 0/1 labels.
+        dense: float32 (B, Dd) dense features.
+        sparse: feature name -> ids, in schema order.
+        row_ids: int64 (B,) position of each row in its source stream (global row
+            number over all sources in file order); used for row accounting.
+    """
+
+    labels: Float32Array
+    dense: Float32Array
+    sparse: dict[str, JaggedIds] = field(default_factory=dict)
+    row_ids: Int64Array | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.labels.shape[0])
+
+    def take(self, rows: Int64Array) -> Batch:
+        """The sub-batch made of ``rows`` (in that order)."""
+        return Batch(
+            labels=self.labels[rows],
+            dense=self.dense[rows],
+            sparse={name: ids.take(rows) for name, ids in self.sparse.items()},
+            row_ids=None if self.row_ids is None else self.row_ids[rows],
+        )
+
+    def slice(self, start: int, stop: int) -> Batch:
+        """Rows ``start:stop``."""
+        return self.take(np.arange(start, min(stop, self.num_rows), dtype=np.int64))

@@ -1,0 +1,79 @@
+"""Interfaces of the embedding parameter server.
+
+Shapes: ``N`` ids in a call, ``D`` the table's dim.
+
+A *shard* owns a hash index (raw int64 id -> row slot) and contiguous row storage
+with the optimizer state beside each row. A *table* routes ids to its shards by a
+stable hash of the id. Both speak the same small API so a shard can later live in
+its own process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+Int64Array = npt.NDArray[np.int64]
+Float32Array = npt.NDArray[np.float32]
+
+
+@dataclass
+class TableStats:
+    """Counters of one table (or shard), ready to export as metrics.
+
+    Args:
+        rows: ids holding their own row now.
+        bytes: memory held by index + rows + optimizer state.
+        lookups: ids looked up (train and eval).
+        hits: looked-up ids that had their own row.
+        admissions: ids that got a row.
+        pending_ids: ids seen but not yet admitted (counted by the admission filter).
+        unknown_grads: gradient rows routed to the shared unknown row because
+            their id was not admitted.
+        evictions: rows removed by capacity, TTL or an explicit sweep.
+    """
+
+    rows: int = 0
+    bytes: int = 0
+    lookups: int = 0
+    hits: int = 0
+    admissions: int = 0
+    pending_ids: int = 0
+    unknown_grads: int = 0
+    evictions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def __add__(self, other: TableStats) -> TableStats:
+        return TableStats(
+            **{k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__}
+        )
+
+
+class EmbeddingStore(Protocol):
+    """What the trainer needs from a table or a shard."""
+
+    @property
+    def dim(self) -> int: ...
+
+    def lookup(self, ids: Int64Array, *, train: bool) -> Float32Array:
+        """Rows for ``ids`` -> float32 (N, D), a fresh array.
+
+        ``train=True`` inserts new ids (subject to admission; non-admitted ids read
+        the shared unknown row). ``train=False`` never inserts: unknown ids read the
+        unknown row (zeros unless it was trained by non-admitted ids).
+        """
+        ...
+
+    def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
+        """Apply one optimizer step. ``ids`` int64 (N,) must be unique; ``grads``
+        float32 (N, D) is the summed gradient of each id for one batch. Ids without
+        a row (not admitted, or evicted since lookup) update the unknown row."""
+        ...
+
+    def stats(self) -> TableStats: ...

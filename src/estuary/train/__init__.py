@@ -1,0 +1,15 @@
+"""Training: the loop, sparse update modes, prefetching, checkpoints."""
+
+from estuary.train.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from estuary.train.sparse_updates import SparseUpdater
+from estuary.train.trainer import FitResult, Trainer
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "FitResult",
+    "SparseUpdater",
+    "Trainer",
+    "load_checkpoint",
+    "save_checkpoint",
+]

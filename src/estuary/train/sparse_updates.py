@@ -1,0 +1,167 @@
+"""Applying sparse gradients to the tables: inline, or in the background with a
+bounded staleness.
+
+Modes (``train.mode``):
+
+* ``sync``: ``submit`` applies the update before returning, so every lookup sees
+  every earlier update.
+* ``hybrid``: one background thread applies updates in step order. Before the
+  lookup of step ``s`` the trainer calls ``wait_landed(s - staleness)``: batch
+  ``s`` may miss at most the ``staleness`` most recent updates.
+* ``async``: as hybrid, without the wait (for comparison; the queue is unbounded).
+
+The tables' numba kernels release the GIL, so the update thread runs beside the
+torch compute of the next step.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from estuary.embedding.types import EmbeddingStore, Float32Array, Int64Array, TableStats
+from estuary.nn.embedding_collection import SparseGradients
+
+
+class LockedStore:
+    """An ``EmbeddingStore`` whose calls are serialised by a lock, so a prefetch
+    thread's lookups and the update thread's writes never interleave inside a
+    table. The lock is held only for the duration of one kernel call."""
+
+    def __init__(self, inner: EmbeddingStore) -> None:
+        self.inner = inner
+        self.lock = threading.Lock()
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    def lookup(self, ids: Int64Array, *, train: bool) -> Float32Array:
+        with self.lock:
+            return self.inner.lookup(ids, train=train)
+
+    def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
+        with self.lock:
+            self.inner.apply_gradients(ids, grads)
+
+    def stats(self) -> TableStats:
+        with self.lock:
+            return self.inner.stats()
+
+
+@dataclass
+class StalenessLog:
+    """Instrumentation: for each lookup, how many submitted updates had not landed.
+
+    Args:
+        max_behind: the largest such count seen.
+        lookups: lookups recorded.
+    """
+
+    max_behind: int = 0
+    lookups: int = 0
+    behind_histogram: dict[int, int] = field(default_factory=dict)
+
+    def record(self, behind: int) -> None:
+        self.lookups += 1
+        self.max_behind = max(self.max_behind, behind)
+        self.behind_histogram[behind] = self.behind_histogram.get(behind, 0) + 1
+
+
+class SparseUpdater:
+    """Delivers each step's sparse gradients to the tables, exactly once, in step
+    order.
+
+    Args:
+        tables: table name -> store.
+        mode: ``sync``, ``hybrid`` or ``async``.
+        staleness: the hybrid bound k (>= 0; 0 behaves like sync).
+    """
+
+    def __init__(self, tables: Mapping[str, EmbeddingStore], mode: str, staleness: int) -> None:
+        if mode not in ("sync", "hybrid", "async"):
+            raise ValueError(f"unknown train.mode {mode!r}")
+        self.tables = dict(tables)
+        self.mode = mode
+        self.staleness = staleness
+        self.submitted = 0  # steps handed in
+        self.landed = 0  # steps whose update is applied (updates land in order)
+        self.log = StalenessLog()
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._queue: queue.Queue[list[SparseGradients] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        if mode != "sync":
+            self._thread = threading.Thread(target=self._run, name="estuary-sparse-update", daemon=True)
+            self._thread.start()
+
+    def submit(self, grads: list[SparseGradients]) -> None:
+        """Hand in one step's gradients (step number = submission order)."""
+        self._raise_if_failed()
+        with self._cond:
+            self.submitted += 1
+        if self._thread is None:
+            self._apply(grads)
+            with self._cond:
+                self.landed += 1
+        else:
+            self._queue.put(grads)
+
+    def before_lookup(self, step: int) -> None:
+        """Called before the lookup for step ``step`` (1-based: the step about to be
+        submitted next is ``submitted + 1``). Blocks in hybrid mode until the
+        update of step ``step - staleness - 1`` or earlier has landed, i.e. at most
+        ``staleness`` submitted updates are still in flight."""
+        self._raise_if_failed()
+        with self._cond:
+            if self.mode == "hybrid":
+                need = step - 1 - self.staleness
+                # Blocking wait: the bounded-staleness barrier.
+                while self.landed < need and self._error is None:
+                    self._cond.wait()
+            self.log.record(min(self.submitted, step - 1) - self.landed)
+        self._raise_if_failed()
+
+    def flush(self) -> None:
+        """Block until every submitted update has landed (before eval/checkpoint)."""
+        with self._cond:
+            # Blocking wait: drains the update queue.
+            while self.landed < self.submitted and self._error is None:
+                self._cond.wait()
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        """Flush and stop the update thread."""
+        if self._thread is not None:
+            try:
+                self.flush()
+            finally:
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = None
+
+    def _apply(self, grads: list[SparseGradients]) -> None:
+        for g in grads:
+            self.tables[g.table].apply_gradients(g.ids, g.grads)
+
+    def _run(self) -> None:
+        while True:
+            grads = self._queue.get()
+            if grads is None:
+                return
+            try:
+                self._apply(grads)
+            except BaseException as exc:  # surfaced on the trainer thread
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self.landed += 1
+                self._cond.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("sparse update thread failed") from self._error

@@ -1,0 +1,321 @@
+"""The training loop: one process, tables in memory, torch for the dense part.
+
+Reads top to bottom: build tables and model from the job, then per step
+lookup -> forward -> backward -> dense step -> hand sparse gradients to the
+``SparseUpdater`` (inline in sync mode, background in hybrid/async).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from estuary.config import JobSpec, to_dict
+from estuary.data import TabularDataset
+from estuary.data.types import Batch
+from estuary.embedding import EmbeddingTable
+from estuary.metrics.evaluation import EvalResult, evaluate_predictions
+from estuary.nn.embedding_collection import EmbeddingCollection, LookedUpBatch
+from estuary.nn.models import build_model
+from estuary.train.checkpoint import load_checkpoint, save_checkpoint
+from estuary.train.pipeline import Prefetcher, StageTimes
+from estuary.metrics.progress import ProgressBar
+from estuary.train.sparse_updates import LockedStore, SparseUpdater
+
+DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "adagrad": torch.optim.Adagrad,
+    "sgd": torch.optim.SGD,
+}
+
+
+@dataclass
+class FitResult:
+    """What a training run produced (also written as ``summary.json``).
+
+    Args:
+        eval: metrics on the eval split (``None`` when ``eval_fraction`` is 0).
+        train_rows: training rows processed (over all epochs).
+        eval_rows: rows in the eval split.
+        bad_rows: malformed input rows skipped.
+        samples_per_s: training rows per second of training-loop wall time.
+        wall_s: whole run, data loading included.
+        mode: ``train.mode``.
+        checkpoint: the checkpoint folder written, if any.
+        profile: per-stage seconds.
+        extra: more figures (epochs, steps, table stats).
+    """
+
+    eval: EvalResult | None
+    train_rows: int
+    eval_rows: int
+    bad_rows: int
+    samples_per_s: float
+    wall_s: float
+    mode: str
+    checkpoint: Path | None = None
+    profile: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def auc(self) -> float:
+        return self.eval.auc if self.eval else float("nan")
+
+    @property
+    def logloss(self) -> float:
+        return self.eval.logloss if self.eval else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able summary (NaN written as null)."""
+
+        def clean(x: float) -> float | None:
+            return None if math.isnan(x) else x
+
+        out: dict[str, Any] = {
+            "auc": clean(self.auc),
+            "logloss": clean(self.logloss),
+            "train_rows": self.train_rows,
+            "eval_rows": self.eval_rows,
+            "bad_rows": self.bad_rows,
+            "samples_per_s": self.samples_per_s,
+            "wall_s": self.wall_s,
+            "mode": self.mode,
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+        }
+        if self.eval is not None:
+            out["calibration"] = clean(self.eval.calibration)
+            out["label_mean"] = clean(self.eval.label_mean)
+        out["profile"] = self.profile
+        out.update(self.extra)
+        return out
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Trains one job.
+
+    Args:
+        job: the validated job spec.
+        model: a ``torch.nn.Module`` with ``forward(dense (B, Dd), sparse (B, F, D))
+            -> logits (B,)``; ``None`` builds ``job.model.type`` from the registry.
+        dataset: an already loaded dataset (else read from ``job.data``).
+    """
+
+    def __init__(
+        self, job: JobSpec, model: nn.Module | None = None, *, dataset: TabularDataset | None = None
+    ) -> None:
+        t0 = time.perf_counter()
+        self.job = job
+        seed_everything(job.train.seed)
+        if job.train.threads:
+            torch.set_num_threads(job.train.threads)
+        self.dataset = dataset if dataset is not None else TabularDataset(job.data, job.base_dir)
+        self.features = list(self.dataset.feature_names)
+        self.load_s = time.perf_counter() - t0
+
+        # Tables: one per feature, or one per `shared` group.
+        feature_tables = {f: f for f in self.features}
+        for group, members in job.model.embedding.shared.items():
+            for member in members:
+                feature_tables[member] = group
+        self.tables: dict[str, EmbeddingTable] = {}
+        for i, table in enumerate(dict.fromkeys(feature_tables.values())):
+            spec = job.table_spec(table)
+            self.tables[table] = EmbeddingTable(spec, seed=job.train.seed * 1_000_003 + i, name=table)
+        self.stores = {name: LockedStore(t) for name, t in self.tables.items()}
+        pooling = {f: job.table_spec(feature_tables[f]).pooling for f in self.features}
+        self.embeddings = EmbeddingCollection(self.features, self.stores, feature_tables, pooling)
+
+        num_dense = len(self.dataset.dense_names)
+        self.model = model or build_model(
+            job.model.type,
+            job.model.params,
+            num_dense=num_dense,
+            num_sparse=len(self.features),
+            embedding_dim=self.embeddings.dim,
+        )
+        opt = job.train.dense_optimizer
+        self.optimizer = DENSE_OPTIMIZERS[opt.name](
+            self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay
+        )
+        self.loss_fn = nn.BCEWithLogitsLoss()
+        self.step = 0
+        self.epoch = 0
+        self.times = StageTimes()
+
+    # -- training ---------------------------------------------------------------
+
+    def _train_step(self, batch: Batch, looked_up: LookedUpBatch, updater: SparseUpdater) -> float:
+        t0 = time.perf_counter()
+        self.model.train()
+        self.embeddings.train()
+        sparse = self.embeddings(looked_up)  # (B, F, D)
+        dense = torch.from_numpy(batch.dense)  # (B, Dd)
+        labels = torch.from_numpy(batch.labels)  # (B,)
+        logits = self.model(dense, sparse)
+        loss = self.loss_fn(logits, labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        t1 = time.perf_counter()
+        self.optimizer.step()
+        t2 = time.perf_counter()
+        updater.submit(self.embeddings.gradients())
+        t3 = time.perf_counter()
+        self.times.forward_backward_s += t1 - t0
+        self.times.dense_step_s += t2 - t1
+        self.times.sparse_submit_s += t3 - t2
+        self.times.steps += 1
+        return float(loss.detach())
+
+    def _lookup_train(self, batch: Batch) -> LookedUpBatch:
+        return self.embeddings.lookup(batch.sparse, train=True)
+
+    def _steps(self, batches: Iterator[Batch], updater: SparseUpdater) -> Iterator[tuple[Batch, LookedUpBatch]]:
+        """Yield looked-up batches: inline in sync mode, prefetched otherwise."""
+        if self.job.train.mode == "sync":
+            for batch in batches:
+                t0 = time.perf_counter()
+                looked_up = self._lookup_train(batch)
+                self.times.lookup_s += time.perf_counter() - t0
+                yield batch, looked_up
+            return
+        prefetch = Prefetcher(
+            batches,
+            self._lookup_train,
+            updater.before_lookup,
+            first_step=updater.submitted + 1,
+            times=self.times,
+        )
+        for _, batch, looked_up in prefetch:
+            yield batch, looked_up
+
+    def fit(self, *, progress: bool | None = None) -> FitResult:
+        """Train for ``train.epochs``, evaluate, checkpoint, return the result."""
+        job = self.job
+        show = job.output.progress if progress is None else progress
+        train_part, eval_part = self.dataset.split()
+        train_rows_per_epoch = train_part.num_rows
+        updater = SparseUpdater(self.stores, job.train.mode, job.train.staleness)
+        rows_done = 0
+        t_start = time.perf_counter()
+        bar = ProgressBar(total=train_rows_per_epoch * job.train.epochs, enabled=show)
+        try:
+            for epoch in range(self.epoch, job.train.epochs):
+                self.epoch = epoch
+                batches = self.dataset.batches(
+                    train_part,
+                    job.train.batch_size,
+                    shuffle=job.train.shuffle,
+                    seed=job.train.seed,
+                    epoch=epoch,
+                )
+                for batch, looked_up in self._steps(batches, updater):
+                    loss = self._train_step(batch, looked_up, updater)
+                    self.step += 1
+                    rows_done += batch.num_rows
+                    bar.update(batch.num_rows, loss, epoch)
+                self.epoch = epoch + 1
+            updater.flush()
+        finally:
+            updater.close()
+            bar.close()
+        train_wall_s = time.perf_counter() - t_start
+        result = self.evaluate(eval_part) if eval_part.num_rows else None
+        checkpoint = self.save_checkpoint() if job.output.checkpoint else None
+        stats = {name: t.stats() for name, t in self.tables.items()}
+        return FitResult(
+            eval=result,
+            train_rows=rows_done,
+            eval_rows=eval_part.num_rows,
+            bad_rows=self.dataset.bad_rows.count,
+            samples_per_s=rows_done / train_wall_s if train_wall_s > 0 else 0.0,
+            wall_s=time.perf_counter() - t_start + self.load_s,
+            mode=job.train.mode,
+            checkpoint=checkpoint,
+            profile=self.times.as_dict(),
+            extra={
+                "epochs": job.train.epochs,
+                "steps": self.step,
+                "train_wall_s": train_wall_s,
+                "load_s": self.load_s,
+                "max_staleness_seen": updater.log.max_behind,
+                "embedding_rows": sum(s.rows for s in stats.values()),
+                "embedding_bytes": sum(s.bytes for s in stats.values()),
+                "unknown_grads": sum(s.unknown_grads for s in stats.values()),
+            },
+        )
+
+    # -- evaluation -------------------------------------------------------------
+
+    @torch.no_grad()
+    def predict(self, batch: Batch) -> np.ndarray:
+        """Click probabilities float32 (B,); lookups never insert ids."""
+        self.model.eval()
+        self.embeddings.eval()
+        looked_up = self.embeddings.lookup(batch.sparse, train=False)
+        sparse = self.embeddings(looked_up)
+        logits = self.model(torch.from_numpy(batch.dense), sparse)
+        return torch.sigmoid(logits).numpy()
+
+    def evaluate(self, part: Any | None = None) -> EvalResult:
+        """AUC / logloss on the eval split (or ``part``)."""
+        if part is None:
+            _, part = self.dataset.split()
+        labels, probabilities = [], []
+        for batch in self.dataset.batches(part, self.job.train.eval_batch_size, shuffle=False, seed=0, epoch=0):
+            probabilities.append(self.predict(batch))
+            labels.append(batch.labels)
+        if not labels:
+            return evaluate_predictions(np.zeros(0), np.zeros(0))
+        return evaluate_predictions(np.concatenate(labels), np.concatenate(probabilities))
+
+    # -- checkpoints --------------------------------------------------------------
+
+    def checkpoint_root(self) -> Path:
+        return self.job.resolve(self.job.output.dir) / "checkpoints"
+
+    def save_checkpoint(self, root: Path | None = None) -> Path:
+        """Write model, dense optimizer and every table atomically."""
+        return save_checkpoint(
+            root or self.checkpoint_root(),
+            step=self.step,
+            model=self.model,
+            optimizer=self.optimizer,
+            tables={name: t.state_dict() for name, t in self.tables.items()},
+            metadata={
+                "job": to_dict(self.job, resolve_paths=True),
+                "epoch": self.epoch,
+                "features": self.features,
+                "dense": list(self.dataset.dense_names),
+            },
+        )
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore model, dense optimizer and tables from ``path`` (a checkpoint
+        folder, a checkpoints root or a run folder)."""
+        ckpt = load_checkpoint(path)
+        self.model.load_state_dict(ckpt.dense)
+        if ckpt.optimizer is not None:
+            self.optimizer.load_state_dict(ckpt.optimizer)
+        missing = set(self.tables) - set(ckpt.tables)
+        if missing:
+            raise ValueError(f"{ckpt.path}: checkpoint has no table for {sorted(missing)}")
+        for name, table in self.tables.items():
+            table.load_state_dict(ckpt.tables[name])
+        self.step = int(ckpt.manifest["step"])
+        self.epoch = int(ckpt.manifest["metadata"].get("epoch", 0))
