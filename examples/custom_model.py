@@ -1,6 +1,6 @@
 """Train your own torch module on Estuary's embedding tables (Criteo sample).
 
-    python examples/custom_model.py
+python examples/custom_model.py
 """
 
 from pathlib import Path
@@ -26,15 +26,19 @@ class TwoTower(nn.Module):
         return self.net(torch.cat([dense, sparse.flatten(1)], dim=1)).squeeze(1)
 
 
-job = estuary.job_from_dict({
-    "data": {
-        "sources": [{"path": str(DATA), "format": "criteo_tsv"}],
-        "schema": {"dense": [f"I{i}" for i in range(1, 14)],  # declare the features
-                   "sparse": [f"C{i}" for i in range(1, 27)]},
-    },
-    "model": {"embedding": {"default": {"dim": 8, "admission": {"min_count": 2}}}},
-    "train": {"batch_size": 256, "epochs": 1},
-    "output": {"dir": "runs/custom", "checkpoint": False},
-})
+job = estuary.job_from_dict(
+    {
+        "data": {
+            "sources": [{"path": str(DATA), "format": "criteo_tsv"}],
+            "schema": {
+                "dense": [f"I{i}" for i in range(1, 14)],  # declare the features
+                "sparse": [f"C{i}" for i in range(1, 27)],
+            },
+        },
+        "model": {"embedding": {"default": {"dim": 8, "admission": {"min_count": 2}}}},
+        "train": {"batch_size": 256, "epochs": 1},
+        "output": {"dir": "runs/custom", "checkpoint": False},
+    }
+)
 result = estuary.Trainer(job, model=TwoTower(13, 26, 8)).fit()
 print(f"eval AUC {result.auc:.4f}  logloss {result.logloss:.4f}")

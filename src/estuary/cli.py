@@ -64,13 +64,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     trainer = Trainer(job)
     bad = trainer.dataset.bad_rows
     if bad.count:
-        print(f"skipped {bad.count} bad rows of {bad.rows_read} read", file=sys.stderr)
+        print(f"skipped {bad.count} bad rows of {bad.rows_read} read; first ones:", file=sys.stderr)
+        for row in bad.examples:
+            print(f"  {row.file}:{row.line}: {row.reason}", file=sys.stderr)
     result = trainer.fit(progress=not args.no_progress and job.output.progress)
     out_dir = job.resolve(job.output.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = result.summary()
     _write_json_atomic(out_dir / "summary.json", summary)
-    (out_dir / "job.resolved.yaml").write_text(yaml.safe_dump(to_dict(job, resolve_paths=True), sort_keys=False))
+    resolved = yaml.safe_dump(to_dict(job, resolve_paths=True), sort_keys=False)
+    (out_dir / "job.resolved.yaml").write_text(resolved)
     print(
         f"eval AUC {result.auc:.4f}  logloss {result.logloss:.4f}  "
         f"({result.eval_rows} eval rows; {result.train_rows} train rows at "
@@ -109,13 +112,13 @@ COMMANDS = {"train": _cmd_train, "eval": _cmd_eval}
 
 def main(argv: Sequence[str] | None = None) -> int:
     from estuary.config import ConfigError
-    from estuary.data import BadDataError
+    from estuary.data import DataError
     from estuary.train import CheckpointError
 
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, BadDataError, CheckpointError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

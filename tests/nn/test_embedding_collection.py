@@ -24,7 +24,11 @@ class DictStore:
 
     def lookup(self, ids: np.ndarray, *, train: bool) -> np.ndarray:
         self.lookups.append(ids.copy())
-        return np.stack([self.row(int(i)) for i in ids]) if len(ids) else np.zeros((0, self.dim), np.float32)
+        return (
+            np.stack([self.row(int(i)) for i in ids])
+            if len(ids)
+            else np.zeros((0, self.dim), np.float32)
+        )
 
     def apply_gradients(self, ids: np.ndarray, grads: np.ndarray) -> None:
         self.applied.append((ids.copy(), grads.copy()))
@@ -82,7 +86,8 @@ def test_shared_table_deduplicates_across_features() -> None:
     store = DictStore(2)
     coll = EmbeddingCollection(["u", "v"], {"ids": store}, feature_tables={"u": "ids", "v": "ids"})
     looked = coll.lookup(
-        {"u": JaggedIds.single(np.array([1, 2])), "v": JaggedIds.single(np.array([2, 3]))}, train=True
+        {"u": JaggedIds.single(np.array([1, 2])), "v": JaggedIds.single(np.array([2, 3]))},
+        train=True,
     )
     assert store.lookups[0].tolist() == [1, 2, 3]
     coll(looked).sum().backward()

@@ -28,7 +28,11 @@ def test_every_model_maps_dense_and_sparse_to_one_logit_per_row(
 
 
 def test_models_work_without_dense_features() -> None:
-    for name, dim, params in [("dlrm", 8, {"bottom_mlp": [8]}), ("deepfm", 5, {}), ("dcnv2", 4, {})]:
+    for name, dim, params in [
+        ("dlrm", 8, {"bottom_mlp": [8]}),
+        ("deepfm", 5, {}),
+        ("dcnv2", 4, {}),
+    ]:
         model = build_model(name, params, num_dense=0, num_sparse=3, embedding_dim=dim)
         assert model(torch.zeros(2, 0), torch.randn(2, 3, dim)).shape == (2,)
 

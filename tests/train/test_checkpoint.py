@@ -31,7 +31,9 @@ def tables() -> dict[str, dict[str, np.ndarray]]:
 
 def test_round_trip_restores_model_optimizer_and_tables(tmp_path: Path) -> None:
     model, opt = make_model()
-    path = save_checkpoint(tmp_path, step=7, model=model, optimizer=opt, tables=tables(), metadata={"epoch": 1})
+    path = save_checkpoint(
+        tmp_path, step=7, model=model, optimizer=opt, tables=tables(), metadata={"epoch": 1}
+    )
     ckpt = load_checkpoint(tmp_path)  # via `latest`
     assert ckpt.path == path
     assert ckpt.manifest["step"] == 7 and ckpt.manifest["metadata"]["epoch"] == 1

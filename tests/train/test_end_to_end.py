@@ -16,16 +16,20 @@ DENSE = [f"I{i}" for i in range(1, 14)]
 SPARSE = [f"C{i}" for i in range(1, 27)]
 
 
-def write_criteo(path: Path, rows: int, seed: int = 0, bad_lines: dict[int, str] | None = None) -> None:
+def write_criteo(
+    path: Path, rows: int, seed: int = 0, bad_lines: dict[int, str] | None = None
+) -> None:
     """Synthetic Criteo-format rows whose label depends on C1 and I1."""
     rng = np.random.default_rng(seed)
     lines = []
-    for r in range(rows):
+    for _ in range(rows):
         c1 = int(rng.integers(0, 40))
         i1 = int(rng.integers(0, 20))
         p = 1 / (1 + np.exp(-(((c1 % 4) - 1.5) * 1.5 + (i1 - 10) * 0.15)))
         label = int(rng.random() < p)
-        dense = [str(i1)] + [str(int(rng.integers(0, 5))) if rng.random() > 0.2 else "" for _ in range(12)]
+        dense = [str(i1)] + [
+            str(int(rng.integers(0, 5))) if rng.random() > 0.2 else "" for _ in range(12)
+        ]
         cats = [f"{c1:08x}"] + [f"{int(rng.integers(0, 50)):08x}" for _ in range(25)]
         lines.append("\t".join([str(label), *dense, *cats]))
     for index, text in (bad_lines or {}).items():
@@ -60,7 +64,16 @@ def test_train_writes_summary_and_checkpoint_that_eval_reproduces(
     job = write_job(tmp_path, tmp_path / "train.tsv")
     assert main(["train", str(job), "--no-progress"]) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    for key in ("auc", "logloss", "train_rows", "eval_rows", "bad_rows", "samples_per_s", "wall_s", "mode"):
+    for key in (
+        "auc",
+        "logloss",
+        "train_rows",
+        "eval_rows",
+        "bad_rows",
+        "samples_per_s",
+        "wall_s",
+        "mode",
+    ):
         assert key in summary
     assert summary["train_rows"] == 2 * 1200 and summary["eval_rows"] == 300
     assert summary["bad_rows"] == 0 and summary["mode"] == "sync"
@@ -77,12 +90,17 @@ def test_output_flag_and_set_override(tmp_path: Path) -> None:
     write_criteo(tmp_path / "train.tsv", 400)
     job = write_job(tmp_path, tmp_path / "train.tsv")
     out = tmp_path / "elsewhere"
-    assert main(["train", str(job), "--no-progress", "--output", str(out), "--set", "train.epochs=1"]) == 0
+    assert (
+        main(["train", str(job), "--no-progress", "--output", str(out), "--set", "train.epochs=1"])
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["train_rows"] == 320 and summary["epochs"] == 1
 
 
-def test_bad_rows_are_counted_and_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_rows_are_counted_and_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_criteo(tmp_path / "train.tsv", 600, bad_lines={5: "1\tnot-a-number", 9: "x" + "\t" * 39})
     job = write_job(tmp_path, tmp_path / "train.tsv", epochs=1)
     assert main(["train", str(job), "--no-progress", "--set", "data.max_bad_row_ratio=0.01"]) == 0
@@ -91,7 +109,9 @@ def test_bad_rows_are_counted_and_skipped(tmp_path: Path, capsys: pytest.Capture
     assert summary["train_rows"] + summary["eval_rows"] == 600
 
 
-def test_too_many_bad_rows_fail_with_a_clear_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_too_many_bad_rows_fail_with_a_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_criteo(tmp_path / "train.tsv", 100, bad_lines={i: "1\tbad" for i in range(0, 40, 2)})
     job = write_job(tmp_path, tmp_path / "train.tsv", epochs=1)
     assert main(["train", str(job), "--no-progress"]) == 2

@@ -32,7 +32,9 @@ class SlowStore:
         return TableStats()
 
 
-def run_steps(mode: str, staleness: int, steps: int, delay_s: float) -> tuple[SparseUpdater, SlowStore, list[int]]:
+def run_steps(
+    mode: str, staleness: int, steps: int, delay_s: float
+) -> tuple[SparseUpdater, SlowStore, list[int]]:
     store = SlowStore(delay_s)
     updater = SparseUpdater({"t": store}, mode, staleness)
     behind = []
@@ -46,7 +48,7 @@ def run_steps(mode: str, staleness: int, steps: int, delay_s: float) -> tuple[Sp
 
 
 def test_sync_mode_lands_every_update_before_the_next_lookup() -> None:
-    updater, store, behind = run_steps("sync", staleness=3, steps=10, delay_s=0.0)
+    _, store, behind = run_steps("sync", staleness=3, steps=10, delay_s=0.0)
     assert behind == [0] * 10
     assert store.applied == list(range(1, 11))
 

@@ -394,7 +394,7 @@ class JobSpec:
     def resolve(self, path: str | Path) -> Path:
         """A path from the job file, resolved against the job file's folder."""
         p = Path(path).expanduser()
-        return p if p.is_absolute() else (self.base_dir / p)
+        return (p if p.is_absolute() else (self.base_dir / p)).resolve()
 
     def table_spec(self, feature: str) -> TableSpec:
         """The table settings for one sparse feature (default + its override)."""

@@ -1,7 +1,7 @@
 """Torch modules: the embedding bridge to the tables and reference models."""
 
 from estuary.nn.embedding_collection import EmbeddingCollection, SparseGradients
-from estuary.nn.models import DCNv2, DeepFM, DLRM, LogisticRegression, build_model, register_model
+from estuary.nn.models import DLRM, DCNv2, DeepFM, LogisticRegression, build_model, register_model
 
 __all__ = [
     "DLRM",

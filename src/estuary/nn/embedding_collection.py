@@ -101,7 +101,9 @@ class EmbeddingCollection(nn.Module):
                 )
         dims = {self.tables[t].dim for t in self.feature_tables.values()}
         if len(dims) > 1:
-            raise ValueError(f"all tables must share one dim to stack (B, F, D); got {sorted(dims)}")
+            raise ValueError(
+                f"all tables must share one dim to stack (B, F, D); got {sorted(dims)}"
+            )
         self.dim = dims.pop() if dims else 0
         # Table name -> its features, in model order; built once.
         self._groups: dict[str, list[str]] = {}

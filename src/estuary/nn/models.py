@@ -14,6 +14,7 @@ same way (see ``examples/custom_model.py``). Models are found by name in
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,10 +24,12 @@ from torch import nn
 from estuary.config.errors import ConfigError
 
 
-def make_mlp(sizes: Sequence[int], *, final_activation: bool, dropout: float = 0.0) -> nn.Sequential:
+def make_mlp(
+    sizes: Sequence[int], *, final_activation: bool, dropout: float = 0.0
+) -> nn.Sequential:
     """Linear layers ``sizes[0] -> sizes[1] -> ...`` with ReLU between them."""
     layers: list[nn.Module] = []
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(fan_in, fan_out))
         last = i == len(sizes) - 2
         if not last or final_activation:
@@ -63,9 +66,13 @@ class DLRM(nn.Module):
                 f"last size must equal the embedding dim {embedding_dim}, got {list(bottom_mlp)}",
             )
         self.num_dense = num_dense
-        self.bottom = make_mlp([num_dense, *bottom_mlp], final_activation=True) if num_dense else None
+        self.bottom = (
+            make_mlp([num_dense, *bottom_mlp], final_activation=True) if num_dense else None
+        )
         vectors = num_sparse + (1 if num_dense else 0)
         rows, cols = torch.triu_indices(vectors, vectors, offset=1)
+        self.pair_rows: torch.Tensor
+        self.pair_cols: torch.Tensor
         self.register_buffer("pair_rows", rows, persistent=False)
         self.register_buffer("pair_cols", cols, persistent=False)
         top_in = (embedding_dim if num_dense else 0) + rows.numel()
@@ -115,9 +122,7 @@ class DeepFM(nn.Module):
         k = embedding_dim - 1
         self.k = k
         self.dense_linear = nn.Linear(num_dense, 1) if num_dense else None
-        self.dense_factors = (
-            nn.Parameter(torch.randn(num_dense, k) * 0.01) if num_dense else None
-        )
+        self.dense_factors = nn.Parameter(torch.randn(num_dense, k) * 0.01) if num_dense else None
         deep_in = num_sparse * k + num_dense
         self.deep = make_mlp([deep_in, *mlp, 1], final_activation=False, dropout=dropout)
 
@@ -137,7 +142,6 @@ class DeepFM(nn.Module):
         return first + second + self.deep(deep_in).squeeze(1)
 
 
-
 class CrossLayer(nn.Module):
     """One DCNv2 cross layer: ``x_{l+1} = x0 * (W x_l + b) + x_l``, with W full
     rank or factored ``U V^T`` when ``low_rank`` is set."""
@@ -147,7 +151,9 @@ class CrossLayer(nn.Module):
         if low_rank is None:
             self.proj: nn.Module = nn.Linear(width, width)
         else:
-            self.proj = nn.Sequential(nn.Linear(width, low_rank, bias=False), nn.Linear(low_rank, width))
+            self.proj = nn.Sequential(
+                nn.Linear(width, low_rank, bias=False), nn.Linear(low_rank, width)
+            )
 
     def forward(self, x0: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return x0 * self.proj(x) + x
@@ -234,11 +240,12 @@ def build_model(
     for key in params:
         if key not in accepted or key in ("num_dense", "num_sparse", "embedding_dim"):
             allowed = [p for p in accepted if p not in ("num_dense", "num_sparse", "embedding_dim")]
-            raise ConfigError(f"model.params.{key}", f"unknown parameter for {name}; known: {allowed}")
+            raise ConfigError(
+                f"model.params.{key}", f"unknown parameter for {name}; known: {allowed}"
+            )
     try:
         return factory(
             num_dense=num_dense, num_sparse=num_sparse, embedding_dim=embedding_dim, **params
         )
     except TypeError as exc:
         raise ConfigError("model.params", f"{name}: {exc}") from exc
-

@@ -98,7 +98,9 @@ def _optimizer_to_flat(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], 
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
-def _optimizer_from_flat(tensors: Mapping[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+def _optimizer_from_flat(
+    tensors: Mapping[str, torch.Tensor], meta: dict[str, Any]
+) -> dict[str, Any]:
     state: dict[int, dict[str, Any]] = {}
     for name, tensor in tensors.items():
         param_id, key = name.split(".", 1)
@@ -193,7 +195,9 @@ def list_checkpoints(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(
-        p for p in root.iterdir() if p.is_dir() and ".tmp-" not in p.name and p.name.startswith("step-")
+        p
+        for p in root.iterdir()
+        if p.is_dir() and ".tmp-" not in p.name and p.name.startswith("step-")
     )
 
 

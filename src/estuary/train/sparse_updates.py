@@ -94,7 +94,9 @@ class SparseUpdater:
         self._queue: queue.Queue[list[SparseGradients] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         if mode != "sync":
-            self._thread = threading.Thread(target=self._run, name="estuary-sparse-update", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="estuary-sparse-update", daemon=True
+            )
             self._thread.start()
 
     def submit(self, grads: list[SparseGradients]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,14 +24,14 @@ from estuary.data import TabularDataset
 from estuary.data.types import Batch
 from estuary.embedding import EmbeddingTable
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
+from estuary.metrics.progress import ProgressBar
 from estuary.nn.embedding_collection import EmbeddingCollection, LookedUpBatch
 from estuary.nn.models import build_model
 from estuary.train.checkpoint import load_checkpoint, save_checkpoint
 from estuary.train.pipeline import Prefetcher, StageTimes
-from estuary.metrics.progress import ProgressBar
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
-DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+DENSE_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
     "adamw": torch.optim.AdamW,
     "adagrad": torch.optim.Adagrad,
@@ -124,19 +124,23 @@ class Trainer:
         seed_everything(job.train.seed)
         if job.train.threads:
             torch.set_num_threads(job.train.threads)
-        self.dataset = dataset if dataset is not None else TabularDataset(job.data, job.base_dir)
+        # Tables: one per feature, or one per `shared` group. Features sharing a
+        # table hash their values with the group's seed, so equal values meet.
+        shared_names = {m: g for g, ms in job.model.embedding.shared.items() for m in ms}
+        self.dataset = (
+            dataset
+            if dataset is not None
+            else TabularDataset(job.data, job.base_dir, hash_names=shared_names)
+        )
         self.features = list(self.dataset.feature_names)
         self.load_s = time.perf_counter() - t0
-
-        # Tables: one per feature, or one per `shared` group.
-        feature_tables = {f: f for f in self.features}
-        for group, members in job.model.embedding.shared.items():
-            for member in members:
-                feature_tables[member] = group
+        feature_tables = {f: shared_names.get(f, f) for f in self.features}
         self.tables: dict[str, EmbeddingTable] = {}
         for i, table in enumerate(dict.fromkeys(feature_tables.values())):
             spec = job.table_spec(table)
-            self.tables[table] = EmbeddingTable(spec, seed=job.train.seed * 1_000_003 + i, name=table)
+            self.tables[table] = EmbeddingTable(
+                spec, seed=job.train.seed * 1_000_003 + i, name=table
+            )
         self.stores = {name: LockedStore(t) for name, t in self.tables.items()}
         pooling = {f: job.table_spec(feature_tables[f]).pooling for f in self.features}
         self.embeddings = EmbeddingCollection(self.features, self.stores, feature_tables, pooling)
@@ -185,7 +189,9 @@ class Trainer:
     def _lookup_train(self, batch: Batch) -> LookedUpBatch:
         return self.embeddings.lookup(batch.sparse, train=True)
 
-    def _steps(self, batches: Iterator[Batch], updater: SparseUpdater) -> Iterator[tuple[Batch, LookedUpBatch]]:
+    def _steps(
+        self, batches: Iterator[Batch], updater: SparseUpdater
+    ) -> Iterator[tuple[Batch, LookedUpBatch]]:
         """Yield looked-up batches: inline in sync mode, prefetched otherwise."""
         if self.job.train.mode == "sync":
             for batch in batches:
@@ -277,7 +283,9 @@ class Trainer:
         if part is None:
             _, part = self.dataset.split()
         labels, probabilities = [], []
-        for batch in self.dataset.batches(part, self.job.train.eval_batch_size, shuffle=False, seed=0, epoch=0):
+        for batch in self.dataset.batches(
+            part, self.job.train.eval_batch_size, shuffle=False, seed=0, epoch=0
+        ):
             probabilities.append(self.predict(batch))
             labels.append(batch.labels)
         if not labels:

@@ -1,0 +1,192 @@
+"""Raw text rows -> model-ready columns: labels, dense floats, hashed ids.
+
+``RowDecoder.decode`` takes one ``RawChunk`` (R rows of raw field text) and
+returns the G good rows of it (G <= R)::
+
+    labels  float32 (G,)        0.0 / 1.0
+    dense   float32 (G, Dd)     missing -> 0, then ``dense_transform``
+    ids     int64   (G, F)      one id per sparse feature (see ``hashing``)
+
+Every row gets at most one reason, from the first failing field in this order:
+label, dense columns (schema order), transformed sparse columns (schema order).
+Checks are vectorised per column; reasons are rendered only for the few rows
+that will be reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from estuary.config.errors import ConfigError
+from estuary.config.spec import SchemaSpec
+from estuary.data.badrows import BadRow
+from estuary.data.dense import DENSE_TRANSFORMS, NOT_A_NUMBER, NOT_FINITE, OK, parse_numbers
+from estuary.data.formats.types import RawChunk
+from estuary.data.hashing import feature_seed, hash_array
+from estuary.data.transforms import resolve_transforms
+from estuary.data.types import Float32Array, Int64Array
+
+__all__ = ["DecodedChunk", "RowDecoder"]
+
+# Reason codes of a failing field (0 = the row is fine so far).
+_LABEL, _NAN, _NONFINITE, _OVERFLOW, _TRANSFORM = 1, 2, 3, 4, 5
+_REASONS = {
+    _LABEL: "is not 0 or 1",
+    _NAN: "is not a number",
+    _NONFINITE: "is not a finite number",
+    _OVERFLOW: "is out of float32 range",
+}
+_MAX_SHOWN_CHARS = 60
+
+
+@dataclass(frozen=True)
+class DecodedChunk:
+    """The good rows of one RawChunk plus its bad-row accounting.
+
+    Args:
+        labels: float32 (G,).
+        dense: float32 (G, Dd).
+        ids: int64 (G, F), columns in ``RowDecoder.sparse`` order.
+        rows_read: data rows in the chunk, good + bad.
+        bad_count: bad rows skipped (reader-rejected + decode-rejected).
+        bad_examples: the first bad rows in line order (at most ``max_examples``).
+    """
+
+    labels: Float32Array
+    dense: Float32Array
+    ids: Int64Array
+    rows_read: int
+    bad_count: int
+    bad_examples: list[BadRow]
+
+
+class RowDecoder:
+    """Interprets raw rows according to a ``SchemaSpec``.
+
+    Args:
+        schema: label, dense and sparse columns, transforms.
+        hash_names: sparse feature -> name whose seed hashes it (default: the
+            feature itself). Features reading one shared table should share a name
+            so equal values get equal ids.
+    """
+
+    def __init__(self, schema: SchemaSpec, hash_names: Mapping[str, str] | None = None) -> None:
+        hash_names = dict(hash_names or {})
+        unknown = sorted(set(hash_names) - set(schema.sparse))
+        if unknown:
+            raise ConfigError("data.schema.sparse", f"hash_names for unknown features {unknown}")
+        try:
+            self.dense_transform = DENSE_TRANSFORMS[schema.dense_transform]
+        except KeyError:
+            raise ConfigError(
+                "data.schema.dense_transform",
+                f"unknown {schema.dense_transform!r} (known: {', '.join(DENSE_TRANSFORMS)})",
+            ) from None
+        self.label = schema.label
+        self.dense = list(schema.dense)
+        self.sparse = list(schema.sparse)
+        self.transforms = resolve_transforms(schema.transforms, self.sparse)
+        self.seeds = [feature_seed(hash_names.get(f, f)) for f in self.sparse]
+        # Columns to read from the files; a column may serve several roles.
+        self.columns = list(dict.fromkeys([self.label, *self.dense, *self.sparse]))
+
+    def decode(self, chunk: RawChunk, max_examples: int) -> DecodedChunk:
+        """The good rows of ``chunk`` and its bad-row counts (see module docstring)."""
+        n = chunk.num_rows
+        cols = chunk.columns
+        field = np.full(n, -1, dtype=np.int32)  # index into `fields` of the first bad field
+        code = np.zeros(n, dtype=np.uint8)
+        fields: list[tuple[str, pa.Array, str]] = []  # (name, raw values, transform words)
+
+        def flag(name: str, raw: pa.Array, mask: np.ndarray, reason: int, words: str = "") -> None:
+            new = mask & (field < 0)
+            if new.any():
+                field[new] = len(fields)
+                code[new] = reason
+            fields.append((name, raw, words))
+
+        raw = cols[self.label]
+        values, codes = parse_numbers(raw)
+        flag(self.label, raw, (codes != OK) | ((values != 0.0) & (values != 1.0)), _LABEL)
+        labels = values.astype(np.float32)
+
+        dense = np.empty((n, len(self.dense)), dtype=np.float32)  # (R, Dd)
+        for j, name in enumerate(self.dense):
+            raw = cols[name]
+            values, codes = parse_numbers(raw)
+            flag(name, raw, codes == NOT_A_NUMBER, _NAN)
+            flag(name, raw, codes == NOT_FINITE, _NONFINITE)
+            out = self.dense_transform(values)
+            flag(name, raw, ~np.isfinite(out), _OVERFLOW)
+            dense[:, j] = out
+
+        # (R, F): row-major so a shuffled batch gathers whole rows (one cache line
+        # or so per row) instead of F scattered reads per row.
+        ids = np.empty((n, len(self.sparse)), dtype=np.int64)
+        for f, name in enumerate(self.sparse):
+            values = cols[name]
+            transform = self.transforms.get(name)
+            if transform is not None:
+                raw = values
+                values = transform(raw)
+                present = pc.binary_length(raw).fill_null(0).to_numpy(zero_copy_only=False) > 0
+                invalid = values.is_null().to_numpy(zero_copy_only=False) & present
+                flag(
+                    name, raw, invalid, _TRANSFORM, f"is not {transform.expects} ({transform.name})"
+                )
+            ids[:, f] = hash_array(values, self.seeds[f])
+
+        good = field < 0
+        bad_rows = np.flatnonzero(~good)
+        examples = self._examples(chunk, bad_rows, field, code, fields, max_examples)
+        if bad_rows.shape[0]:
+            labels, dense, ids = labels[good], dense[good], ids[good]
+        return DecodedChunk(
+            labels=labels,
+            dense=dense,
+            ids=ids,
+            rows_read=chunk.rows_read,
+            bad_count=len(chunk.invalid) + int(bad_rows.shape[0]),
+            bad_examples=examples,
+        )
+
+    @staticmethod
+    def _examples(
+        chunk: RawChunk,
+        bad_rows: np.ndarray,
+        field: np.ndarray,
+        code: np.ndarray,
+        fields: list[tuple[str, pa.Array, str]],
+        limit: int,
+    ) -> list[BadRow]:
+        """The first ``limit`` bad rows of the chunk (reader's and ours) in line order."""
+        if limit <= 0:
+            return []
+        ours = []
+        for row in bad_rows[:limit]:
+            name, raw, words = fields[field[row]]
+            reason = words or _REASONS[int(code[row])]
+            ours.append(
+                BadRow(
+                    chunk.file,
+                    int(chunk.line_numbers[row]),
+                    f"field {name}: {_show(raw[int(row)].as_py())} {reason}",
+                )
+            )
+        merged = sorted([*chunk.invalid[:limit], *ours], key=lambda bad: bad.line)
+        return merged[:limit]
+
+
+def _show(value: bytes | str | None) -> str:
+    """A raw value quoted for a message, shortened; invalid UTF-8 shown as ``\\xff``."""
+    if value is None:
+        return "''"
+    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+    if len(text) > _MAX_SHOWN_CHARS:
+        text = text[:_MAX_SHOWN_CHARS] + "..."
+    return f"'{text}'"

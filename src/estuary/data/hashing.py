@@ -1,0 +1,282 @@
+"""Stable 64-bit ids for categorical values.
+
+Every categorical value becomes an int64 id with **XXH64** (the xxHash 64-bit
+algorithm, spec: github.com/Cyan4973/xxHash/blob/dev/doc/xxhash_spec.md) of the
+value's bytes, seeded per feature::
+
+    feature_seed(name) = XXH64(name.encode("utf-8"), seed=0)
+    id(value)          = int64(XXH64(value_bytes, seed=feature_seed(name)))
+
+The uint64 digest is reinterpreted as int64 (two's complement), so any int64 is a
+possible id. Python's ``hash()`` is never used: it is salted per process.
+
+- **Text, not type.** A value is hashed as the bytes of its text: ``"15706"`` read
+  as a string and ``15706`` read as an integer get the same id (integers are
+  formatted in decimal, no leading zeros, ``-`` for negatives). Bytes are hashed
+  as they are; invalid UTF-8 is not an error.
+- **Missing values.** Empty strings and nulls map to the feature's *missing id*,
+  ``missing_id(name) = id(b"")``, the XXH64 of zero bytes with the feature's seed.
+- **Seeding by name** keeps ids stable when the schema's column order changes;
+  features that must share ids (one shared table) hash with one common name.
+
+Cost: ~10-20 ns per short value on one core (numba, no per-value Python objects).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from estuary.data.types import Int64Array
+
+__all__ = [
+    "binary_buffers",
+    "feature_seed",
+    "hash_array",
+    "hash_bytes",
+    "hash_feature",
+    "missing_id",
+    "xxh64",
+]
+
+_P1 = np.uint64(0x9E3779B185EBCA87)
+_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_P3 = np.uint64(0x165667B19E3779F9)
+_P4 = np.uint64(0x85EBCA77C2B2AE63)
+_P5 = np.uint64(0x27D4EB2F165667C5)
+# Shift amounts as uint64 so numba never promotes the mixed expression to float64.
+_S1, _S7, _S8, _S11, _S12 = np.uint64(1), np.uint64(7), np.uint64(8), np.uint64(11), np.uint64(12)
+_S16, _S18, _S23, _S24 = np.uint64(16), np.uint64(18), np.uint64(23), np.uint64(24)
+_S27, _S29, _S31, _S32 = np.uint64(27), np.uint64(29), np.uint64(31), np.uint64(32)
+_S33, _S40, _S48, _S56 = np.uint64(33), np.uint64(40), np.uint64(48), np.uint64(56)
+_S64 = np.uint64(64)
+_ZERO = np.uint64(48)  # ord('0')
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _rotl(x: np.uint64, r: np.uint64) -> np.uint64:
+    return (x << r) | (x >> (_S64 - r))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _read64(data: np.ndarray, p: int) -> np.uint64:
+    # Byte by byte, little-endian, so the result does not depend on the platform
+    # or on alignment.
+    return (
+        np.uint64(data[p])
+        | (np.uint64(data[p + 1]) << _S8)
+        | (np.uint64(data[p + 2]) << _S16)
+        | (np.uint64(data[p + 3]) << _S24)
+        | (np.uint64(data[p + 4]) << _S32)
+        | (np.uint64(data[p + 5]) << _S40)
+        | (np.uint64(data[p + 6]) << _S48)
+        | (np.uint64(data[p + 7]) << _S56)
+    )
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _read32(data: np.ndarray, p: int) -> np.uint64:
+    return (
+        np.uint64(data[p])
+        | (np.uint64(data[p + 1]) << _S8)
+        | (np.uint64(data[p + 2]) << _S16)
+        | (np.uint64(data[p + 3]) << _S24)
+    )
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _round(acc: np.uint64, lane: np.uint64) -> np.uint64:
+    acc = acc + lane * _P2
+    return _rotl(acc, _S31) * _P1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _merge(acc: np.uint64, val: np.uint64) -> np.uint64:
+    acc = acc ^ _round(np.uint64(0), val)
+    return acc * _P1 + _P4
+
+
+@numba.njit(cache=True, nogil=True)
+def _xxh64(data: np.ndarray, start: int, length: int, seed: np.uint64) -> np.uint64:
+    """XXH64 of ``data[start:start + length]`` (uint8)."""
+    p = start
+    end = start + length
+    if length >= 32:
+        v1 = seed + _P1 + _P2
+        v2 = seed + _P2
+        v3 = seed
+        v4 = seed - _P1
+        limit = end - 32
+        while p <= limit:
+            v1 = _round(v1, _read64(data, p))
+            v2 = _round(v2, _read64(data, p + 8))
+            v3 = _round(v3, _read64(data, p + 16))
+            v4 = _round(v4, _read64(data, p + 24))
+            p += 32
+        h = _rotl(v1, _S1) + _rotl(v2, _S7) + _rotl(v3, _S12) + _rotl(v4, _S18)
+        h = _merge(h, v1)
+        h = _merge(h, v2)
+        h = _merge(h, v3)
+        h = _merge(h, v4)
+    else:
+        h = seed + _P5
+    h = h + np.uint64(length)
+    while p + 8 <= end:
+        h = h ^ _round(np.uint64(0), _read64(data, p))
+        h = _rotl(h, _S27) * _P1 + _P4
+        p += 8
+    if p + 4 <= end:
+        h = h ^ (_read32(data, p) * _P1)
+        h = _rotl(h, _S23) * _P2 + _P3
+        p += 4
+    while p < end:
+        h = h ^ (np.uint64(data[p]) * _P5)
+        h = _rotl(h, _S11) * _P1
+        p += 1
+    h = h ^ (h >> _S33)
+    h = h * _P2
+    h = h ^ (h >> _S29)
+    h = h * _P3
+    return h ^ (h >> _S32)
+
+
+@numba.njit(cache=True, nogil=True)
+def _hash_binary(offsets: np.ndarray, data: np.ndarray, seed: np.uint64, out: np.ndarray) -> None:
+    """out[i] = XXH64(data[offsets[i]:offsets[i + 1]]) for i < len(out); uint64 out."""
+    for i in range(out.shape[0]):
+        start = offsets[i]
+        out[i] = _xxh64(data, start, offsets[i + 1] - start, seed)
+
+
+@numba.njit(cache=True, nogil=True)
+def _hash_decimal(values: np.ndarray, unsigned: bool, seed: np.uint64, out: np.ndarray) -> None:
+    """out[i] = XXH64 of the decimal text of values[i] (int64, or uint64 bits if unsigned)."""
+    buf = np.empty(24, dtype=np.uint8)
+    ten = np.uint64(10)
+    for i in range(values.shape[0]):
+        v = values[i]
+        negative = (not unsigned) and v < 0
+        if unsigned:
+            mag = np.uint64(v)
+        elif negative:
+            # -(v + 1) + 1 avoids overflow at int64 min.
+            mag = np.uint64(-(v + 1)) + np.uint64(1)
+        else:
+            mag = np.uint64(v)
+        # Write digits right to left into buf[.., 24).
+        p = 24
+        while True:
+            p -= 1
+            buf[p] = np.uint8(_ZERO + mag % ten)
+            mag = mag // ten
+            if mag == 0:
+                break
+        if negative:
+            p -= 1
+            buf[p] = 45  # '-'
+        out[i] = _xxh64(buf, p, 24 - p, seed)
+
+
+def xxh64(data: bytes, seed: int = 0) -> int:
+    """XXH64 digest of ``data`` as an unsigned int in ``[0, 2**64)``."""
+    buf = np.frombuffer(data, dtype=np.uint8) if data else np.zeros(1, dtype=np.uint8)
+    return int(_xxh64(buf, 0, len(data), np.uint64(seed)))
+
+
+def _to_int64(u: int) -> int:
+    return u - (1 << 64) if u >= (1 << 63) else u
+
+
+def feature_seed(name: str) -> int:
+    """The XXH64 seed for one feature: ``XXH64(name.encode("utf-8"), 0)`` (uint64)."""
+    return xxh64(name.encode("utf-8"), 0)
+
+
+def hash_bytes(value: bytes | str | int, seed: int) -> int:
+    """The int64 id of one value (str is UTF-8 encoded, int is its decimal text)."""
+    if isinstance(value, int):
+        value = str(value)
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    return _to_int64(xxh64(value, seed))
+
+
+def missing_id(name: str) -> int:
+    """The id of a missing (null or empty) value of feature ``name``: ``id(b"")``."""
+    return hash_bytes(b"", feature_seed(name))
+
+
+def binary_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-copy (offsets, data) of a binary/string array.
+
+    Returns:
+        offsets: int32 or int64 (R + 1,) byte offsets into ``data`` (already shifted
+            for the array's slice offset).
+        data: uint8 (nbytes,) value bytes.
+    """
+    if pa.types.is_binary_view(arr.type) or pa.types.is_string_view(arr.type):
+        arr = arr.cast(pa.binary())  # copies; view layouts have no single data buffer
+    wide = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
+    dtype = np.int64 if wide else np.int32
+    buffers = arr.buffers()
+    if len(arr) == 0 or buffers[1] is None:
+        return np.zeros(1, dtype=dtype), np.zeros(0, dtype=np.uint8)
+    offsets = np.frombuffer(
+        buffers[1], dtype=dtype, count=len(arr) + 1, offset=arr.offset * dtype().itemsize
+    )
+    data_buf = buffers[2]
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(1, np.uint8)
+    )
+    return offsets, data
+
+
+def hash_array(values: pa.Array | pa.ChunkedArray, seed: int) -> Int64Array:
+    """Ids of one feature's column.
+
+    Args:
+        values: (R,) Arrow column: binary/string (hashed as bytes), integers (hashed
+            as decimal text), anything else is cast to string first. Nulls and empty
+            values get the missing id.
+        seed: ``feature_seed(name)``.
+
+    Returns:
+        int64 (R,) ids.
+    """
+    if isinstance(values, pa.ChunkedArray):
+        parts = [hash_array(chunk, seed) for chunk in values.chunks]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    useed = np.uint64(seed)
+    out = np.empty(len(values), dtype=np.uint64)
+    kind = values.type
+    if pa.types.is_integer(kind):
+        unsigned = pa.types.is_unsigned_integer(kind)
+        ints = values.fill_null(0).to_numpy(zero_copy_only=False)
+        ints = ints.astype(np.uint64 if unsigned else np.int64, copy=False)
+        _hash_decimal(ints.view(np.int64), unsigned, useed, out)
+    else:
+        if not (
+            pa.types.is_binary(kind)
+            or pa.types.is_string(kind)
+            or pa.types.is_large_binary(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_binary_view(kind)
+            or pa.types.is_string_view(kind)
+        ):
+            values = pc.cast(values, pa.string())
+        offsets, data = binary_buffers(values)
+        _hash_binary(offsets, data, useed, out)
+    ids = out.view(np.int64)
+    if values.null_count:
+        missing = np.int64(hash_bytes(b"", seed))
+        ids[values.is_null().to_numpy(zero_copy_only=False)] = missing
+    return ids
+
+
+def hash_feature(values: pa.Array | pa.ChunkedArray, name: str) -> Int64Array:
+    """``hash_array(values, feature_seed(name))``: int64 (R,) ids of feature ``name``."""
+    return hash_array(values, feature_seed(name))

@@ -1,0 +1,294 @@
+"""Open-addressing hash index: raw int64 id -> int64 row slot.
+
+Layout: one int64 array ``table`` of shape (C, 2), C a power of two. Entry ``i``
+holds ``table[i, 0] = key`` and ``table[i, 1] = value``; ``value == 0`` marks an
+empty entry, so *every* int64 is a valid key (no sentinel key). The index stores
+``slot + 1`` as the value. Key and value share one 16-byte entry, so a probe that
+finds its key costs one cache miss, not two.
+
+Probing is linear from ``mix64(key) & (C - 1)``. The table doubles when it would
+pass ``max_load`` (0.7 by default; after a doubling it is at 0.35), so memory is
+16 B / load ~ 23-46 B per id. Removal uses backward-shift deletion (no tombstones),
+so probe chains never rot under churn; freed slots go on a free list and are
+handed out again before new slots.
+
+The kernels here are generic over "value 0 = empty" tables; the admission filter
+reuses them with value = sighting count.
+
+All kernels are ``nogil`` so a caller may overlap them with torch compute, but an
+index is not thread-safe: serialise calls on one index.
+
+Numba's on-disk cache (``cache=True``) keys a kernel on its own file only: after
+editing a kernel here, delete ``__pycache__/*.nbi`` so callers in other modules
+(admission) recompile against it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from estuary.embedding.hashing import as_ids, id_hash
+from estuary.embedding.types import Int64Array
+
+BoolArray = npt.NDArray[np.bool_]
+
+# meta[] fields of the index kernels.
+_SIZE, _NEXT_SLOT, _FREE_COUNT = 0, 1, 2
+
+
+@njit(cache=True, nogil=True, inline="always")
+def probe(table: Int64Array, key: np.int64) -> np.int64:
+    """Position of ``key`` in ``table``, or of the empty entry where it would go."""
+    mask = table.shape[0] - 1
+    i = np.int64(id_hash(key) & np.uint64(mask))
+    while table[i, 1] != 0 and table[i, 0] != key:
+        i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True, nogil=True, inline="always")
+def delete_at(table: Int64Array, pos: np.int64) -> None:
+    """Empty entry ``pos`` by backward-shift deletion (Knuth 6.4, Algorithm R).
+
+    Later entries of the same probe run move back into the hole unless their home
+    bucket lies cyclically in (hole, entry], which would put them before home.
+    """
+    mask = table.shape[0] - 1
+    hole = pos
+    j = pos
+    while True:
+        j = (j + 1) & mask
+        if table[j, 1] == 0:
+            break
+        home = np.int64(id_hash(table[j, 0]) & np.uint64(mask))
+        # Distance walked from home to j versus from home to the hole (cyclic).
+        if ((j - home) & mask) >= ((j - hole) & mask):
+            table[hole, 0] = table[j, 0]
+            table[hole, 1] = table[j, 1]
+            hole = j
+    table[hole, 1] = 0
+
+
+@njit(cache=True, nogil=True)
+def rehash_into(old: Int64Array, new: Int64Array) -> None:
+    """Insert every occupied entry of ``old`` into the empty table ``new``."""
+    mask = new.shape[0] - 1
+    for k in range(old.shape[0]):
+        if old[k, 1] != 0:
+            i = np.int64(id_hash(old[k, 0]) & np.uint64(mask))
+            while new[i, 1] != 0:
+                i = (i + 1) & mask
+            new[i, 0] = old[k, 0]
+            new[i, 1] = old[k, 1]
+
+
+@njit(cache=True, nogil=True)
+def occupied_items(table: Int64Array, size: int) -> tuple[Int64Array, Int64Array]:
+    """(keys, values) of the occupied entries, int64 (size,) each, table order."""
+    keys = np.empty(size, np.int64)
+    vals = np.empty(size, np.int64)
+    n = 0
+    for k in range(table.shape[0]):
+        if table[k, 1] != 0:
+            keys[n] = table[k, 0]
+            vals[n] = table[k, 1]
+            n += 1
+    return keys, vals
+
+
+@njit(cache=True, nogil=True)
+def _get_or_insert_kernel(
+    table: Int64Array,
+    ids: Int64Array,
+    out: Int64Array,
+    is_new: BoolArray,
+    start: int,
+    meta: Int64Array,
+    free: Int64Array,
+    limit: int,
+) -> int:
+    # Returns the position it stopped at: ids.size when done, earlier when the
+    # next insert would pass ``limit`` (the caller grows the table and resumes).
+    track = is_new.size > 0
+    for n in range(start, ids.size):
+        key = ids[n]
+        i = probe(table, key)
+        v = table[i, 1]
+        if v != 0:
+            out[n] = v - 1
+            if track:
+                is_new[n] = False
+            continue
+        if meta[_SIZE] >= limit:
+            return n
+        if meta[_FREE_COUNT] > 0:
+            meta[_FREE_COUNT] -= 1
+            slot = free[meta[_FREE_COUNT]]
+        else:
+            slot = meta[_NEXT_SLOT]
+            meta[_NEXT_SLOT] += 1
+        table[i, 0] = key
+        table[i, 1] = slot + 1
+        meta[_SIZE] += 1
+        out[n] = slot
+        if track:
+            is_new[n] = True
+    return ids.size
+
+
+@njit(cache=True, nogil=True)
+def _lookup_kernel(table: Int64Array, ids: Int64Array, out: Int64Array) -> None:
+    for n in range(ids.size):
+        i = probe(table, ids[n])
+        out[n] = table[i, 1] - 1  # empty entry holds 0 -> -1
+
+
+@njit(cache=True, nogil=True)
+def _remove_kernel(
+    table: Int64Array, ids: Int64Array, meta: Int64Array, free: Int64Array, out: Int64Array
+) -> int:
+    removed = 0
+    for n in range(ids.size):
+        i = probe(table, ids[n])
+        v = table[i, 1]
+        if v == 0:
+            out[n] = -1
+            continue
+        out[n] = v - 1
+        free[meta[_FREE_COUNT]] = v - 1
+        meta[_FREE_COUNT] += 1
+        delete_at(table, i)
+        meta[_SIZE] -= 1
+        removed += 1
+    return removed
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= max(n, 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+class HashIndex:
+    """Maps raw int64 ids to dense int64 slots ``first_slot, first_slot + 1, ...``.
+
+    Args:
+        capacity_ids: ids to hold before the first doubling.
+        max_load: fraction of entries used before the table doubles (0.3-0.9).
+        first_slot: slot handed to the first id (a shard reserves slot 0 for its
+            unknown row).
+
+    Shapes: ``N`` ids per call. Calls must be serialised by the caller.
+    """
+
+    def __init__(self, capacity_ids: int = 1024, *, max_load: float = 0.7, first_slot: int = 0):
+        if not 0.3 <= max_load <= 0.9:
+            raise ValueError(f"max_load must be in [0.3, 0.9], got {max_load}")
+        self._max_load = max_load
+        self._first_slot = first_slot
+        self._table = np.zeros((next_pow2(int(capacity_ids / max_load) + 1), 2), np.int64)
+        self._limit = int(self._table.shape[0] * max_load)
+        self._meta = np.array([0, first_slot, 0], np.int64)
+        self._free = np.empty(0, np.int64)
+
+    def __len__(self) -> int:
+        return int(self._meta[_SIZE])
+
+    @property
+    def capacity(self) -> int:
+        """Entries in the table (C); it doubles before ``len`` passes ``max_load * C``."""
+        return int(self._table.shape[0])
+
+    @property
+    def slot_end(self) -> int:
+        """One past the highest slot ever handed out (storage must hold this many rows)."""
+        return int(self._meta[_NEXT_SLOT])
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the table and the free list."""
+        return int(self._table.nbytes + self._free.nbytes)
+
+    def _grow(self, expected_ids: int = 0) -> None:
+        # At least doubles (amortised O(1) per insert); jumps straight to the size
+        # ``expected_ids`` needs, so one large batch of new ids pays one rehash
+        # instead of one per doubling. Cost: one pass over the old table.
+        entries = max(self._table.shape[0] * 2, next_pow2(int(expected_ids / self._max_load) + 1))
+        new = np.zeros((entries, 2), np.int64)
+        rehash_into(self._table, new)
+        self._table = new
+        self._limit = int(new.shape[0] * self._max_load)
+
+    def get_or_insert_mask(self, ids: Int64Array) -> tuple[Int64Array, BoolArray]:
+        """Slots of ``ids``, inserting absent ones.
+
+        Args:
+            ids: int64 (N,); duplicates allowed (later copies find the first).
+
+        Returns:
+            ``slots`` int64 (N,) and ``is_new`` bool (N,), True where this call
+            inserted the id (first occurrence only).
+        """
+        ids = as_ids(ids)
+        out = np.empty(ids.size, np.int64)
+        is_new = np.empty(ids.size, np.bool_)
+        self._insert(ids, out, is_new)
+        return out, is_new
+
+    def get_or_insert(self, ids: Int64Array) -> Int64Array:
+        """Slots of ``ids`` int64 (N,) -> int64 (N,), inserting absent ones."""
+        ids = as_ids(ids)
+        out = np.empty(ids.size, np.int64)
+        self._insert(ids, out, np.empty(0, np.bool_))
+        return out
+
+    def _insert(self, ids: Int64Array, out: Int64Array, is_new: BoolArray) -> None:
+        start = 0
+        size_before = len(self)
+        while True:
+            start = _get_or_insert_kernel(
+                self._table, ids, out, is_new, start, self._meta, self._free, self._limit
+            )
+            if start == ids.size:
+                return
+            # Extrapolate this batch's share of new ids to the part not yet inserted.
+            new_share = (len(self) - size_before) / start if start else 0.0
+            self._grow(len(self) + int(new_share * (ids.size - start)))
+
+    def lookup(self, ids: Int64Array) -> Int64Array:
+        """Slots of ``ids`` int64 (N,) -> int64 (N,); -1 where absent. Never inserts."""
+        ids = as_ids(ids)
+        out = np.empty(ids.size, np.int64)
+        _lookup_kernel(self._table, ids, out)
+        return out
+
+    def remove(self, ids: Int64Array) -> Int64Array:
+        """Remove ``ids`` (N,); returns their former slots int64 (N,), -1 where absent.
+
+        Freed slots are reused by later inserts; the caller owns what the slot's
+        storage row held.
+        """
+        ids = as_ids(ids)
+        need = int(self._meta[_FREE_COUNT]) + ids.size
+        if self._free.size < need:
+            grown = np.empty(max(need, 2 * self._free.size), np.int64)
+            grown[: self._free.size] = self._free
+            self._free = grown
+        out = np.empty(ids.size, np.int64)
+        _remove_kernel(self._table, ids, self._meta, self._free, out)
+        return out
+
+    def items(self) -> tuple[Int64Array, Int64Array]:
+        """All (keys, slots), int64 (len,) each, in table order."""
+        keys, vals = occupied_items(self._table, len(self))
+        vals -= 1
+        return keys, vals
+
+    def keys(self) -> Int64Array:
+        """All ids held, int64 (len,), in table order (matches ``slots()``)."""
+        return self.items()[0]
+
+    def slots(self) -> Int64Array:
+        """All slots held, int64 (len,), in table order (matches ``keys()``)."""
+        return self.items()[1]

@@ -1,0 +1,163 @@
+"""Initialisers for new embedding rows, registered by name.
+
+Every value is a pure function of (table seed, id, element): a counter-based RNG
+(splitmix64 of the id mixed with the seed) feeds uniform or Box-Muller normal
+draws. So an id gets the same initial row whatever the insertion order, the batch
+it arrived in, or the number of shards, and a row evicted and re-admitted later
+starts from the same values.
+
+Cost: ~2 splitmix64 + one log/cos per element for normal; done only for rows that
+are new in a lookup.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import numpy as np
+from numba import njit
+
+from estuary.config.spec import InitializerSpec
+from estuary.embedding.hashing import unit_float
+from estuary.embedding.types import Float32Array, Int64Array
+
+_TWO_PI = 2.0 * math.pi
+_TRUNCATE_AT_STD = 2.0
+
+
+@njit(cache=True, nogil=True)
+def _fill_uniform(
+    storage: Float32Array,
+    rows: Int64Array,
+    ids: Int64Array,
+    seed: np.uint64,
+    dim: int,
+    bound: float,
+) -> None:
+    for n in range(rows.size):
+        r = rows[n]
+        for j in range(dim):
+            u = unit_float(seed, ids[n], np.uint64(j))
+            storage[r, j] = np.float32(bound * (2.0 * u - 1.0))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _normal(seed: np.uint64, key: np.int64, counter: np.uint64) -> float:
+    # Box-Muller from two counter-based uniforms; 1 - u keeps log's argument in (0, 1].
+    u1 = 1.0 - unit_float(seed, key, np.uint64(2) * counter)
+    u2 = unit_float(seed, key, np.uint64(2) * counter + np.uint64(1))
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(_TWO_PI * u2)
+
+
+@njit(cache=True, nogil=True)
+def _fill_normal(
+    storage: Float32Array,
+    rows: Int64Array,
+    ids: Int64Array,
+    seed: np.uint64,
+    dim: int,
+    std: float,
+    truncate: float,
+) -> None:
+    # truncate <= 0: plain normal. Otherwise redraw (with a fresh counter) until
+    # |z| <= truncate; at 2 std that is ~4.6% redraws.
+    for n in range(rows.size):
+        r = rows[n]
+        for j in range(dim):
+            attempt = 0
+            while True:
+                z = _normal(seed, ids[n], np.uint64(attempt * dim + j))
+                if truncate <= 0.0 or abs(z) <= truncate:
+                    break
+                attempt += 1
+            storage[r, j] = np.float32(std * z)
+
+
+@njit(cache=True, nogil=True)
+def _fill_zeros(storage: Float32Array, rows: Int64Array, dim: int) -> None:
+    for n in range(rows.size):
+        for j in range(dim):
+            storage[rows[n], j] = 0.0
+
+
+class Initializer(ABC):
+    """Fills the weight part ``storage[rows, :D]`` of new rows.
+
+    Args:
+        spec: the table's initializer section.
+        dim: embedding width D.
+    """
+
+    def __init__(self, spec: InitializerSpec, dim: int) -> None:
+        self.spec = spec
+        self.dim = dim
+        # Spec: ``scale=None`` means 1/sqrt(dim) for every distribution.
+        self.scale = float(spec.scale) if spec.scale is not None else 1.0 / math.sqrt(dim)
+
+    @abstractmethod
+    def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
+        """Write initial weights of ``ids`` int64 (N,) into ``storage[rows, :D]``.
+
+        Args:
+            storage: float32 (R, W) row storage, W >= D.
+            rows: int64 (N,) storage rows to fill.
+            ids: int64 (N,) the ids owning those rows (the RNG key).
+            seed: the table seed, 0 <= seed < 2**64.
+        """
+
+
+_REGISTRY: dict[str, type[Initializer]] = {}
+
+
+def register_initializer(name: str) -> Callable[[type[Initializer]], type[Initializer]]:
+    """Class decorator: make an initializer available as ``initializer.name``."""
+
+    def wrap(cls: type[Initializer]) -> type[Initializer]:
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def make_initializer(spec: InitializerSpec, dim: int) -> Initializer:
+    """The registered initializer named ``spec.name``, built for width ``dim``."""
+    try:
+        cls = _REGISTRY[spec.name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"unknown initializer {spec.name!r}; registered: {known}") from None
+    return cls(spec, dim)
+
+
+@register_initializer("uniform")
+class UniformInitializer(Initializer):
+    """Uniform in ``[-scale, scale)``."""
+
+    def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
+        _fill_uniform(storage, rows, ids, np.uint64(seed), self.dim, self.scale)
+
+
+@register_initializer("normal")
+class NormalInitializer(Initializer):
+    """Normal, mean 0, std ``scale``."""
+
+    def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
+        _fill_normal(storage, rows, ids, np.uint64(seed), self.dim, self.scale, 0.0)
+
+
+@register_initializer("truncated_normal")
+class TruncatedNormalInitializer(Initializer):
+    """Normal, mean 0, std ``scale`` before truncation, redrawn outside 2 std."""
+
+    def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
+        _fill_normal(storage, rows, ids, np.uint64(seed), self.dim, self.scale, _TRUNCATE_AT_STD)
+
+
+@register_initializer("zeros")
+class ZerosInitializer(Initializer):
+    """All zeros."""
+
+    def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
+        _fill_zeros(storage, rows, self.dim)

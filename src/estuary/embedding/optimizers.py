@@ -1,0 +1,333 @@
+"""Row-wise sparse optimizers, registered by name, as numba kernels.
+
+Storage layout (one float32 array per shard, shape (R, W), row-major)::
+
+    row r:  [ weights (D) | state slot 1 (D) | ... | state slot k (D) | scalars (s) ]
+            W = D * (1 + k) + s
+
+    sgd      k=0 s=0   W = D
+    adagrad  k=1 s=0   W = 2D    accum
+    adam     k=2 s=1   W = 3D+1  exp_avg, exp_avg_sq | step
+    ftrl     k=2 s=0   W = 3D    accum (n), linear (z)
+
+The state sits beside its row so one update touches one contiguous W-float span
+(one or a few cache lines) instead of k+1 scattered ones. ``step`` is a per-row
+float32 count (exact up to 2**24 updates of one row) so Adam's bias correction
+follows each row's own history, as torch would for a parameter per row.
+
+Every optimizer applies, per touched row and in this order:
+1. decoupled weight decay ``w *= 1 - lr * weight_decay`` (as torch.optim.AdamW),
+2. its update,
+3. ``clip``: ``w = clamp(w, -clip, clip)``.
+
+Sgd, adagrad and adam compute in float32 in torch's operation order, with fused
+multiply-adds where torch's CPU kernels fuse (add with alpha, addcmul, lerp).
+SGD reproduces torch.optim bit for bit; adagrad and adam differ by ~1 ulp
+because torch's CPU sqrt (MKL VML) is not correctly rounded. FTRL computes
+each element in float64 and stores float32 (the sqrt-difference term is
+cancellation-prone).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import ClassVar
+
+import numpy as np
+from numba import njit
+
+from estuary.config.spec import SparseOptimizerSpec
+from estuary.embedding.types import Float32Array, Int64Array
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _clamp(w: np.float32, clip: np.float32) -> np.float32:
+    if w > clip:
+        return clip
+    if w < -clip:
+        return -clip
+    return w
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fma32(x: np.float32, y: np.float32, z: np.float32) -> np.float32:
+    # float32 fused multiply-add: x*y is exact in float64, then one rounding (a
+    # second, to float32, changes the result only in vanishingly rare ties).
+    # torch's vectorised CPU kernels (add with alpha, addcmul, lerp) are fused.
+    return np.float32(np.float64(x) * np.float64(y) + np.float64(z))
+
+
+@njit(cache=True, nogil=True)
+def _sgd_kernel(
+    storage: Float32Array,
+    rows: Int64Array,
+    grads: Float32Array,
+    dim: int,
+    lr: float,
+    decay: float,
+    clip: float,
+) -> None:
+    neg_lr = np.float32(-lr)
+    decay32 = np.float32(decay)
+    clip32 = np.float32(clip)
+    for n in range(rows.size):
+        r = rows[n]
+        for j in range(dim):
+            w = storage[r, j] * decay32
+            w = _fma32(neg_lr, grads[n, j], w)  # param.add_(grad, alpha=-lr)
+            storage[r, j] = _clamp(w, clip32)
+
+
+@njit(cache=True, nogil=True)
+def _adagrad_kernel(
+    storage: Float32Array,
+    rows: Int64Array,
+    grads: Float32Array,
+    dim: int,
+    lr: float,
+    eps: float,
+    decay: float,
+    clip: float,
+) -> None:
+    neg_lr = np.float32(-lr)
+    eps32 = np.float32(eps)
+    decay32 = np.float32(decay)
+    clip32 = np.float32(clip)
+    for n in range(rows.size):
+        r = rows[n]
+        for j in range(dim):
+            g = grads[n, j]
+            acc = _fma32(g, g, storage[r, dim + j])  # state_sum.addcmul_(grad, grad)
+            storage[r, dim + j] = acc
+            std = np.sqrt(acc) + eps32  # state_sum.sqrt().add_(eps)
+            w = storage[r, j] * decay32
+            w = w + neg_lr * g / std  # param.addcdiv_(grad, std, value=-lr): not fused
+            storage[r, j] = _clamp(w, clip32)
+
+
+@njit(cache=True, nogil=True)
+def _adam_kernel(
+    storage: Float32Array,
+    rows: Int64Array,
+    grads: Float32Array,
+    dim: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    decay: float,
+    clip: float,
+) -> None:
+    one_minus_b1 = np.float32(1.0 - beta1)
+    b2 = np.float32(beta2)
+    one_minus_b2 = np.float32(1.0 - beta2)
+    eps32 = np.float32(eps)
+    decay32 = np.float32(decay)
+    clip32 = np.float32(clip)
+    m0, v0, step_col = dim, 2 * dim, 3 * dim
+    for n in range(rows.size):
+        r = rows[n]
+        step = storage[r, step_col] + np.float32(1.0)
+        storage[r, step_col] = step
+        # Bias corrections in float64 as torch computes them in Python floats.
+        step_size = np.float32(-(lr / (1.0 - beta1 ** np.float64(step))))
+        bc2_sqrt = np.float32(math.sqrt(1.0 - beta2 ** np.float64(step)))
+        for j in range(dim):
+            g = grads[n, j]
+            m = storage[r, m0 + j]
+            # exp_avg.lerp_(grad, 1 - beta1), torch's two-sided lerp formula.
+            if one_minus_b1 < 0.5:
+                m = _fma32(one_minus_b1, g - m, m)
+            else:
+                m = _fma32(one_minus_b1 - np.float32(1.0), g - m, g)
+            # exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            v = _fma32(one_minus_b2 * g, g, storage[r, v0 + j] * b2)
+            storage[r, m0 + j] = m
+            storage[r, v0 + j] = v
+            denom = np.sqrt(v) / bc2_sqrt + eps32
+            w = storage[r, j] * decay32
+            w = w + step_size * m / denom
+            storage[r, j] = _clamp(w, clip32)
+
+
+@njit(cache=True, nogil=True)
+def _ftrl_kernel(
+    storage: Float32Array,
+    rows: Int64Array,
+    grads: Float32Array,
+    dim: int,
+    lr: float,
+    l1: float,
+    l2: float,
+    lr_power: float,
+    decay: float,
+    clip: float,
+) -> None:
+    # FTRL-Proximal (McMahan et al. 2013) in TensorFlow's ApplyFtrl form.
+    clip32 = np.float32(clip)
+    decay32 = np.float32(decay)
+    n0, z0 = dim, 2 * dim
+    p = -lr_power
+    for n in range(rows.size):
+        r = rows[n]
+        for j in range(dim):
+            g = np.float64(grads[n, j])
+            w = np.float64(storage[r, j] * decay32)
+            acc = np.float64(storage[r, n0 + j])
+            acc_new = acc + g * g
+            if p == 0.5:
+                root_new = math.sqrt(acc_new)
+                sigma = (root_new - math.sqrt(acc)) / lr
+            else:
+                root_new = acc_new**p
+                sigma = (root_new - acc**p) / lr
+            z = np.float64(storage[r, z0 + j]) + g - sigma * w
+            # Closed-form argmin of the proximal objective; |z| <= l1 gives exact 0.
+            quadratic = root_new / lr + 2.0 * l2
+            w_new = (math.copysign(l1, z) - z) / quadratic if abs(z) > l1 else 0.0
+            storage[r, n0 + j] = np.float32(acc_new)
+            storage[r, z0 + j] = np.float32(z)
+            storage[r, j] = _clamp(np.float32(w_new), clip32)
+
+
+@njit(cache=True, nogil=True)
+def _fill_columns(
+    storage: Float32Array, rows: Int64Array, start: int, stop: int, value: float
+) -> None:
+    v = np.float32(value)
+    for n in range(rows.size):
+        for c in range(start, stop):
+            storage[rows[n], c] = v
+
+
+class SparseOptimizer(ABC):
+    """A row-wise optimizer over a (R, W) float32 storage (layout: module docstring).
+
+    Args:
+        spec: the table's optimizer section.
+        dim: embedding width D.
+
+    Subclasses name their D-wide state slots in ``state_names`` and their per-row
+    scalars in ``scalar_names``, and give initial values in ``initial_values``.
+    """
+
+    state_names: ClassVar[tuple[str, ...]] = ()
+    scalar_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, spec: SparseOptimizerSpec, dim: int) -> None:
+        self.spec = spec
+        self.dim = dim
+        self.decay = 1.0 - spec.lr * spec.weight_decay
+        self.clip = float(spec.clip) if spec.clip is not None else math.inf
+
+    @property
+    def width(self) -> int:
+        """Floats per storage row, W."""
+        return self.dim * (1 + len(self.state_names)) + len(self.scalar_names)
+
+    def initial_values(self) -> dict[str, float]:
+        """Value each state slot / scalar starts at (default 0)."""
+        return {}
+
+    def columns(self, name: str) -> slice:
+        """Storage columns of state slot or scalar ``name``."""
+        if name in self.state_names:
+            start = self.dim * (1 + self.state_names.index(name))
+            return slice(start, start + self.dim)
+        if name in self.scalar_names:
+            start = self.dim * (1 + len(self.state_names)) + self.scalar_names.index(name)
+            return slice(start, start + 1)
+        raise KeyError(f"{type(self).__name__} has no state {name!r}")
+
+    def init_state(self, storage: Float32Array, rows: Int64Array) -> None:
+        """Reset the state columns (everything after the weights) of ``rows`` (N,)."""
+        initial = self.initial_values()
+        for name in self.state_names + self.scalar_names:
+            cols = self.columns(name)
+            _fill_columns(storage, rows, cols.start, cols.stop, initial.get(name, 0.0))
+
+    @abstractmethod
+    def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
+        """One update of ``rows`` int64 (N,) (unique) with ``grads`` float32 (N, D)."""
+
+
+_REGISTRY: dict[str, type[SparseOptimizer]] = {}
+
+
+def register_optimizer(name: str) -> Callable[[type[SparseOptimizer]], type[SparseOptimizer]]:
+    """Class decorator: make an optimizer available as ``optimizer.name``."""
+
+    def wrap(cls: type[SparseOptimizer]) -> type[SparseOptimizer]:
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def make_optimizer(spec: SparseOptimizerSpec, dim: int) -> SparseOptimizer:
+    """The registered optimizer named ``spec.name``, built for width ``dim``."""
+    try:
+        cls = _REGISTRY[spec.name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"unknown sparse optimizer {spec.name!r}; registered: {known}") from None
+    return cls(spec, dim)
+
+
+@register_optimizer("sgd")
+class SGD(SparseOptimizer):
+    """``w -= lr * g`` (matches torch.optim.SGD without momentum)."""
+
+    def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
+        s = self.spec
+        _sgd_kernel(storage, rows, grads, self.dim, s.lr, self.decay, self.clip)
+
+
+@register_optimizer("adagrad")
+class Adagrad(SparseOptimizer):
+    """``accum += g^2; w -= lr * g / (sqrt(accum) + eps)`` (torch.optim.Adagrad)."""
+
+    state_names = ("accum",)
+
+    def initial_values(self) -> dict[str, float]:
+        return {"accum": self.spec.initial_accumulator}
+
+    def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
+        s = self.spec
+        _adagrad_kernel(storage, rows, grads, self.dim, s.lr, s.eps, self.decay, self.clip)
+
+
+@register_optimizer("adam")
+class Adam(SparseOptimizer):
+    """Adam with per-row step counts (torch.optim.Adam; AdamW with weight decay)."""
+
+    state_names = ("exp_avg", "exp_avg_sq")
+    scalar_names = ("step",)
+
+    def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
+        s = self.spec
+        _adam_kernel(
+            storage, rows, grads, self.dim, s.lr, s.beta1, s.beta2, s.eps, self.decay, self.clip
+        )
+
+
+@register_optimizer("ftrl")
+class FTRL(SparseOptimizer):
+    """FTRL-Proximal with ``l1``, ``l2``, ``lr_power`` (TensorFlow ApplyFtrl).
+
+    ``accum`` starts at ``initial_accumulator`` (TF's default is 0.1; keep it > 0
+    when ``lr_power`` is not -0.5 or 0).
+    """
+
+    state_names = ("accum", "linear")
+
+    def initial_values(self) -> dict[str, float]:
+        return {"accum": self.spec.initial_accumulator}
+
+    def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
+        s = self.spec
+        _ftrl_kernel(
+            storage, rows, grads, self.dim, s.lr, s.l1, s.l2, s.lr_power, self.decay, self.clip
+        )

@@ -1,0 +1,1 @@
+"""Data-layer tests (a package so tests can share the helper modules here)."""

@@ -1,0 +1,202 @@
+"""Sparse optimizers match torch.optim (or a reference formula) on the same rows.
+
+Every row is its own torch Parameter so rows touched in different steps keep
+separate state (Adam's step count differs per row, as in the shard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from estuary.config.spec import InitializerSpec, SparseOptimizerSpec, TableSpec
+from estuary.embedding import EmbeddingShard, make_optimizer
+
+DIM = 5
+N_IDS = 8
+STEPS = 7
+IDS = np.arange(N_IDS, dtype=np.int64) * 7919 - 20
+
+
+def _batches(seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    """STEPS batches of unique row positions (row 0 in every one) with gradients."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(STEPS):
+        size = int(rng.integers(1, N_IDS))
+        rest = rng.choice(np.arange(1, N_IDS), size=size, replace=False)
+        pos = np.concatenate([[0], rest])
+        out.append((pos, rng.normal(size=(pos.size, DIM)).astype(np.float32)))
+    return out
+
+
+def _shard(opt: SparseOptimizerSpec) -> EmbeddingShard:
+    spec = TableSpec(dim=DIM, optimizer=opt, initializer=InitializerSpec("uniform", 0.5))
+    return EmbeddingShard(spec, seed=3, name="t")
+
+
+def _run_against_torch(
+    opt: SparseOptimizerSpec,
+    make_torch: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+    after_step: Callable[[torch.nn.Parameter], object] | None = None,
+) -> tuple[EmbeddingShard, list[torch.nn.Parameter], torch.optim.Optimizer]:
+    shard = _shard(opt)
+    init = shard.lookup(IDS, train=True)
+    params = [torch.nn.Parameter(torch.tensor(row)) for row in init]
+    torch_opt = make_torch(params)
+    for pos, grads in _batches():
+        shard.apply_gradients(IDS[pos], grads)
+        torch_opt.zero_grad(set_to_none=True)
+        for p, g in zip(pos, grads, strict=True):
+            params[p].grad = torch.tensor(g)
+        torch_opt.step()
+        if after_step is not None:
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:  # only touched rows, as in the shard
+                        after_step(p)
+    got = shard.lookup(IDS, train=False)
+    want = np.stack([p.detach().numpy() for p in params])
+    # 1e-6 relative; the 1e-7 absolute floor covers elements that pass near zero,
+    # where a 1-ulp difference (torch's sqrt is not correctly rounded) is large
+    # relative to the value.
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(got, init)  # the test moved the rows
+    return shard, params, torch_opt
+
+
+def _state_of(shard: EmbeddingShard, key: str) -> np.ndarray:
+    state = shard.state_dict()
+    order = {int(i): n for n, i in enumerate(state["ids"])}
+    return state[key][[order[int(i)] for i in IDS]]
+
+
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+    reason="torch fuses add-with-alpha into an FMA only on AVX2/AVX512 builds",
+)
+def test_sgd_matches_torch_bit_for_bit() -> None:
+    shard, params, _ = _run_against_torch(
+        SparseOptimizerSpec(name="sgd", lr=0.1),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, foreach=False),
+    )
+    want = np.stack([p.detach().numpy() for p in params])
+    np.testing.assert_array_equal(shard.lookup(IDS, train=False), want)
+
+
+def test_sgd_matches_torch() -> None:
+    _run_against_torch(
+        SparseOptimizerSpec(name="sgd", lr=0.1),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, foreach=False),
+    )
+
+
+def test_sgd_weight_decay_matches_torch_l2() -> None:
+    # For plain SGD decoupled decay and L2-in-the-gradient are the same update.
+    _run_against_torch(
+        SparseOptimizerSpec(name="sgd", lr=0.1, weight_decay=0.3),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, weight_decay=0.3, foreach=False),
+    )
+
+
+def test_adagrad_matches_torch() -> None:
+    shard, params, opt = _run_against_torch(
+        SparseOptimizerSpec(name="adagrad", lr=0.2, eps=1e-8, initial_accumulator=0.1),
+        lambda ps: torch.optim.Adagrad(
+            ps, lr=0.2, eps=1e-8, initial_accumulator_value=0.1, foreach=False
+        ),
+    )
+    want = np.stack([opt.state[p]["sum"].numpy() for p in params])
+    np.testing.assert_allclose(_state_of(shard, "opt.accum"), want, rtol=1e-6)
+
+
+def test_adam_matches_torch_with_per_row_steps() -> None:
+    shard, params, opt = _run_against_torch(
+        SparseOptimizerSpec(name="adam", lr=0.05, beta1=0.8, beta2=0.95, eps=1e-7),
+        lambda ps: torch.optim.Adam(ps, lr=0.05, betas=(0.8, 0.95), eps=1e-7, foreach=False),
+    )
+    steps = np.array([float(opt.state[p]["step"]) for p in params], np.float32)
+    np.testing.assert_array_equal(_state_of(shard, "opt.step"), steps)
+    assert steps[0] == STEPS and steps.min() < STEPS  # rows really differ in step count
+    want_v = np.stack([opt.state[p]["exp_avg_sq"].numpy() for p in params])
+    np.testing.assert_allclose(_state_of(shard, "opt.exp_avg_sq"), want_v, rtol=1e-6)
+
+
+def test_adam_weight_decay_matches_adamw() -> None:
+    _run_against_torch(
+        SparseOptimizerSpec(name="adam", lr=0.05, weight_decay=0.5),
+        lambda ps: torch.optim.AdamW(ps, lr=0.05, weight_decay=0.5, foreach=False),
+    )
+
+
+def test_adagrad_decoupled_weight_decay_and_clip() -> None:
+    lr, wd, clip = 0.3, 0.2, 0.25
+
+    class DecayedAdagrad(torch.optim.Adagrad):
+        def step(self, closure=None):  # type: ignore[no-untyped-def]
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.mul_(1 - lr * wd)
+            return super().step(closure)
+
+    _run_against_torch(
+        SparseOptimizerSpec(name="adagrad", lr=lr, weight_decay=wd, clip=clip),
+        lambda ps: DecayedAdagrad(ps, lr=lr, foreach=False),
+        after_step=lambda p: p.clamp_(-clip, clip),
+    )
+
+
+def test_clip_bounds_every_touched_row() -> None:
+    shard = _shard(SparseOptimizerSpec(name="sgd", lr=10.0, clip=0.01))
+    shard.lookup(IDS, train=True)
+    shard.apply_gradients(IDS, np.ones((N_IDS, DIM), np.float32))
+    rows = shard.lookup(IDS, train=False)
+    np.testing.assert_array_equal(rows, np.full_like(rows, -0.01))
+
+
+def _ftrl_reference(
+    w: np.ndarray, batches: list[tuple[np.ndarray, np.ndarray]], spec: SparseOptimizerSpec
+) -> np.ndarray:
+    """TensorFlow ApplyFtrl, float64 math, float32 state between steps."""
+    w = w.astype(np.float32).copy()
+    n = np.full_like(w, spec.initial_accumulator)
+    z = np.zeros_like(w)
+    p = -spec.lr_power
+    for pos, g32 in batches:
+        g = g32.astype(np.float64)
+        n_old = n[pos].astype(np.float64)
+        n_new = n_old + g * g
+        sigma = (n_new**p - n_old**p) / spec.lr
+        z_new = z[pos].astype(np.float64) + g - sigma * w[pos].astype(np.float64)
+        quad = n_new**p / spec.lr + 2 * spec.l2
+        w_new = np.where(np.abs(z_new) > spec.l1, (np.sign(z_new) * spec.l1 - z_new) / quad, 0.0)
+        n[pos], z[pos], w[pos] = n_new, z_new, w_new
+    return w
+
+
+@pytest.mark.parametrize("lr_power", [-0.5, -0.7])
+def test_ftrl_matches_reference_formula(lr_power: float) -> None:
+    spec = SparseOptimizerSpec(
+        name="ftrl", lr=0.1, l1=0.3, l2=0.05, lr_power=lr_power, initial_accumulator=0.1
+    )
+    shard = _shard(spec)
+    init = shard.lookup(IDS, train=True)
+    batches = _batches()
+    for pos, grads in batches:
+        shard.apply_gradients(IDS[pos], grads)
+    got = shard.lookup(IDS, train=False)
+    want = _ftrl_reference(init, batches, spec)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert (got == 0).any() and (got != 0).any()  # l1 zeroed some weights, not all
+
+
+def test_unknown_optimizer_name_lists_registered() -> None:
+    spec = SparseOptimizerSpec.__new__(SparseOptimizerSpec)
+    object.__setattr__(spec, "name", "lamb")
+    with pytest.raises(ValueError, match="adagrad, adam, ftrl, sgd"):
+        make_optimizer(spec, DIM)

@@ -1,0 +1,130 @@
+"""One conformance suite for ``EmbeddingStore``: every store runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from estuary.config.spec import AdmissionSpec, InitializerSpec, SparseOptimizerSpec, TableSpec
+from estuary.embedding import EmbeddingShard, EmbeddingStore, EmbeddingTable
+
+DIM = 8
+I64 = np.iinfo(np.int64)
+ODD_IDS = np.array([0, -1, 1, I64.min, I64.max, 42, -(2**50)], np.int64)
+
+
+BASE_SPEC = TableSpec(
+    dim=DIM,
+    initializer=InitializerSpec("uniform", 0.1),
+    optimizer=SparseOptimizerSpec(name="adam", lr=0.01),
+    initial_capacity_rows=4,
+)
+
+
+Factory = Callable[[TableSpec], EmbeddingShard | EmbeddingTable]
+STORES: dict[str, Factory] = {
+    "shard": lambda spec: EmbeddingShard(spec, seed=5, name="t"),
+    "table1": lambda spec: EmbeddingTable(spec, seed=5, name="t"),
+    "table4": lambda spec: EmbeddingTable(replace(spec, shards=4), seed=5, name="t"),
+}
+
+
+@pytest.fixture(params=sorted(STORES))
+def make(request: pytest.FixtureRequest) -> Factory:
+    return STORES[request.param]
+
+
+def _store(make: Factory, **changes: Any) -> EmbeddingShard | EmbeddingTable:
+    store = make(replace(BASE_SPEC, **changes))
+    _typed: EmbeddingStore = store  # static check: the store satisfies the protocol
+    return store
+
+
+def test_eval_lookup_never_inserts_and_reads_the_unknown_row(make: Factory) -> None:
+    store = _store(make)
+    store.lookup(ODD_IDS[:3], train=True)
+    rows = store.lookup(np.array([99, 100, 0], np.int64), train=False)
+    assert len(store) == 3
+    assert not rows[:2].any()  # unknown row: zeros
+    np.testing.assert_array_equal(rows[2], store.lookup(ODD_IDS[:1], train=False)[0])
+    stats = store.stats()
+    assert (stats.rows, stats.lookups, stats.hits, stats.admissions) == (3, 7, 2, 3)
+
+
+def test_lookup_returns_fresh_float32_arrays(make: Factory) -> None:
+    store = _store(make)
+    rows = store.lookup(ODD_IDS, train=True)
+    assert rows.dtype == np.float32 and rows.shape == (ODD_IDS.size, DIM)
+    assert rows.flags.c_contiguous and rows.flags.owndata
+    before = rows.copy()
+    rows[:] = 123.0
+    np.testing.assert_array_equal(store.lookup(ODD_IDS, train=True), before)
+
+
+def test_rows_survive_storage_growth(make: Factory) -> None:
+    store = _store(make)  # 4 rows pre-allocated
+    first = store.lookup(ODD_IDS, train=True)
+    store.lookup(np.arange(10_000, 30_000, dtype=np.int64), train=True)
+    assert len(store) == ODD_IDS.size + 20_000
+    np.testing.assert_array_equal(store.lookup(ODD_IDS, train=False), first)
+
+
+def test_apply_gradients_moves_only_the_given_rows(make: Factory) -> None:
+    store = _store(make, optimizer=SparseOptimizerSpec(name="sgd", lr=0.5))
+    before = store.lookup(ODD_IDS, train=True)
+    grads = np.ones((3, DIM), np.float32)
+    store.apply_gradients(ODD_IDS[[4, 0, 2]], grads)
+    after = store.lookup(ODD_IDS, train=False)
+    np.testing.assert_allclose(after[[4, 0, 2]], before[[4, 0, 2]] - 0.5)
+    np.testing.assert_array_equal(
+        np.delete(after, [4, 0, 2], axis=0), np.delete(before, [4, 0, 2], axis=0)
+    )
+    with pytest.raises(ValueError, match="grads must have shape"):
+        store.apply_gradients(ODD_IDS[:2], np.ones((2, DIM + 1), np.float32))
+
+
+def test_removed_ids_read_the_unknown_row_and_count_as_evictions(make: Factory) -> None:
+    store = _store(make)
+    store.lookup(ODD_IDS, train=True)
+    assert store.remove(ODD_IDS[:3]) == 3
+    assert not store.lookup(ODD_IDS[:3], train=False).any()
+    assert len(store) == ODD_IDS.size - 3 and store.stats().evictions == 3
+
+
+def _train(store: EmbeddingShard | EmbeddingTable, steps: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        ids = np.unique(rng.integers(-50, 50, size=40)).astype(np.int64)
+        store.lookup(ids, train=True)
+        store.apply_gradients(ids, rng.normal(size=(ids.size, DIM)).astype(np.float32))
+
+
+def test_state_dict_round_trip_through_safetensors(make: Factory, tmp_path: object) -> None:
+    kw = {"admission": AdmissionSpec(min_count=2)}
+    store = _store(make, **kw)
+    _train(store, steps=6, seed=0)
+    state = store.state_dict()
+    assert state["admission.ids"].size > 0  # some ids still pending
+    assert state["unknown.weights"].any()  # unknown row was trained
+    path = f"{tmp_path}/table.safetensors"
+    save_file(state, path)  # arrays are already contiguous and safetensors-typed
+    restored = _store(make, **kw)
+    restored.load_state_dict(load_file(path))
+    probe = np.arange(-60, 60, dtype=np.int64)
+    np.testing.assert_array_equal(
+        restored.lookup(probe, train=False), store.lookup(probe, train=False)
+    )
+    assert len(restored) == len(store)
+    assert restored.stats().pending_ids == store.stats().pending_ids
+    # Optimizer state and pending counts came back too: training continues identically.
+    _train(store, steps=3, seed=1)
+    _train(restored, steps=3, seed=1)
+    np.testing.assert_array_equal(
+        restored.lookup(probe, train=False), store.lookup(probe, train=False)
+    )
+    assert len(restored) == len(store)

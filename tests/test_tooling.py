@@ -1,0 +1,43 @@
+"""The tools hold the line: lint, format and types are part of the test suite."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ruff", "check", "."],
+        ["ruff", "format", "--check", "."],
+        [sys.executable, "-m", "mypy"],
+    ],
+    ids=["ruff-check", "ruff-format", "mypy"],
+)
+def test_tool_is_clean(command: list[str]) -> None:
+    if command[0] == "ruff" and shutil.which("ruff") is None:
+        pytest.skip("ruff not installed (pip install -e '.[dev]')")
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_layers_import_only_downwards() -> None:
+    """config <- {data, embedding} <- nn <- train <- cli (ARCHITECTURE.md)."""
+    forbidden = {
+        "config": ["estuary.data", "estuary.embedding", "estuary.nn", "estuary.train"],
+        "data": ["estuary.embedding", "estuary.nn", "estuary.train"],
+        "embedding": ["estuary.data", "estuary.nn", "estuary.train"],
+        "nn": ["estuary.train"],
+        "metrics": ["estuary.train", "estuary.nn"],
+    }
+    offenders = []
+    for layer, banned in forbidden.items():
+        for path in (ROOT / "src" / "estuary" / layer).rglob("*.py"):
+            text = path.read_text()
+            offenders += [f"{path.relative_to(ROOT)} imports {b}" for b in banned if f"{b}" in text]
+    assert not offenders, offenders
