@@ -1,6 +1,6 @@
 """Command line: ``estuary train`` and ``estuary eval``.
 
-    estuary train JOB.yaml [--set dotted.key=value]... [--output DIR] [--profile]
+    estuary train JOB.yaml [--set dotted.key=value]... [--output DIR] [--profile] [--nproc W]
     estuary eval  JOB.yaml --checkpoint PATH [--set dotted.key=value]...
 
 Known errors (bad job file, bad data over the limit, bad checkpoint) print one
@@ -40,10 +40,45 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--output", type=Path, help="output folder (overrides output.dir)")
     train.add_argument("--profile", action="store_true", help="print per-stage timings")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.add_argument(
+        "--nproc",
+        type=int,
+        metavar="W",
+        help="trainer processes (sets runtime.trainers; W > 1: DDP + a parameter server)",
+    )
 
     ev = sub.add_parser("eval", help="evaluate a saved checkpoint on the job's eval split")
     common(ev)
     ev.add_argument("--checkpoint", type=Path, required=True, help="checkpoint or run folder")
+
+    from estuary.data.synthetic import SYNTHETIC_FORMATS, SyntheticSpec, parse_hour
+
+    default = SyntheticSpec()
+    syn = sub.add_parser("synth", help="write synthetic CTR data in hourly partitions")
+    syn.add_argument("out_dir", type=Path, help="output root (ROOT/YYYYMMDD/HH/part-*)")
+    syn.add_argument("--rows-per-hour", type=int, default=default.rows_per_hour)
+    syn.add_argument("--hours", type=int, default=default.hours)
+    syn.add_argument("--format", choices=sorted(SYNTHETIC_FORMATS), default="criteo_tsv")
+    syn.add_argument("--gzip", action="store_true", help="gzip text files (parquet: gzip pages)")
+    syn.add_argument("--seed", type=int, default=default.seed)
+    syn.add_argument("--start", type=parse_hour, default=default.start, help="e.g. 2026-01-01T00")
+    syn.add_argument("--drift", type=float, default=default.drift, help="0 = stationary")
+    syn.add_argument("--workers", type=int, default=1, help="processes")
+    syn.add_argument("--num-dense", type=int, default=default.num_dense)
+    syn.add_argument("--num-sparse", type=int, help="sparse columns (default 26)")
+    syn.add_argument(
+        "--vocab-sizes",
+        type=lambda text: [int(v) for v in text.split(",")],
+        help="comma list, repeated to --num-sparse (default: Criteo's)",
+    )
+    syn.add_argument("--zipf", type=float, default=default.zipf_exponent, help="Zipf exponent")
+    syn.add_argument("--base-ctr", type=float, default=default.base_ctr)
+    syn.add_argument("--label-noise", type=float, default=default.label_noise)
+    syn.add_argument("--files-per-hour", type=int, default=1)
+    syn.add_argument("--path-pattern", default="{YYYY}{MM}{DD}/{HH}")
+    syn.add_argument("--with-ids", action="store_true", help="add row_id, event_time_ms columns")
+    syn.add_argument("--no-success", action="store_true", help="no _SUCCESS markers")
+    syn.add_argument("--overwrite", action="store_true", help="rewrite finished hours")
     return parser
 
 
@@ -60,14 +95,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.output is not None:
         overrides.append(f"output.dir={args.output.resolve()}")
+    if args.nproc is not None:
+        overrides.append(f"runtime.trainers={args.nproc}")
     job = load_job(args.job, overrides)
-    trainer = Trainer(job)
-    bad = trainer.dataset.bad_rows
-    if bad.count:
-        print(f"skipped {bad.count} bad rows of {bad.rows_read} read; first ones:", file=sys.stderr)
-        for row in bad.examples:
-            print(f"  {row.file}:{row.line}: {row.reason}", file=sys.stderr)
-    result = trainer.fit(progress=not args.no_progress and job.output.progress)
+    if job.runtime.trainers > 1:
+        from estuary.train.distributed import run_distributed
+
+        result = run_distributed(job, progress=not args.no_progress and job.output.progress)
+    else:
+        trainer = Trainer(job)
+        bad = trainer.dataset.bad_rows
+        if bad.count:
+            print(
+                f"skipped {bad.count} bad rows of {bad.rows_read} read; first ones:",
+                file=sys.stderr,
+            )
+            for row in bad.examples:
+                print(f"  {row.file}:{row.line}: {row.reason}", file=sys.stderr)
+        result = trainer.fit(progress=not args.no_progress and job.output.progress)
     out_dir = job.resolve(job.output.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = result.summary()
@@ -107,18 +152,74 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "eval": _cmd_eval}
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from estuary.data.synthetic import (
+        CRITEO_VOCAB_SIZES,
+        PartitionResult,
+        SyntheticSpec,
+        SynthOutput,
+        write_synthetic,
+    )
+
+    sizes = args.vocab_sizes or list(CRITEO_VOCAB_SIZES)
+    num_sparse = args.num_sparse or (len(sizes) if args.vocab_sizes and len(sizes) > 1 else 26)
+    spec = SyntheticSpec(
+        rows_per_hour=args.rows_per_hour,
+        hours=args.hours,
+        start=args.start,
+        num_dense=args.num_dense,
+        vocab_sizes=tuple(sizes[i % len(sizes)] for i in range(num_sparse)),
+        zipf_exponent=args.zipf,
+        base_ctr=args.base_ctr,
+        drift=args.drift,
+        label_noise=args.label_noise,
+        seed=args.seed,
+    )
+    output = SynthOutput(
+        format=args.format,
+        gzip=args.gzip,
+        path_pattern=args.path_pattern,
+        files_per_hour=args.files_per_hour,
+        success_marker=not args.no_success,
+        extra_columns=("row_id", "event_time_ms") if args.with_ids else (),
+        overwrite=args.overwrite,
+    )
+
+    def progress(part: PartitionResult) -> None:
+        done = "exists, skipped" if part.skipped else f"{part.rows:,} rows"
+        print(f"  {part.path}: {done}", file=sys.stderr)
+
+    report = write_synthetic(
+        spec, args.out_dir, output, workers=args.workers, on_partition=progress
+    )
+    print(
+        f"wrote {report.rows:,} rows ({report.files} files, {report.size_bytes / 1e6:,.1f} MB; "
+        f"{report.skipped} hours skipped) in {report.wall_s:.1f} s: {report.rows_per_s:,.0f} rows/s"
+    )
+    return 0
+
+
+COMMANDS = {"train": _cmd_train, "eval": _cmd_eval, "synth": _cmd_synth}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from estuary.config import ConfigError
     from estuary.data import DataError
+    from estuary.ps import PSError
     from estuary.train import CheckpointError
+    from estuary.train.distributed import DistributedError
 
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as exc:
+    except (
+        ConfigError,
+        DataError,
+        CheckpointError,
+        DistributedError,
+        PSError,
+        FileNotFoundError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -98,16 +98,22 @@ class AdmissionSpec:
             training batches (1 = admit at first sight). Until then it reads the
             table's shared ``unknown`` row and its gradient trains that row.
         probability: admit a new id with this probability per sighting (1.0 = always).
+        max_pending_ids: per-shard bound on ids counted while not yet admitted
+            (16 B each, 32 MiB of counts at the default); when full, every count
+            is halved (rare ids drop out).
     """
 
     min_count: int = 1
     probability: float = 1.0
+    max_pending_ids: int = 1 << 20
 
     def validate(self, path: str) -> None:
         if self.min_count < 1:
             raise ConfigError(f"{path}.min_count", "must be >= 1")
         if not 0.0 < self.probability <= 1.0:
             raise ConfigError(f"{path}.probability", "must be in (0, 1]")
+        if self.max_pending_ids < 1:
+            raise ConfigError(f"{path}.max_pending_ids", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -115,16 +121,23 @@ class EvictionSpec:
     """Bounds on a table's memory.
 
     Args:
-        capacity_rows: maximum rows held; ``None`` = unbounded.
-        policy: which rows go first when full: ``lru`` or ``lfu``.
-        ttl_steps: rows untouched for this many training steps are swept.
+        capacity_rows: maximum rows held; ``None`` = unbounded. A table of S
+            shards gives each shard ``ceil(capacity_rows / S)``.
+        policy: which rows go first when full: ``lru`` (least recently touched)
+            or ``lfu`` (least often touched, counts halved as they age).
+        ttl_steps: rows untouched for this many training steps are swept (a step
+            is one ``apply_gradients`` call).
         ttl_s: rows untouched for this many seconds are swept.
+        sweep_every_steps: TTL sweeps run automatically every this many steps
+            (one pass over the rows); rows may outlive their TTL by up to this
+            many steps. ``sweep()`` applies the TTL at once.
     """
 
     capacity_rows: int | None = None
     policy: Literal["lru", "lfu"] = "lru"
     ttl_steps: int | None = None
     ttl_s: float | None = None
+    sweep_every_steps: int = 100
 
     def validate(self, path: str) -> None:
         if self.capacity_rows is not None and self.capacity_rows < 1:
@@ -133,6 +146,8 @@ class EvictionSpec:
             raise ConfigError(f"{path}.ttl_steps", "must be >= 1")
         if self.ttl_s is not None and self.ttl_s <= 0:
             raise ConfigError(f"{path}.ttl_s", "must be > 0")
+        if self.sweep_every_steps < 1:
+            raise ConfigError(f"{path}.sweep_every_steps", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -347,9 +362,18 @@ class RuntimeSpec:
 
     Args:
         backend: ``local`` (one process, no extra dependencies).
+        trainers: trainer processes on this machine. 1 = one process with the
+            tables in memory; W > 1 = W trainers (dense model replicated, gradients
+            averaged) sharing tables on a parameter-server process;
+            ``train.batch_size`` is then per trainer.
     """
 
     backend: Literal["local"] = "local"
+    trainers: int = 1
+
+    def validate(self, path: str) -> None:
+        if self.trainers < 1:
+            raise ConfigError(f"{path}.trainers", "must be >= 1")
 
 
 @dataclass(frozen=True)

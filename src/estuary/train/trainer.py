@@ -10,19 +10,19 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
 from estuary.config import JobSpec, to_dict
-from estuary.data import TabularDataset
+from estuary.data import DataPart, TabularDataset
 from estuary.data.types import Batch
-from estuary.embedding import EmbeddingTable
+from estuary.embedding import EmbeddingStore, EmbeddingTable
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
 from estuary.metrics.progress import ProgressBar
 from estuary.nn.embedding_collection import EmbeddingCollection, LookedUpBatch
@@ -37,6 +37,14 @@ DENSE_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adagrad": torch.optim.Adagrad,
     "sgd": torch.optim.SGD,
 }
+
+
+class TableStore(EmbeddingStore, Protocol):
+    """A table the trainer can also checkpoint (``EmbeddingTable``, ``RemoteTable``)."""
+
+    def state_dict(self) -> dict[str, np.ndarray]: ...
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None: ...
 
 
 @dataclass
@@ -114,10 +122,21 @@ class Trainer:
         model: a ``torch.nn.Module`` with ``forward(dense (B, Dd), sparse (B, F, D))
             -> logits (B,)``; ``None`` builds ``job.model.type`` from the registry.
         dataset: an already loaded dataset (else read from ``job.data``).
+        tables: table name -> an external table (e.g. a parameter server's
+            ``RemoteTable``) instead of in-process ones; used as given, so it must
+            be thread-safe.
+        rank: this trainer's rank in a multi-trainer run; only rank 0 evaluates
+            and writes the checkpoint.
     """
 
     def __init__(
-        self, job: JobSpec, model: nn.Module | None = None, *, dataset: TabularDataset | None = None
+        self,
+        job: JobSpec,
+        model: nn.Module | None = None,
+        *,
+        dataset: TabularDataset | None = None,
+        tables: Mapping[str, TableStore] | None = None,
+        rank: int = 0,
     ) -> None:
         t0 = time.perf_counter()
         self.job = job
@@ -135,13 +154,24 @@ class Trainer:
         self.features = list(self.dataset.feature_names)
         self.load_s = time.perf_counter() - t0
         feature_tables = {f: shared_names.get(f, f) for f in self.features}
-        self.tables: dict[str, EmbeddingTable] = {}
+        self.tables: dict[str, TableStore] = {}
         for i, table in enumerate(dict.fromkeys(feature_tables.values())):
             spec = job.table_spec(table)
+            if tables is not None:
+                if table not in tables or tables[table].dim != spec.dim:
+                    raise ValueError(f"tables: need table {table!r} with dim {spec.dim}")
+                self.tables[table] = tables[table]
+                continue
             self.tables[table] = EmbeddingTable(
                 spec, seed=job.train.seed * 1_000_003 + i, name=table
             )
-        self.stores = {name: LockedStore(t) for name, t in self.tables.items()}
+        # External tables lock themselves: a LockedStore would hold its lock through a
+        # parameter server's staleness wait and so block the push that ends the wait.
+        self.stores: dict[str, EmbeddingStore] = (
+            dict(self.tables)
+            if tables is not None
+            else {name: LockedStore(t) for name, t in self.tables.items()}
+        )
         pooling = {f: job.table_spec(feature_tables[f]).pooling for f in self.features}
         self.embeddings = EmbeddingCollection(self.features, self.stores, feature_tables, pooling)
 
@@ -153,6 +183,8 @@ class Trainer:
             num_sparse=len(self.features),
             embedding_dim=self.embeddings.dim,
         )
+        self.train_model = self.model  # what steps call: a DDP wrapper with several trainers
+        self.rank = rank
         opt = job.train.dense_optimizer
         self.optimizer = DENSE_OPTIMIZERS[opt.name](
             self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay
@@ -171,7 +203,7 @@ class Trainer:
         sparse = self.embeddings(looked_up)  # (B, F, D)
         dense = torch.from_numpy(batch.dense)  # (B, Dd)
         labels = torch.from_numpy(batch.labels)  # (B,)
-        logits = self.model(dense, sparse)
+        logits = self.train_model(dense, sparse)
         loss = self.loss_fn(logits, labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -210,6 +242,14 @@ class Trainer:
         for _, batch, looked_up in prefetch:
             yield batch, looked_up
 
+    def _epoch_batches(self, part: DataPart, epoch: int) -> Iterator[Batch]:
+        """This trainer's training batches of one epoch (a multi-trainer run's
+        ``DistributedTrainer`` reads only its share)."""
+        train = self.job.train
+        return self.dataset.batches(
+            part, train.batch_size, shuffle=train.shuffle, seed=train.seed, epoch=epoch
+        )
+
     def fit(self, *, progress: bool | None = None) -> FitResult:
         """Train for ``train.epochs``, evaluate, checkpoint, return the result."""
         job = self.job
@@ -223,13 +263,7 @@ class Trainer:
         try:
             for epoch in range(self.epoch, job.train.epochs):
                 self.epoch = epoch
-                batches = self.dataset.batches(
-                    train_part,
-                    job.train.batch_size,
-                    shuffle=job.train.shuffle,
-                    seed=job.train.seed,
-                    epoch=epoch,
-                )
+                batches = self._epoch_batches(train_part, epoch)
                 for batch, looked_up in self._steps(batches, updater):
                     loss = self._train_step(batch, looked_up, updater)
                     self.step += 1
@@ -241,8 +275,9 @@ class Trainer:
             updater.close()
             bar.close()
         train_wall_s = time.perf_counter() - t_start
-        result = self.evaluate(eval_part) if eval_part.num_rows else None
-        checkpoint = self.save_checkpoint() if job.output.checkpoint else None
+        chief = self.rank == 0  # one trainer evaluates and checkpoints
+        result = self.evaluate(eval_part) if eval_part.num_rows and chief else None
+        checkpoint = self.save_checkpoint() if job.output.checkpoint and chief else None
         stats = {name: t.stats() for name, t in self.tables.items()}
         return FitResult(
             eval=result,

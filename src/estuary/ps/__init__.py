@@ -1,0 +1,39 @@
+"""The embedding parameter server: tables in their own process, shared by trainers.
+
+    server = ServerProcess(ServerConfig({"C1": HostedTable(spec, seed)}, world_size=2))
+    client = PSClient(server.address, server.authkey)
+    tables = client.tables(rank=0, grad_scale=0.5)   # name -> RemoteTable
+    rows = tables["C1"].lookup(ids, train=True)        # step 1 (may wait: staleness)
+    tables["C1"].apply_gradients(ids, grads)           # push of step 1, rank 0
+
+Each step's pushes from all ``world_size`` ranks are summed per id and applied
+as one optimizer step, exactly once (``StepAggregator``). See docs/distributed.md.
+"""
+
+from estuary.ps.aggregation import StepAggregator, sum_by_id
+from estuary.ps.client import PSClient, RemoteTable
+from estuary.ps.server import ParameterServer, ServerProcess, serving
+from estuary.ps.types import (
+    HostedTable,
+    ProtocolError,
+    PSConnectionError,
+    PSError,
+    PSTimeoutError,
+    ServerConfig,
+)
+
+__all__ = [
+    "HostedTable",
+    "PSClient",
+    "PSConnectionError",
+    "PSError",
+    "PSTimeoutError",
+    "ParameterServer",
+    "ProtocolError",
+    "RemoteTable",
+    "ServerConfig",
+    "ServerProcess",
+    "StepAggregator",
+    "serving",
+    "sum_by_id",
+]

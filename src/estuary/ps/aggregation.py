@@ -1,0 +1,172 @@
+"""Exactly-once, in-order application of one table's per-step gradients from W ranks.
+
+Shapes: ``N_r`` ids pushed by rank r, ``U`` distinct ids of a step, ``D`` dim.
+
+::
+
+    push(step=5, rank=1, ids, grads) --> buffered until all W ranks pushed step 5
+    all W in and step 4 applied      --> ids, grads of ranks 0..W-1 concatenated,
+                                         summed per id (U rows), ONE optimizer step
+    push of an applied or already buffered (step, rank)  --> ignored, counted
+
+Steps are applied strictly in order 1, 2, 3, ... by whichever pushing thread
+completes them, under the aggregator's lock, so two steps never interleave.
+Readers wait on ``wait_applied`` (the staleness barrier).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from estuary.embedding.types import Float32Array, Int64Array
+from estuary.ps.types import PSError, PSTimeoutError
+
+ApplyFn = Callable[[Int64Array, Float32Array], None]
+
+
+def sum_by_id(
+    parts: list[tuple[Int64Array, Float32Array]], dim: int
+) -> tuple[Int64Array, Float32Array]:
+    """Concatenate ``parts`` (ids (N_r,), grads (N_r, D)) and sum rows per id ->
+    (unique ids (U,), summed grads (U, D)). Rows of one id are added in part order
+    (a stable sort), so the result does not depend on arrival order."""
+    if not parts:
+        return np.empty(0, np.int64), np.empty((0, dim), np.float32)
+    ids = np.concatenate([p[0] for p in parts])
+    grads = np.concatenate([p[1] for p in parts])
+    order = np.argsort(ids, kind="stable")  # O(N log N); ~3 ms for 200k ids
+    sorted_ids = ids[order]
+    if sorted_ids.size == 0:
+        return sorted_ids, grads.reshape(0, dim)
+    starts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]]))
+    summed = np.add.reduceat(grads[order], starts, axis=0)  # (U, D)
+    return sorted_ids[starts], np.ascontiguousarray(summed, dtype=np.float32)
+
+
+class StepAggregator:
+    """Collects each step's pushes from ``world_size`` ranks and applies their sum once.
+
+    Args:
+        name: table name (for messages).
+        dim: D.
+        world_size: W.
+        apply: one optimizer step, ``(unique ids (U,), summed grads (U, D))``.
+        max_pending_steps: how far past the last applied step a push may be.
+    """
+
+    def __init__(
+        self, name: str, dim: int, world_size: int, apply: ApplyFn, *, max_pending_steps: int = 64
+    ) -> None:
+        self.name = name
+        self.dim = dim
+        self.world_size = world_size
+        self.max_pending_steps = max_pending_steps
+        self._apply = apply
+        self._cond = threading.Condition()
+        self._pending: dict[int, dict[int, tuple[Int64Array, Float32Array]]] = {}
+        self._error: BaseException | None = None
+        self.applied = 0  # last applied step; steps are 1-based
+        self.duplicates = 0  # pushes ignored because (step, rank) was already in
+        self.waits = 0  # requests that had to wait for a step
+
+    def push(self, step: int, rank: int, ids: Int64Array, grads: Float32Array) -> bool:
+        """Buffer rank ``rank``'s gradients of ``step``; apply every step that became
+        complete. Returns ``False`` (and changes nothing) for a duplicate push.
+
+        Raises:
+            PSError: bad rank/step/shape, or the table failed earlier.
+        """
+        if not 0 <= rank < self.world_size:
+            raise PSError(f"table {self.name!r}: rank {rank} not in [0, {self.world_size})")
+        if step < 1:
+            raise PSError(f"table {self.name!r}: steps start at 1, got {step}")
+        if ids.ndim != 1 or grads.shape != (ids.size, self.dim):
+            raise PSError(
+                f"table {self.name!r}: grads must have shape ({ids.size}, {self.dim}) "
+                f"for {ids.size} ids, got {grads.shape}"
+            )
+        with self._cond:
+            self._raise_if_failed()
+            buffered = self._pending.get(step, {})
+            if step <= self.applied or rank in buffered:
+                self.duplicates += 1
+                return False
+            if step > self.applied + self.max_pending_steps:
+                raise PSError(
+                    f"table {self.name!r}: push of step {step} is more than "
+                    f"{self.max_pending_steps} steps ahead of the last applied step {self.applied}"
+                )
+            self._pending.setdefault(step, buffered)[rank] = (ids, grads)
+            self._apply_complete_steps()
+        return True
+
+    def _apply_complete_steps(self) -> None:
+        # Called with the lock held: steps are applied one at a time, in order.
+        while len(self._pending.get(self.applied + 1, ())) == self.world_size:
+            step = self.applied + 1
+            by_rank = self._pending.pop(step)
+            ids, grads = sum_by_id([by_rank[r] for r in range(self.world_size)], self.dim)
+            try:
+                self._apply(ids, grads)
+            except BaseException as exc:
+                self._error = exc
+                self._cond.notify_all()
+                raise PSError(f"table {self.name!r}: applying step {step} failed: {exc}") from exc
+            self.applied = step
+            self._cond.notify_all()
+
+    def wait_applied(self, step: int, timeout_s: float) -> None:
+        """Return once ``step`` (and every step before it) has been applied.
+
+        Raises:
+            PSTimeoutError: not within ``timeout_s``; names the ranks still missing.
+            PSError: the table failed while waiting.
+        """
+        if self.applied >= step:  # fast path: an int read, no lock
+            return
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self.waits += 1
+            # Blocking wait: the staleness barrier (other ranks' pushes land here).
+            while self.applied < step and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    waiting_for = self.applied + 1
+                    missing = self.missing_ranks(waiting_for)
+                    raise PSTimeoutError(
+                        f"table {self.name!r}: step {step} not applied within {timeout_s:g} s "
+                        f"(last applied {self.applied}; step {waiting_for} still needs "
+                        f"pushes from ranks {missing})"
+                    )
+                self._cond.wait(left)
+            self._raise_if_failed()
+
+    def missing_ranks(self, step: int) -> list[int]:
+        """Ranks that have not pushed ``step`` yet (empty once applied)."""
+        if step <= self.applied:
+            return []
+        have = self._pending.get(step, {})
+        return [r for r in range(self.world_size) if r not in have]
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold off step application for the ``with`` block (snapshots, loads)."""
+        with self._cond:
+            yield
+
+    @property
+    def pending_steps(self) -> int:
+        """Steps with some but not all pushes buffered."""
+        return len(self._pending)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise PSError(
+                f"table {self.name!r} failed at step {self.applied + 1} and accepts no "
+                f"more requests: {self._error}"
+            )

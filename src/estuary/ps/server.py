@@ -1,0 +1,465 @@
+"""The parameter server: hosts ``EmbeddingTable``s and serves trainers.
+
+Shapes: ``N`` ids in a request, ``D`` a table's dim.
+
+::
+
+    trainer threads --(one connection each, pooled by PSClient)--> ParameterServer
+        lookup(table, ids, train, step)   waits for the staleness bound, then gathers
+        push(table, step, rank, ids, grads)  StepAggregator: all W ranks -> one step
+        state_dict / load_state_dict / stats / remove / wait / shutdown
+
+One thread per connection. Tables run their numba kernels with the GIL released
+and lock per shard, so lookups of different connections run side by side;
+a table's optimizer steps are serialised by its ``StepAggregator``.
+
+Operations are found by name in ``ParameterServer._ops`` (no if/elif on ``op``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any
+
+import numpy as np
+
+from estuary.embedding.table import EmbeddingTable
+from estuary.ps.aggregation import StepAggregator
+from estuary.ps.protocol import Arrays, Header, recv_message, send_message, set_nodelay, wake_reader
+from estuary.ps.types import ProtocolError, PSError, PSTimeoutError, ServerConfig
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+Address = str | tuple[str, int]
+Handler = Callable[[Header, Arrays], tuple[Header, Arrays]]
+
+# Reply ``kind`` of each error type (the client raises the matching class).
+_ERROR_KINDS: dict[type[BaseException], str] = {
+    PSTimeoutError: "timeout",
+    ProtocolError: "protocol",
+}
+
+
+def default_address() -> tuple[Address, str | None]:
+    """An address for a server on this machine: an AF_UNIX socket in a fresh temp
+    folder where available (no TCP stack, no port to pick), else loopback TCP on a
+    free port. Returns (address, folder to remove afterwards or None)."""
+    if hasattr(socket, "AF_UNIX"):
+        folder = tempfile.mkdtemp(prefix="estuary-ps-")
+        return os.path.join(folder, "ps.sock"), folder
+    return ("127.0.0.1", 0), None
+
+
+class ParameterServer:
+    """Hosts the tables of ``config`` and serves requests until shut down.
+
+    Args:
+        config: tables, world size, staleness bound, timeouts.
+        address: ``None`` (``default_address()``), an AF_UNIX path, or a
+            ``(host, port)`` pair for TCP (port 0 picks a free one). Bind to
+            loopback unless trainers run on other machines.
+        authkey: secret every client must prove when it connects (default: 32
+            random bytes; read it from ``authkey``).
+
+    ``serve_forever()`` blocks; ``start()`` runs it on a background thread.
+    """
+
+    def __init__(
+        self, config: ServerConfig, *, address: Address | None = None, authkey: bytes | None = None
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.authkey = authkey or os.urandom(32)
+        self.tables = {
+            name: EmbeddingTable(hosted.spec, seed=hosted.seed, name=name)
+            for name, hosted in config.tables.items()
+        }
+        self.steps = {
+            name: StepAggregator(
+                name,
+                table.dim,
+                config.world_size,
+                table.apply_gradients,
+                max_pending_steps=config.max_pending_steps,
+            )
+            for name, table in self.tables.items()
+        }
+        self._folder: str | None = None
+        if address is None:
+            address, self._folder = default_address()
+        self._listener = Listener(address, authkey=self.authkey)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._conns: set[Connection] = set()
+        self._thread: threading.Thread | None = None
+        self._ops: dict[str, Handler] = {
+            "hello": self._op_hello,
+            "lookup": self._op_lookup,
+            "push": self._op_push,
+            "wait": self._op_wait,
+            "stats": self._op_stats,
+            "server_stats": self._op_server_stats,
+            "state_dict": self._op_state_dict,
+            "load_state_dict": self._op_load_state_dict,
+            "remove": self._op_remove,
+            "shutdown": self._op_shutdown,
+        }
+
+    @property
+    def address(self) -> Address:
+        """Where clients connect (the bound port for TCP port 0)."""
+        address = self._listener.address
+        return address if isinstance(address, str) else (str(address[0]), int(address[1]))
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        """Accept connections (one thread each) until ``shutdown``/``close``."""
+        try:
+            while not self._stop.is_set():
+                try:
+                    conn = self._listener.accept()  # Blocking wait: next trainer connection.
+                except (AuthenticationError, EOFError, OSError) as exc:
+                    if not self._stop.is_set():
+                        logger.warning("parameter server: rejected a connection: %s", exc)
+                    continue
+                if self._stop.is_set():
+                    conn.close()
+                    break
+                set_nodelay(conn)
+                with self._lock:
+                    self._conns.add(conn)
+                threading.Thread(
+                    target=self._serve_connection, args=(conn,), name="estuary-ps-conn", daemon=True
+                ).start()
+        finally:
+            self._listener.close()
+            with self._lock:
+                for conn in self._conns:
+                    wake_reader(conn)
+            if self._folder is not None:
+                shutil.rmtree(self._folder, ignore_errors=True)
+
+    def start(self) -> ParameterServer:
+        """Serve on a background thread (in-process use, tests); returns self."""
+        self._thread = threading.Thread(target=self.serve_forever, name="estuary-ps", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting, drop every connection, free the address."""
+        self._begin_shutdown()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _begin_shutdown(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        # accept() does not wake when the listener closes: connect once to wake it.
+        with contextlib.suppress(OSError, EOFError, AuthenticationError):
+            Client(self._listener.address, authkey=self.authkey).close()
+
+    def _serve_connection(self, conn: Connection) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    header, arrays = recv_message(conn)
+                except (EOFError, OSError):
+                    return  # the client went away
+                except ProtocolError as exc:
+                    # Frames can no longer be told apart: answer once, then hang up.
+                    self._send_error(conn, exc)
+                    return
+                op = header.get("op")
+                handler = self._ops.get(op) if isinstance(op, str) else None
+                try:
+                    if handler is None:
+                        raise PSError(f"unknown op {op!r}; known: {sorted(self._ops)}")
+                    reply, out = handler(header, arrays)
+                except Exception as exc:  # reported to the caller, never kills the server
+                    if not isinstance(exc, PSError | ValueError | KeyError | TypeError):
+                        logger.exception("parameter server: %s failed", op)
+                    self._send_error(conn, exc)
+                    continue
+                try:
+                    send_message(conn, {"ok": True, **reply}, out)
+                except (EOFError, OSError):
+                    return
+                if op == "shutdown":
+                    self._begin_shutdown()
+                    return
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    @staticmethod
+    def _send_error(conn: Connection, exc: BaseException) -> None:
+        kind = next((k for t, k in _ERROR_KINDS.items() if isinstance(exc, t)), "error")
+        text = str(exc) if isinstance(exc, PSError) else f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(EOFError, OSError):
+            send_message(conn, {"ok": False, "kind": kind, "error": text})
+
+    # -- request fields ----------------------------------------------------------
+
+    def _table(self, header: Header) -> tuple[EmbeddingTable, StepAggregator]:
+        name = header.get("table")
+        if not isinstance(name, str) or name not in self.tables:
+            raise PSError(f"unknown table {name!r}; this server hosts {sorted(self.tables)}")
+        return self.tables[name], self.steps[name]
+
+    @staticmethod
+    def _int(header: Header, key: str, default: int | None = None) -> int:
+        value = header.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise PSError(f"field {key!r} must be an int, got {value!r}")
+        return value
+
+    @staticmethod
+    def _array(arrays: Arrays, key: str, dtype: type, ndim: int) -> np.ndarray:
+        array = arrays.get(key)
+        if array is None or array.dtype != dtype or array.ndim != ndim:
+            got = "nothing" if array is None else f"{array.dtype} with {array.ndim} dims"
+            raise PSError(f"array {key!r} must be {np.dtype(dtype)} with {ndim} dims, got {got}")
+        return array
+
+    # -- operations ----------------------------------------------------------------
+
+    def _op_hello(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "tables": {name: table.dim for name, table in self.tables.items()},
+            "world_size": self.config.world_size,
+            "staleness": self.config.staleness,
+        }, {}
+
+    def _op_lookup(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, steps = self._table(header)
+        ids = self._array(arrays, "ids", np.int64, 1)
+        train = bool(header.get("train", False))
+        need = self._int(header, "after", 0)
+        step = header.get("step")
+        if train and step is not None and self.config.staleness is not None:
+            need = max(need, self._int(header, "step") - 1 - self.config.staleness)
+        if need > 0:
+            steps.wait_applied(need, self.config.wait_timeout_s)
+        return {}, {"rows": table.lookup(ids, train=train)}
+
+    def _op_push(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        _, steps = self._table(header)
+        ids = self._array(arrays, "ids", np.int64, 1)
+        grads = self._array(arrays, "grads", np.float32, 2)
+        accepted = steps.push(self._int(header, "step"), self._int(header, "rank"), ids, grads)
+        return {"duplicate": not accepted, "applied": steps.applied}, {}
+
+    def _op_wait(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        _, steps = self._table(header)
+        steps.wait_applied(self._int(header, "step"), self.config.wait_timeout_s)
+        return {"applied": steps.applied}, {}
+
+    def _op_stats(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, steps = self._table(header)
+        return {"stats": asdict(table.stats()), **_step_counters(steps)}, {}
+
+    def _op_server_stats(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        return {"tables": {name: _step_counters(s) for name, s in self.steps.items()}}, {}
+
+    def _op_state_dict(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, steps = self._table(header)
+        steps.wait_applied(self._int(header, "after", 0), self.config.wait_timeout_s)
+        with steps.exclusive():  # no step lands halfway through the snapshot
+            state = table.state_dict()
+        return {"applied": steps.applied}, state
+
+    def _op_load_state_dict(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, steps = self._table(header)
+        with steps.exclusive():
+            table.load_state_dict(arrays)
+        return {"rows": len(table)}, {}
+
+    def _op_remove(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, steps = self._table(header)
+        ids = self._array(arrays, "ids", np.int64, 1)
+        with steps.exclusive():
+            removed = table.remove(ids)
+        return {"removed": removed}, {}
+
+    def _op_shutdown(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        return {}, {}  # the connection thread stops the server after replying
+
+
+def _step_counters(steps: StepAggregator) -> dict[str, int]:
+    return {
+        "applied": steps.applied,
+        "duplicates": steps.duplicates,
+        "pending_steps": steps.pending_steps,
+        "waits": steps.waits,
+    }
+
+
+# -- a server in its own process ---------------------------------------------------
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    # An orphaned server would wait in accept() forever: leave with the parent.
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+def _server_main(
+    config: ServerConfig, address: Address | None, authkey: bytes, ready: Connection
+) -> None:
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    try:
+        server = ParameterServer(config, address=address, authkey=authkey)
+    except BaseException as exc:
+        ready.send_bytes(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+        raise
+    ready.send_bytes(json.dumps({"address": server.address}).encode())
+    ready.close()
+    server.serve_forever()
+
+
+class ServerProcess:
+    """A ``ParameterServer`` in its own spawned process.
+
+    Args:
+        config: what the server hosts.
+        address: as for ``ParameterServer`` (default: a fresh AF_UNIX socket whose
+            folder this object owns).
+        startup_timeout_s: longest wait for the process to build its tables.
+        wait: block until the server is ready. With ``False`` (and a known
+            address) callers may start clients at once (``PSClient`` retries its
+            first connect) and call ``wait_ready()`` later: the server's start-up
+            (~1-5 s, mostly imports) overlaps theirs.
+
+    Use as a context manager or call ``stop()``. The process exits by itself if
+    its parent dies.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        address: Address | None = None,
+        startup_timeout_s: float = 120.0,
+        wait: bool = True,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.authkey = os.urandom(32)
+        self.startup_timeout_s = startup_timeout_s
+        self._folder: str | None = None
+        if address is None:
+            address, self._folder = default_address()
+        elif not wait and not isinstance(address, str) and address[1] == 0:
+            raise ValueError("wait=False needs a fixed address (TCP port 0 is known only later)")
+        self.address: Address = address
+        ctx = multiprocessing.get_context("spawn")
+        self._ready, writer = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(
+            target=_server_main,
+            args=(config, address, self.authkey, writer),
+            name="estuary-ps",
+            daemon=True,
+        )
+        self._process.start()
+        writer.close()
+        self._started = False
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until the server listens (or raise why it never will)."""
+        if self._started:
+            return
+        try:
+            # Blocking wait: the child imports, builds its tables, reports its address.
+            if not self._ready.poll(self.startup_timeout_s):
+                raise PSTimeoutError(
+                    f"parameter server process not ready within {self.startup_timeout_s:g} s"
+                )
+            try:
+                message = json.loads(self._ready.recv_bytes())
+            except EOFError:
+                self._process.join(timeout=5)
+                raise PSError(
+                    f"parameter server process exited (code {self._process.exitcode}) "
+                    "before it was ready"
+                ) from None
+            if "error" in message:
+                raise PSError(f"parameter server failed to start: {message['error']}")
+        except BaseException:
+            self._kill()
+            raise
+        finally:
+            self._ready.close()
+        raw = message["address"]
+        self.address = raw if isinstance(raw, str) else (str(raw[0]), int(raw[1]))
+        self._started = True
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask the server to shut down; terminate it if it does not within ``timeout_s``."""
+        if self._started and self._process.is_alive():
+            from estuary.ps.client import PSClient
+
+            with contextlib.suppress(PSError):
+                client = PSClient(self.address, self.authkey, timeout_s=timeout_s)
+                try:
+                    client.shutdown()
+                finally:
+                    client.close()
+            self._process.join(timeout=timeout_s)
+        self._kill()
+
+    def _kill(self) -> None:
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout=5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serving(config: ServerConfig, **kwargs: Any) -> Iterator[ParameterServer]:
+    """An in-process server on a background thread for the ``with`` block (tests)."""
+    server = ParameterServer(config, **kwargs).start()
+    try:
+        yield server
+    finally:
+        server.close()

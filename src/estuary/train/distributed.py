@@ -1,0 +1,331 @@
+"""Several trainers on one machine: the dense network replicated with DDP, the
+embedding tables on one parameter-server process that every trainer shares.
+
+::
+
+    run_distributed(job, trainers=W)
+      ServerProcess ---- hosts every table; step t is applied once, when all W
+      |                  ranks have pushed it (sum of their gradients per id)
+      spawn W trainers, rank r:
+        init_process_group(gloo)          dense grads averaged by DDP
+        rows of an epoch: perm[r::W]      same permutation on every rank
+        lookup(step t) -> forward/backward -> dense step -> push(t, r, grads / W)
+      rank 0: eval + checkpoint (tables pulled from the server) -> FitResult
+
+Gradient scaling: each rank's loss is the mean over its B rows, DDP averages
+the dense gradients over ranks, and each rank pushes its sparse gradients times
+1/W, which the server sums. Both halves therefore follow the gradient of the
+mean loss over all W x B rows: a W-trainer step is the step one trainer would
+take on the union of the W batches (see docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+from torch.nn.parallel import DistributedDataParallel
+
+from estuary.config import JobSpec
+from estuary.config.spec import TrainSpec
+from estuary.data import DataPart, TabularDataset
+from estuary.data.types import Batch, Int64Array
+from estuary.ps import HostedTable, PSClient, ServerConfig, ServerProcess
+from estuary.ps.server import Address
+from estuary.train.trainer import FitResult, Trainer
+
+BACKENDS = ("gloo",)  # "nccl" needs the dense model on the GPU, which Trainer does not do yet
+
+
+class DistributedError(RuntimeError):
+    """A trainer process of a multi-trainer run failed; the message names its rank
+    and the error's last line (the full traceback is the ``__cause__``)."""
+
+
+def table_plan(job: JobSpec) -> dict[str, HostedTable]:
+    """The job's tables as ``Trainer`` builds them: one per sparse feature, or one per
+    ``model.embedding.shared`` group, with the same names, specs and seeds (so a
+    table on the server starts with exactly the rows a local one would)."""
+    shared = {m: g for g, members in job.model.embedding.shared.items() for m in members}
+    names = dict.fromkeys(shared.get(f, f) for f in job.data.schema.sparse)
+    return {
+        name: HostedTable(job.table_spec(name), seed=job.train.seed * 1_000_003 + i)
+        for i, name in enumerate(names)
+    }
+
+
+def server_staleness(train: TrainSpec) -> int | None:
+    """The server's staleness bound for ``train.mode``: sync 0, hybrid
+    ``train.staleness``, async none."""
+    return {"sync": 0, "hybrid": train.staleness, "async": None}[train.mode]
+
+
+def rank_rows(
+    part: DataPart, rank: int, world_size: int, *, shuffle: bool, seed: int, epoch: int
+) -> Int64Array:
+    """Row ids rank ``rank`` trains in one epoch -> int64 (R // W,).
+
+    The epoch's order is the one ``DataPart.batches`` uses (a permutation drawn from
+    (seed, epoch) when ``shuffle``); rank r takes every W-th row from r, after
+    dropping the last ``R mod W`` rows so every rank takes as many steps (DDP needs
+    that). Batch t of every rank together is rows ``[t W B, (t + 1) W B)`` of the
+    epoch order.
+    """
+    rows = part.row_ids
+    if shuffle:
+        rng = np.random.default_rng([seed, epoch])  # as DataPart.batches
+        rows = rows[rng.permutation(rows.shape[0])]
+    usable = rows.shape[0] - rows.shape[0] % world_size
+    return rows[rank:usable:world_size]
+
+
+def rank_batches(
+    part: DataPart,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+) -> Iterator[Batch]:
+    """Rank ``rank``'s batches of ``batch_size`` rows (per rank) of one epoch."""
+    rows = rank_rows(part, rank, world_size, shuffle=shuffle, seed=seed, epoch=epoch)
+    for begin in range(0, rows.shape[0], batch_size):
+        yield part.dataset.take(rows[begin : begin + batch_size])
+
+
+class DistributedTrainer(Trainer):
+    """One rank of a multi-trainer run: tables are ``RemoteTable``s of a parameter
+    server, the dense model is wrapped in ``DistributedDataParallel``.
+
+    Args:
+        job: the job (every rank gets the same one).
+        client: the parameter server's client.
+        rank: this trainer's rank r.
+        world_size: W; the process group must be initialised when W > 1.
+        model: as for ``Trainer``.
+        dataset: as for ``Trainer`` (every rank reads the whole dataset and trains
+            its share).
+
+    ``train.batch_size`` is per rank: a step trains W x batch_size rows.
+    """
+
+    def __init__(
+        self,
+        job: JobSpec,
+        client: PSClient,
+        *,
+        rank: int,
+        world_size: int,
+        model: torch.nn.Module | None = None,
+        dataset: TabularDataset | None = None,
+    ) -> None:
+        self.client = client
+        self.world_size = world_size
+        self.remote_tables = client.tables(rank=rank, grad_scale=1.0 / world_size)
+        super().__init__(job, model, dataset=dataset, tables=self.remote_tables, rank=rank)
+        if world_size > 1:
+            # Construction broadcasts rank 0's parameters (a collective).
+            self.train_model = DistributedDataParallel(self.model)
+
+    def _epoch_batches(self, part: DataPart, epoch: int) -> Iterator[Batch]:
+        train = self.job.train
+        return rank_batches(
+            part,
+            train.batch_size,
+            self.rank,
+            self.world_size,
+            shuffle=train.shuffle,
+            seed=train.seed,
+            epoch=epoch,
+        )
+
+    def fit(self, *, progress: bool | None = None) -> FitResult:
+        """Train this rank's share; rank 0 also evaluates and checkpoints. Figures
+        in the result are for all ranks (every rank trains as many rows)."""
+        # The bar would count one rank's rows against the whole run's total.
+        result = super().fit(progress=progress if self.world_size == 1 else False)
+        for table in self.remote_tables.values():
+            table.wait_applied()  # Blocking wait: every rank's last step has landed.
+        ps = self.client.server_stats()
+        result.train_rows *= self.world_size
+        result.samples_per_s *= self.world_size
+        result.extra.update(
+            trainers=self.world_size,
+            ps_applied_steps=min((s["applied"] for s in ps.values()), default=0),
+            ps_duplicate_pushes=sum(s["duplicates"] for s in ps.values()),
+            ps_waits=sum(s["waits"] for s in ps.values()),
+        )
+        return result
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """What every trainer process gets (pickled once per process by spawn)."""
+
+    job: JobSpec
+    world_size: int
+    address: Address
+    authkey: bytes
+    init_method: str
+    backend: str
+    pg_timeout_s: float
+    ps_timeout_s: float
+    startup_timeout_s: float
+    threads: int
+    progress: bool
+
+
+def _loopback_interface() -> str | None:
+    names = {name for _, name in socket.if_nameindex()}
+    return next((name for name in ("lo", "lo0") if name in names), None)
+
+
+def _trainer_main(rank: int, launch: _Launch, results: Any) -> None:
+    """Entry point of trainer process ``rank`` (spawned by ``run_distributed``)."""
+    loopback = _loopback_interface()
+    if loopback is not None:
+        # All ranks share this machine: gloo need not resolve the host name.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+    if not launch.job.train.threads:
+        torch.set_num_threads(launch.threads)  # W trainers share the machine's cores
+    dist.init_process_group(
+        launch.backend,
+        init_method=launch.init_method,
+        rank=rank,
+        world_size=launch.world_size,
+        timeout=datetime.timedelta(seconds=launch.pg_timeout_s),
+    )
+    client = PSClient(
+        launch.address,
+        launch.authkey,
+        timeout_s=launch.ps_timeout_s,
+        connect_timeout_s=launch.startup_timeout_s,
+    )
+    try:
+        trainer = DistributedTrainer(launch.job, client, rank=rank, world_size=launch.world_size)
+        result = trainer.fit(progress=launch.progress and rank == 0)
+        if rank == 0:
+            results.put(result)
+        dist.barrier()  # Blocking wait: ranks leave together, after rank 0's eval/checkpoint.
+    finally:
+        client.close()
+        dist.destroy_process_group()
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
+def run_distributed(
+    job: JobSpec,
+    *,
+    trainers: int | None = None,
+    progress: bool | None = None,
+    backend: str = "gloo",
+    ps_wait_timeout_s: float = 300.0,
+    pg_timeout_s: float = 600.0,
+    startup_timeout_s: float = 120.0,
+) -> FitResult:
+    """Train ``job`` with W trainer processes and one parameter server on this
+    machine; returns rank 0's ``FitResult`` (rank 0 also writes the checkpoint).
+
+    Args:
+        job: the job; ``train.batch_size`` is per trainer.
+        trainers: W (default ``runtime.trainers``).
+        progress: show rank 0's progress bar (only with W = 1; see ``fit``).
+        backend: torch.distributed backend for the dense all-reduce (``gloo``).
+        ps_wait_timeout_s: longest a request waits at the server for a step (a
+            stuck or dead rank fails the run after this, not never).
+        pg_timeout_s: timeout of the process group's collectives.
+        startup_timeout_s: longest wait for the server to start.
+
+    Raises:
+        DistributedError: a trainer failed (its rank and error in the message).
+        PSError: the parameter server failed to start.
+    """
+    world_size = job.runtime.trainers if trainers is None else trainers
+    if world_size < 1:
+        raise ValueError(f"trainers must be >= 1, got {world_size}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    config = ServerConfig(
+        table_plan(job),
+        world_size=world_size,
+        staleness=server_staleness(job.train),
+        wait_timeout_s=ps_wait_timeout_s,
+    )
+    # The server starts while the trainers import torch; they retry their connect.
+    server = ServerProcess(config, startup_timeout_s=startup_timeout_s, wait=False)
+    context = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="estuary-pg-") as folder:
+            launch = _Launch(
+                job=job,
+                world_size=world_size,
+                address=server.address,
+                authkey=server.authkey,
+                init_method=f"file://{os.path.join(folder, 'rendezvous')}",
+                backend=backend,
+                pg_timeout_s=pg_timeout_s,
+                ps_timeout_s=ps_wait_timeout_s + 60.0,
+                startup_timeout_s=startup_timeout_s,
+                threads=max(1, (os.cpu_count() or 1) // world_size),
+                progress=bool(job.output.progress if progress is None else progress),
+            )
+            results = torch_mp.get_context("spawn").SimpleQueue()
+            context = torch_mp.start_processes(
+                _trainer_main,
+                args=(launch, results),
+                nprocs=world_size,
+                join=False,
+                start_method="spawn",
+            )
+            server.wait_ready()
+            out: list[FitResult] = []
+            try:
+                # Blocking wait: trainers run; the first failure stops the others.
+                while not context.join(timeout=0.5):
+                    while not results.empty():
+                        out.append(results.get())
+            except ProcessRaisedException as exc:
+                raise DistributedError(
+                    f"trainer rank {exc.error_index} failed: {_last_line(exc.msg)}"
+                ) from exc
+            except ProcessExitedException as exc:
+                how = f"signal {exc.signal_name}" if exc.signal_name else f"code {exc.exit_code}"
+                raise DistributedError(f"trainer rank {exc.error_index} exited with {how}") from exc
+            while not results.empty():
+                out.append(results.get())
+    finally:
+        if context is not None:
+            _stop(context.processes)
+        server.stop()
+    if not out:
+        raise DistributedError("rank 0 finished without a result")
+    return out[0]
+
+
+def _stop(processes: list[Any], grace_s: float = 5.0) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
