@@ -26,6 +26,12 @@ def test_tool_is_clean(command: list[str]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_importing_estuary_does_not_import_torch() -> None:
+    code = "import sys, estuary; estuary.load_job; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_layers_import_only_downwards() -> None:
     """config <- {data, embedding} <- nn <- train <- cli (ARCHITECTURE.md)."""
     forbidden = {
@@ -34,6 +40,7 @@ def test_layers_import_only_downwards() -> None:
         "embedding": ["estuary.data", "estuary.nn", "estuary.train"],
         "nn": ["estuary.train"],
         "metrics": ["estuary.train", "estuary.nn"],
+        "ps": ["estuary.data", "estuary.nn", "estuary.train"],
     }
     offenders = []
     for layer, banned in forbidden.items():
