@@ -1,8 +1,14 @@
-"""Conformance suite every text format reader passes, plus format-specific cases.
+"""Conformance suite every format reader passes, plus format-specific cases.
 
-Each subclass of ``FormatConformance`` says how to write a file in its format;
-the shared tests then check rows, physical line numbers, rejected rows,
-compression and failure messages. Files here use 4 columns::
+Each subclass says how to write a file in its format; the shared tests then
+check rows, line numbers, requested columns, empty and missing files and failure
+messages. Three levels:
+
+- ``FormatConformance``: every reader (Parquet too, where a "line" is a row);
+- ``TextConformance``: line-based formats (compression, blank lines, CRLF);
+- ``DelimitedConformance``: delimited text (rows with the wrong field count).
+
+Files here use 4 columns::
 
     label  n   c1  c2        (criteo_tsv gets them through SourceSpec.columns)
 """
@@ -10,11 +16,16 @@ compression and failure messages. Files here use 4 columns::
 from __future__ import annotations
 
 import gzip
+import json
+import warnings
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,8 +33,9 @@ from hypothesis import strategies as st
 from estuary.config.errors import ConfigError
 from estuary.config.spec import SourceSpec
 from estuary.data.badrows import BadRow
-from estuary.data.errors import DataFileError
+from estuary.data.errors import DataFileError, DataWarning
 from estuary.data.formats import RawChunk, ReadRequest, available_formats, get_format
+from estuary.data.formats.values import to_text
 
 from .ctr_datagen import CRITEO_COLUMNS, criteo_rows, join_rows, write_text
 
@@ -37,39 +49,40 @@ def make_rows(n: int) -> list[list[str]]:
 def read_all(
     chunks: Sequence[RawChunk], columns: Sequence[str] = COLUMNS
 ) -> tuple[list[list[str]], list[int], list[BadRow]]:
-    """(rows as text, line numbers, rejected rows) over all chunks."""
+    """(rows as text, line numbers, rejected rows) over all chunks; null reads as ""."""
     rows: list[list[str]] = []
     lines: list[int] = []
     invalid: list[BadRow] = []
     for chunk in chunks:
-        cols = [chunk.columns[c].to_pylist() for c in columns]
-        rows += [[v.decode() for v in values] for values in zip(*cols, strict=True)]
+        for c in columns:
+            assert is_raw_column(chunk.columns[c]), (c, chunk.columns[c].type)
+            assert len(chunk.columns[c]) == chunk.num_rows
+        cols = [to_text(chunk.columns[c]).to_pylist() for c in columns]
+        rows += [[(v or b"").decode() for v in values] for values in zip(*cols, strict=True)]
         lines += chunk.line_numbers.tolist()
         invalid += chunk.invalid
         assert chunk.line_numbers.dtype == np.int64
     return rows, lines, invalid
 
 
+def is_raw_column(values: pa.Array) -> bool:
+    """One of the RawChunk column kinds: binary text, a dictionary of it, int64."""
+    kind = values.type
+    if pa.types.is_dictionary(kind):
+        return kind.value_type == pa.binary()
+    return kind in (pa.binary(), pa.int64())
+
+
 class FormatConformance:
-    """Shared tests; subclasses set the format and how lines are written."""
+    """Shared tests for every reader; subclasses set the format and how to write it."""
 
     format_name: ClassVar[str]
-    sep: ClassVar[str]
-    header: ClassVar[bool]
-
-    @property
-    def first_line(self) -> int:
-        return 2 if self.header else 1
-
+    first_line: ClassVar[int] = 1  # line (or row) number of the first data row
     source_columns: ClassVar[list[str] | None] = None  # names for header-less formats
 
-    def write_lines(self, path: Path, lines: Sequence[str], compression: str | None = None) -> Path:
-        """Write data lines (already joined), adding the header row if the format has one."""
-        head = [self.sep.join(COLUMNS)] if self.header else []
-        return write_text(path, "".join(line + "\n" for line in head + list(lines)), compression)
-
     def write(self, path: Path, rows: Sequence[list[str]], compression: str | None = None) -> Path:
-        return self.write_lines(path, [self.sep.join(r) for r in rows], compression)
+        """Write ``rows`` (text values of COLUMNS, "" = missing) in the format."""
+        raise NotImplementedError
 
     def read(
         self,
@@ -96,6 +109,10 @@ class FormatConformance:
         )
         return list(get_format(self.format_name).read(request))
 
+    def test_is_registered(self) -> None:
+        assert self.format_name in available_formats()
+        assert get_format(self.format_name).name == self.format_name
+
     @pytest.mark.parametrize("threads", [1, 3])
     def test_reads_every_row_with_its_line_number(self, tmp_path: Path, threads: int) -> None:
         rows = make_rows(50)
@@ -112,11 +129,45 @@ class FormatConformance:
         path = self.write(tmp_path / "f.txt", make_rows(3))
         (chunk,) = self.read(path, columns=["c2", "label"])
         assert list(chunk.columns) == ["c2", "label"]
-        assert chunk.columns["label"].to_pylist() == [b"0", b"1", b"0"]
+        assert to_text(chunk.columns["label"]).to_pylist() == [b"0", b"1", b"0"]
+
+    def test_empty_file_has_no_rows(self, tmp_path: Path) -> None:
+        path = write_text(tmp_path / "empty.txt", "")
+        assert read_all(self.read(path))[0] == []
+
+    def test_unknown_column_is_a_config_error(self, tmp_path: Path) -> None:
+        path = self.write(tmp_path / "f.txt", make_rows(2))
+        with pytest.raises(ConfigError, match=r"data\.schema: column 'nope' is not in f\.txt"):
+            self.read(path, columns=["label", "nope"])
+
+    def test_missing_file_names_it(self, tmp_path: Path) -> None:
+        with pytest.raises(DataFileError, match=r"gone\.txt: file not found"):
+            self.read(tmp_path / "gone.txt")
+
+
+class TextConformance(FormatConformance):
+    """Line-based formats: one row per line, compressed streams, blank lines."""
+
+    header_line: ClassVar[str | None] = None  # written first, if the format has one
+
+    def format_line(self, row: list[str]) -> str:
+        raise NotImplementedError
+
+    @property
+    def first_line(self) -> int:  # type: ignore[override]
+        return 2 if self.header_line is not None else 1
+
+    def write_lines(self, path: Path, lines: Sequence[str], compression: str | None = None) -> Path:
+        """Write data lines (already formatted), adding the header row if the format has one."""
+        head = [self.header_line] if self.header_line is not None else []
+        return write_text(path, "".join(line + "\n" for line in head + list(lines)), compression)
+
+    def write(self, path: Path, rows: Sequence[list[str]], compression: str | None = None) -> Path:
+        return self.write_lines(path, [self.format_line(r) for r in rows], compression)
 
     def test_blank_lines_are_skipped_but_counted(self, tmp_path: Path) -> None:
         rows = make_rows(4)
-        lines = [self.sep.join(r) for r in rows]
+        lines = [self.format_line(r) for r in rows]
         text = [lines[0], "", lines[1], "\r", "", lines[2], lines[3], ""]
         path = self.write_lines(tmp_path / "f.txt", text)
         got, numbers, invalid = read_all(self.read(path, block_size_bytes=16))
@@ -124,23 +175,6 @@ class FormatConformance:
         base = self.first_line
         assert numbers == [base, base + 2, base + 5, base + 6]
         assert invalid == []
-
-    def test_wrong_field_count_is_reported_with_its_line(self, tmp_path: Path) -> None:
-        rows = make_rows(6)
-        lines = [self.sep.join(r) for r in rows]
-        lines.insert(2, self.sep.join(["1", "2", "x"]))
-        lines.insert(5, "")
-        lines.insert(6, self.sep.join(["1", "2", "x", "y", "z"]))
-        path = self.write_lines(tmp_path / "bad.txt", lines)
-        for threads in (1, 2):
-            got, numbers, invalid = read_all(self.read(path, block_size_bytes=24, threads=threads))
-            assert got == rows  # the good rows around the bad ones are all kept
-            base = self.first_line
-            assert invalid == [
-                BadRow("bad.txt", base + 2, "expected 4 fields, found 3"),
-                BadRow("bad.txt", base + 6, "expected 4 fields, found 5"),
-            ]
-            assert numbers == [base, base + 1, base + 3, base + 4, base + 7, base + 8]
 
     @pytest.mark.parametrize(
         ("suffix", "compression", "setting"),
@@ -168,32 +202,52 @@ class FormatConformance:
         with pytest.raises(DataFileError, match=r"cut\.gz: truncated or corrupt gzip stream"):
             self.read(path)
 
-    def test_empty_file_has_no_rows(self, tmp_path: Path) -> None:
-        path = write_text(tmp_path / "empty.txt", "")
-        assert read_all(self.read(path))[0] == []
+    def test_empty_gzip_has_no_rows(self, tmp_path: Path) -> None:
         gz = write_text(tmp_path / "empty.gz", "", "gzip")
         assert read_all(self.read(gz))[0] == []
 
     def test_crlf_and_missing_final_newline(self, tmp_path: Path) -> None:
         rows = make_rows(5)
-        head = [self.sep.join(COLUMNS)] if self.header else []
-        text = "\r\n".join(head + [self.sep.join(r) for r in rows])  # no final newline
+        head = [self.header_line] if self.header_line is not None else []
+        text = "\r\n".join(head + [self.format_line(r) for r in rows])  # no final newline
         path = write_text(tmp_path / "crlf.txt", text)
         got, numbers, _ = read_all(self.read(path, block_size_bytes=20))
         assert got == rows
         assert numbers == list(range(self.first_line, self.first_line + 5))
 
-    def test_unknown_column_is_a_config_error(self, tmp_path: Path) -> None:
-        path = self.write(tmp_path / "f.txt", make_rows(2))
-        with pytest.raises(ConfigError, match=r"data\.schema: column 'nope' is not in f\.txt"):
-            self.read(path, columns=["label", "nope"])
 
-    def test_missing_file_names_it(self, tmp_path: Path) -> None:
-        with pytest.raises(DataFileError, match=r"gone\.txt: file not found"):
-            self.read(tmp_path / "gone.txt")
+class DelimitedConformance(TextConformance):
+    """Delimited text: a row with the wrong number of fields is rejected by the reader."""
+
+    sep: ClassVar[str]
+    header: ClassVar[bool]
+
+    @property
+    def header_line(self) -> str | None:  # type: ignore[override]
+        return self.sep.join(COLUMNS) if self.header else None
+
+    def format_line(self, row: list[str]) -> str:
+        return self.sep.join(row)
+
+    def test_wrong_field_count_is_reported_with_its_line(self, tmp_path: Path) -> None:
+        rows = make_rows(6)
+        lines = [self.sep.join(r) for r in rows]
+        lines.insert(2, self.sep.join(["1", "2", "x"]))
+        lines.insert(5, "")
+        lines.insert(6, self.sep.join(["1", "2", "x", "y", "z"]))
+        path = self.write_lines(tmp_path / "bad.txt", lines)
+        for threads in (1, 2):
+            got, numbers, invalid = read_all(self.read(path, block_size_bytes=24, threads=threads))
+            assert got == rows  # the good rows around the bad ones are all kept
+            base = self.first_line
+            assert invalid == [
+                BadRow("bad.txt", base + 2, "expected 4 fields, found 3"),
+                BadRow("bad.txt", base + 6, "expected 4 fields, found 5"),
+            ]
+            assert numbers == [base, base + 1, base + 3, base + 4, base + 7, base + 8]
 
 
-class TestCriteoTsv(FormatConformance):
+class TestCriteoTsv(DelimitedConformance):
     format_name = "criteo_tsv"
     sep = "\t"
     header = False
@@ -214,7 +268,7 @@ class TestCriteoTsv(FormatConformance):
         assert got == rows
 
 
-class TestCsv(FormatConformance):
+class TestCsv(DelimitedConformance):
     format_name = "csv"
     sep = ","
     header = True
@@ -246,16 +300,255 @@ class TestCsv(FormatConformance):
             self.read(path, columns=["label"])
 
 
-class TestTsv(FormatConformance):
+class TestTsv(DelimitedConformance):
     format_name = "tsv"
     sep = "\t"
     header = True
 
 
-def test_registry_lists_the_text_formats_and_refuses_others() -> None:
-    assert {"criteo_tsv", "csv", "tsv"} <= set(available_formats())
-    with pytest.raises(ConfigError, match="format 'parquet' is not implemented yet"):
-        get_format("parquet", "data.sources[0].format")
+def jsonl_line(row: list[str]) -> str:
+    """A make_rows row as JSON: numbers for label and n, strings, "" left out."""
+    label, n, c1, c2 = row
+    obj: dict[str, object] = {"label": int(label), "n": int(n), "c1": c1}
+    if c2:
+        obj["c2"] = c2
+    return json.dumps(obj)
+
+
+class TestJsonl(TextConformance):
+    format_name = "jsonl"
+
+    def format_line(self, row: list[str]) -> str:
+        return jsonl_line(row)
+
+    def test_unknown_column_is_a_config_error(self, tmp_path: Path) -> None:
+        """Overridden: a key no row has is all-missing with a warning, not an error
+        (writers such as Spark leave null keys out)."""
+        path = self.write(tmp_path / "f.txt", make_rows(2))
+        with pytest.warns(DataWarning, match=r"f\.txt: no row has a value for 'nope'"):
+            (chunk,) = self.read(path, columns=["label", "nope"])
+        assert chunk.columns["nope"].to_pylist() == [None, None]
+
+    def test_columns_setting_is_refused(self, tmp_path: Path) -> None:
+        path = self.write(tmp_path / "f.jsonl", make_rows(1))
+        with pytest.raises(ConfigError, match=r"data\.sources\[0\]\.columns: not used"):
+            self.read(path, source_columns=["a"])
+
+    @pytest.mark.parametrize("threads", [1, 2])
+    def test_bad_lines_are_reported_with_their_line_and_reason(
+        self, tmp_path: Path, threads: int
+    ) -> None:
+        rows = make_rows(5)
+        good = [jsonl_line(r) for r in rows]
+        lines = [
+            good[0],
+            '{"label": 1, "n": 2',  # 2: cut short
+            good[1],
+            "[1, 2]",  # 4: not an object
+            "   ",  # 5: blank
+            good[2],
+            '{"label": 1, "c1": {"x": 1}}',  # 7: an object under a requested key
+            '{"label": 1, "other": [1], "n": 3}',  # 8: fine, "other" is not requested
+            good[3],
+            '{"label": 1, "c1": "\\ud800"}',  # 10: unpaired surrogate escape
+            '{"label": 1} trailing',  # 11
+            good[4],
+        ]
+        data = "".join(line + "\n" for line in lines).encode()
+        data = data.replace(b"trailing", b"\xff")  # 11: not UTF-8 either
+        path = write_text(tmp_path / "bad.jsonl", data)
+        got, numbers, invalid = read_all(self.read(path, block_size_bytes=64, threads=threads))
+        assert got == [*rows[:3], ["1", "3", "", ""], *rows[3:]]
+        assert numbers == [1, 3, 6, 8, 9, 12]
+        assert invalid == [
+            BadRow("bad.jsonl", 2, "not valid JSON: Expecting ',' delimiter (column 20)"),
+            BadRow("bad.jsonl", 4, "not a JSON object (found array)"),
+            BadRow("bad.jsonl", 7, "field c1: a JSON object is not a single value"),
+            BadRow("bad.jsonl", 10, "field c1: a string with an unpaired surrogate escape"),
+            BadRow("bad.jsonl", 11, "not valid UTF-8 (byte 14 is 0xff)"),
+        ]
+
+    def test_values_become_text_alike_on_both_paths(self, tmp_path: Path) -> None:
+        values = [
+            (15706, "15706"),
+            (-1, "-1"),
+            (2.0, "2"),
+            (15706.0, "15706"),
+            (-0.0, "0"),
+            (0.1, "0.1"),
+            (2.5, "2.5"),
+            (1e-7, "1e-7"),
+            (1e20, "1e+20"),
+            (99999999999999999999, "99999999999999999999"),  # beyond int64: exact
+            (True, "1"),
+            (False, "0"),
+            ("15706", "15706"),
+            ("2014-10-21", "2014-10-21"),  # not read as a timestamp
+            ("é", "é"),
+            (None, None),
+        ]
+        lines = [json.dumps({"label": 1, "c1": v}) for v, _ in values]
+        expected = [None if t is None else t.encode() for _, t in values]
+        for name, extra in (("fast.jsonl", []), ("exact.jsonl", ["not json"])):
+            # One value per block, so each block holds one type.
+            path = write_text(tmp_path / name, "\n".join(lines + extra) + "\n")
+            got = [
+                v
+                for chunk in self.read(path, ["c1"], block_size_bytes=1)
+                for v in to_text(chunk.columns["c1"]).to_pylist()
+            ]
+            assert got == expected, name
+            # One block holding all values at once.
+            got = [
+                v
+                for chunk in self.read(path, ["c1"])
+                for v in to_text(chunk.columns["c1"]).to_pylist()
+            ]
+            assert got == expected, name
+
+    def test_first_line_may_start_with_a_bom_and_keys_may_repeat(self, tmp_path: Path) -> None:
+        path = write_text(
+            tmp_path / "bom.jsonl", b'\xef\xbb\xbf{"label": 1, "c1": "a", "c1": "b"}\n'
+        )
+        (chunk,) = self.read(path, ["label", "c1"])
+        assert to_text(chunk.columns["c1"]).to_pylist() == [b"b"]  # the last value counts
+
+
+PARQUET_SCHEMA = pa.schema(
+    [("label", pa.int64()), ("n", pa.int64()), ("c1", pa.string()), ("c2", pa.string())]
+)
+
+
+class TestParquet(FormatConformance):
+    format_name = "parquet"
+
+    def write(self, path: Path, rows: Sequence[list[str]], compression: str | None = None) -> Path:
+        """Typed columns (label, n int64), "" as null, row groups of 7 rows."""
+        columns = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
+        table = pa.table(
+            {
+                "label": [int(v) for v in columns[0]],
+                "n": [int(v) for v in columns[1]],
+                "c1": list(columns[2]),
+                "c2": [v or None for v in columns[3]],
+            },
+            schema=PARQUET_SCHEMA,
+        )
+        pq.write_table(table, path, row_group_size=7, compression=compression or "snappy")
+        return path
+
+    def test_row_groups_and_codecs(self, tmp_path: Path) -> None:
+        rows = make_rows(30)
+        for codec in ("none", "snappy", "gzip", "zstd"):
+            path = self.write(tmp_path / f"{codec}.parquet", rows, codec)
+            assert pq.ParquetFile(path).num_row_groups == 5
+            got, lines, _ = read_all(self.read(path))
+            assert got == rows and lines == list(range(1, 31))
+
+    def test_a_file_with_no_rows_still_checks_its_columns(self, tmp_path: Path) -> None:
+        path = self.write(tmp_path / "none.parquet", [])
+        assert self.read(path) == []
+        with pytest.raises(ConfigError, match=r"column 'x' is not in none\.parquet"):
+            self.read(path, ["x"])
+
+    @pytest.mark.parametrize(
+        ("array", "text", "kind"),
+        [
+            (pa.array([15706, -1, None], pa.int64()), [b"15706", b"-1", None], pa.int64()),
+            (pa.array([7, None, -128], pa.int8()), [b"7", None, b"-128"], pa.int64()),
+            (
+                pa.array([2**64 - 1, 0, None], pa.uint64()),
+                [b"18446744073709551615", b"0", None],
+                pa.binary(),
+            ),
+            (pa.array([15706.0, 2.0, None]), [b"15706", b"2", None], pa.int64()),
+            (pa.array([15706.0, 2.5, None]), [b"15706", b"2.5", None], pa.binary()),
+            (pa.array([-0.0, float("nan"), float("-inf")]), [b"0", b"nan", b"-inf"], pa.binary()),
+            (pa.array([0.1, 1e-7, 1e20]), [b"0.1", b"1e-7", b"1e+20"], pa.binary()),
+            (pa.array([0.1, 3.0, None], pa.float32()), [b"0.1", b"3", None], pa.binary()),
+            (pa.array([True, False, None]), [b"1", b"0", None], pa.binary()),
+            (pa.array(["a", "", None]).dictionary_encode(), [b"a", b"", None], pa.binary()),
+            (
+                pa.array(["a", "b", None, "a", "a", "b"]).dictionary_encode(),
+                [b"a", b"b", None, b"a", b"a", b"b"],
+                pa.dictionary(pa.int32(), pa.binary()),
+            ),
+            (pa.array(["x", "y", None], pa.large_string()), [b"x", b"y", None], pa.binary()),
+            (pa.array([b"\xff", b"", None], pa.binary()), [b"\xff", b"", None], pa.binary()),
+            (
+                pa.array([Decimal("2.00"), Decimal("1.50"), None], pa.decimal128(5, 2)),
+                [b"2", b"1.5", None],
+                pa.binary(),
+            ),
+        ],
+    )
+    def test_typed_values_become_text(
+        self, tmp_path: Path, array: pa.Array, text: list[bytes | None], kind: pa.DataType
+    ) -> None:
+        """Each value's text per ``formats.values``; ints (and whole floats) stay
+        int64, a repetitive string column stays a dictionary."""
+        path = tmp_path / "typed.parquet"
+        pq.write_table(pa.table({"v": array}), path)
+        (chunk,) = self.read(path, ["v"])
+        assert is_raw_column(chunk.columns["v"])
+        assert chunk.columns["v"].type == kind
+        assert to_text(chunk.columns["v"]).to_pylist() == text
+
+    def test_dictionary_pages_stay_dictionaries_unless_the_writer_fell_back(
+        self, tmp_path: Path
+    ) -> None:
+        """A column chunk whose dictionary overflowed into plain pages is read as plain
+        text (asking Arrow for a dictionary there would make it build one, slowly)."""
+        n = 2000
+        few = [f"v{i % 5}" for i in range(n)]
+        many = [f"{i:032x}" for i in range(n)]  # distinct: the dictionary overflows
+        path = tmp_path / "d.parquet"
+        table = pa.table({"few": few, "many": many})
+        pq.write_table(table, path, dictionary_pagesize_limit=4096, compression="none")
+        chunks = self.read(path, ["few", "many"])
+        assert all(pa.types.is_dictionary(c.columns["few"].type) for c in chunks)
+        assert all(c.columns["many"].type == pa.binary() for c in chunks)
+        got, lines, _ = read_all(chunks, ["few", "many"])
+        assert got == [list(r) for r in zip(few, many, strict=True)]
+        assert lines == list(range(1, n + 1))
+
+    def test_nested_columns_are_refused_only_when_requested(self, tmp_path: Path) -> None:
+        path = tmp_path / "nested.parquet"
+        pq.write_table(pa.table({"label": [1], "tags": [[1, 2]], "c1": ["a"]}), path)
+        (chunk,) = self.read(path, ["label", "c1"])
+        assert to_text(chunk.columns["c1"]).to_pylist() == [b"a"]
+        with pytest.raises(ConfigError, match=r"column 'tags' of nested\.parquet has type list"):
+            self.read(path, ["tags"])
+
+    def test_not_parquet_or_truncated_names_the_file(self, tmp_path: Path) -> None:
+        path = write_text(tmp_path / "junk.parquet", "label\n1\n")
+        with pytest.raises(DataFileError, match=r"junk\.parquet: not a readable Parquet file"):
+            self.read(path)
+        path = self.write(tmp_path / "cut.parquet", make_rows(100))
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        with pytest.raises(DataFileError, match=r"cut\.parquet: not a readable Parquet file"):
+            self.read(path)
+
+    def test_corrupt_page_names_the_file_and_row_group(self, tmp_path: Path) -> None:
+        path = tmp_path / "rot.parquet"
+        table = pa.table({"label": [i % 2 for i in range(3000)]})
+        pq.write_table(table, path, compression="none", write_page_checksum=True)
+        data = bytearray(path.read_bytes())
+        data[100:400] = bytes(300)  # inside the first data page
+        path.write_bytes(bytes(data))
+        with pytest.raises(DataFileError, match=r"rot\.parquet: corrupt data in row group 0"):
+            self.read(path, ["label"])
+
+    def test_settings_that_do_not_apply_are_refused(self, tmp_path: Path) -> None:
+        path = self.write(tmp_path / "f.parquet", make_rows(1))
+        with pytest.raises(ConfigError, match=r"data\.sources\[0\]\.columns: not used"):
+            self.read(path, source_columns=["a"])
+        with pytest.raises(ConfigError, match=r"data\.sources\[0\]\.compression: 'gzip'"):
+            self.read(path, compression="gzip")
+
+
+def test_registry_lists_every_spec_format_and_refuses_others() -> None:
+    assert set(available_formats()) >= {"criteo_tsv", "csv", "tsv", "parquet", "jsonl"}
     with pytest.raises(ConfigError, match=r"data\.sources\[1\]\.format: format 'xls' is unknown"):
         get_format("xls", "data.sources[1].format")
 
@@ -332,3 +625,93 @@ def test_unterminated_quote_is_a_bad_row_or_a_clear_error(tmp_path: Path) -> Non
     # Earlier, it swallows the lines after it: refused, never misnumbered.
     with pytest.raises(DataFileError, match=r"^q\.csv: a row spans several lines"):
         read('label,n,c1,c2\n1,2,"abc,d\n0,1,2,3\n')
+
+
+JSON_LINE_KINDS = st.sampled_from(
+    ["good", "good", "good", "blank", "spaces", "cut", "array", "nested", "utf8"]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kinds=st.lists(JSON_LINE_KINDS, max_size=40),
+    block_size=st.integers(1, 200),
+    threads=st.sampled_from([1, 3]),
+    final_newline=st.booleans(),
+)
+def test_jsonl_line_numbers_match_a_line_by_line_reference(
+    tmp_path_factory: pytest.TempPathFactory,
+    kinds: list[str],
+    block_size: int,
+    threads: int,
+    final_newline: bool,
+) -> None:
+    """Any mix of good, blank and bad JSON lines, cut into any block size."""
+    text_of = {
+        "blank": b"",
+        "spaces": b" \t\r",
+        "cut": b'{"label": 1, "n": ',
+        "array": b"[1]",
+        "nested": b'{"label": 1, "c1": [1]}',
+        "utf8": b'{"label": 1, "c1": "\xc3"}',
+    }
+    lines, good, bad = [], [], []
+    for number, kind in enumerate(kinds, start=1):
+        if kind == "good":
+            row = ["1", str(number), f"a{number}", ""]
+            lines.append(jsonl_line(row).encode())
+            good.append((row, number))
+        else:
+            lines.append(text_of[kind])
+            if kind not in ("blank", "spaces"):
+                bad.append(number)
+    data = b"\n".join(lines) + (b"\n" if final_newline and lines else b"")
+    path = write_text(tmp_path_factory.mktemp("lines") / "f.jsonl", data)
+    source = SourceSpec(path=str(path), format="jsonl")
+    request = ReadRequest(
+        path=path,
+        display="f.jsonl",
+        source=source,
+        where="w",
+        columns=COLUMNS,
+        block_size_bytes=block_size,
+        threads=threads,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)  # c2 is never present
+        rows, numbers, invalid = read_all(list(get_format("jsonl").read(request)))
+    assert rows == [row for row, _ in good]
+    assert numbers == [number for _, number in good]
+    assert [b.line for b in invalid] == bad
+
+
+JSON_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(-1e6, 1e6).map(lambda x: float(round(x))),  # whole numbers as floats
+    st.text(max_size=5),
+    st.sampled_from(["2014-10-21", "2014-10-21 00:00:00", "00:00:01", "1", "1.0"]),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(objects=st.lists(st.dictionaries(st.sampled_from(["a", "b", "x"]), JSON_VALUES), min_size=1))
+def test_jsonl_fast_path_agrees_with_the_exact_path(objects: list[dict[str, object]]) -> None:
+    """Whenever pyarrow's parse is taken, it gives what json.loads line by line gives."""
+    from estuary.data.formats.jsonl import _BlockParser
+
+    block = "".join(json.dumps(obj) + "\n" for obj in objects).encode()
+    source = SourceSpec(path="f.jsonl", format="jsonl")
+    request = ReadRequest(
+        path=Path("f.jsonl"), display="f.jsonl", source=source, where="w", columns=["a", "b"]
+    )
+    parser = _BlockParser(request)
+    exact = parser._exact(block, 1)
+    assert exact.invalid == [] and exact.num_rows == len(objects)
+    fast = parser._fast(block, 1, len(objects))
+    if fast is not None:
+        assert fast.line_numbers.tolist() == exact.line_numbers.tolist()
+        for c in ("a", "b"):
+            assert to_text(fast.columns[c]).to_pylist() == to_text(exact.columns[c]).to_pylist(), c

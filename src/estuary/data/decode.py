@@ -27,6 +27,7 @@ from estuary.config.spec import SchemaSpec
 from estuary.data.badrows import BadRow
 from estuary.data.dense import DENSE_TRANSFORMS, NOT_A_NUMBER, NOT_FINITE, OK, parse_numbers
 from estuary.data.formats.types import RawChunk
+from estuary.data.formats.values import to_text
 from estuary.data.hashing import feature_seed, hash_array
 from estuary.data.transforms import resolve_transforms
 from estuary.data.types import Float32Array, Int64Array
@@ -132,7 +133,7 @@ class RowDecoder:
             values = cols[name]
             transform = self.transforms.get(name)
             if transform is not None:
-                raw = values
+                raw = to_text(values)  # plain binary text (columns may be int64 or dictionary)
                 values = transform(raw)
                 present = pc.binary_length(raw).fill_null(0).to_numpy(zero_copy_only=False) > 0
                 invalid = values.is_null().to_numpy(zero_copy_only=False) & present
@@ -182,11 +183,11 @@ class RowDecoder:
         return merged[:limit]
 
 
-def _show(value: bytes | str | None) -> str:
+def _show(value: bytes | str | int | None) -> str:
     """A raw value quoted for a message, shortened; invalid UTF-8 shown as ``\\xff``."""
     if value is None:
         return "''"
-    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
     if len(text) > _MAX_SHOWN_CHARS:
         text = text[:_MAX_SHOWN_CHARS] + "..."
     return f"'{text}'"

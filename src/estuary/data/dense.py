@@ -24,7 +24,7 @@ import numba
 import numpy as np
 import pyarrow as pa
 
-from estuary.data.hashing import binary_buffers
+from estuary.data.hashing import binary_buffers, integer_values
 from estuary.data.types import Float32Array
 
 __all__ = [
@@ -144,14 +144,25 @@ def parse_numbers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Parse a column of numeric text.
 
     Args:
-        column: (R,) binary or string Arrow array. Nulls count as missing.
+        column: (R,) binary or string Arrow array (or a dictionary of one), or an
+            integer array, read as its decimal text (same values, no text
+            written). Nulls count as missing.
 
     Returns:
         values: float64 (R,); 0.0 where the code is not ``OK``.
         codes: uint8 (R,) ``OK``, ``MISSING``, ``NOT_A_NUMBER`` or ``NOT_FINITE``.
     """
-    offsets, data = binary_buffers(column)
     n = len(column)
+    if pa.types.is_integer(column.type):
+        # int -> float64 rounds to nearest, as parsing the decimal text does.
+        values = integer_values(column).astype(np.float64)
+        codes = np.full(n, OK, dtype=np.uint8)
+        if column.null_count:
+            nulls = column.is_null().to_numpy(zero_copy_only=False)
+            values[nulls] = 0.0
+            codes[nulls] = MISSING
+        return values, codes
+    offsets, data = binary_buffers(column)
     values = np.empty(n, dtype=np.float64)
     codes = np.empty(n, dtype=np.uint8)
     _parse_numbers(offsets, data, values, codes)

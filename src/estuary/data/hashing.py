@@ -37,6 +37,7 @@ __all__ = [
     "hash_array",
     "hash_bytes",
     "hash_feature",
+    "integer_values",
     "missing_id",
     "xxh64",
 ]
@@ -208,14 +209,26 @@ def missing_id(name: str) -> int:
     return hash_bytes(b"", feature_seed(name))
 
 
+def integer_values(arr: pa.Array) -> np.ndarray:
+    """Zero-copy numpy view (R,) of an integer array's values; the values in null
+    slots are arbitrary (mask them with ``arr.is_null()``)."""
+    dtype = np.dtype(arr.type.to_pandas_dtype())
+    data = arr.buffers()[1]
+    if len(arr) == 0 or data is None:
+        return np.zeros(len(arr), dtype=dtype)
+    return np.frombuffer(data, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
 def binary_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Zero-copy (offsets, data) of a binary/string array.
+    """Zero-copy (offsets, data) of a binary/string array (a dictionary is decoded).
 
     Returns:
         offsets: int32 or int64 (R + 1,) byte offsets into ``data`` (already shifted
             for the array's slice offset).
         data: uint8 (nbytes,) value bytes.
     """
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
     if pa.types.is_binary_view(arr.type) or pa.types.is_string_view(arr.type):
         arr = arr.cast(pa.binary())  # copies; view layouts have no single data buffer
     wide = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
@@ -238,8 +251,9 @@ def hash_array(values: pa.Array | pa.ChunkedArray, seed: int) -> Int64Array:
 
     Args:
         values: (R,) Arrow column: binary/string (hashed as bytes), integers (hashed
-            as decimal text), anything else is cast to string first. Nulls and empty
-            values get the missing id.
+            as decimal text), a dictionary of those (each distinct value hashed
+            once), anything else is cast to string first. Nulls and empty values
+            get the missing id.
         seed: ``feature_seed(name)``.
 
     Returns:
@@ -249,13 +263,23 @@ def hash_array(values: pa.Array | pa.ChunkedArray, seed: int) -> Int64Array:
         parts = [hash_array(chunk, seed) for chunk in values.chunks]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
     if pa.types.is_dictionary(values.type):
-        values = values.dictionary_decode()
+        # Each distinct value hashed once (Parquet keeps categoricals this way).
+        ids = np.full(len(values), hash_bytes(b"", seed), dtype=np.int64)
+        if len(values.dictionary):
+            # Null slots hold arbitrary indices: clip them, then overwrite.
+            taken = np.take(
+                hash_array(values.dictionary, seed), integer_values(values.indices), mode="clip"
+            )
+            if values.null_count:
+                taken[values.is_null().to_numpy(zero_copy_only=False)] = ids[0]
+            return taken
+        return ids
     useed = np.uint64(seed)
     out = np.empty(len(values), dtype=np.uint64)
     kind = values.type
     if pa.types.is_integer(kind):
         unsigned = pa.types.is_unsigned_integer(kind)
-        ints = values.fill_null(0).to_numpy(zero_copy_only=False)
+        ints = integer_values(values)  # null slots: arbitrary, given the missing id below
         ints = ints.astype(np.uint64 if unsigned else np.int64, copy=False)
         _hash_decimal(ints.view(np.int64), unsigned, useed, out)
     else:

@@ -26,10 +26,10 @@ __all__ = [
 _BUILTIN: dict[str, str] = {
     "criteo_tsv": "estuary.data.formats.criteo_tsv:CriteoTsvReader",
     "csv": "estuary.data.formats.delimited:CsvReader",
+    "jsonl": "estuary.data.formats.jsonl:JsonlReader",
+    "parquet": "estuary.data.formats.parquet:ParquetReader",
     "tsv": "estuary.data.formats.delimited:TsvReader",
 }
-# Names the job spec accepts whose readers are not written yet.
-_PLANNED = {"parquet", "jsonl"}
 _REGISTERED: dict[str, FormatReader] = {}
 
 
@@ -47,15 +47,14 @@ def get_format(name: str, where: str = "data.sources[].format") -> FormatReader:
     """The reader registered as ``name``.
 
     Raises:
-        ConfigError: unknown or not-yet-implemented format; the path is ``where``.
+        ConfigError: unknown format; the path is ``where``.
     """
     if name in _REGISTERED:
         return _REGISTERED[name]
     target = _BUILTIN.get(name)
     if target is None:
         known = ", ".join(available_formats())
-        status = "is not implemented yet" if name in _PLANNED else "is unknown"
-        raise ConfigError(where, f"format {name!r} {status} (available: {known})")
+        raise ConfigError(where, f"format {name!r} is unknown (available: {known})")
     module_name, _, attr = target.partition(":")
     reader: FormatReader = getattr(importlib.import_module(module_name), attr)()
     _REGISTERED[name] = reader

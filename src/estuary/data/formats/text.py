@@ -1,4 +1,6 @@
-"""Shared machinery of the delimited-text formats (criteo_tsv, csv, tsv).
+"""Shared machinery of the line-based formats: delimited text (criteo_tsv, csv,
+tsv) here; ``jsonl`` reuses the decompression, blocks and parse pool
+(``text_blocks``, ``parse_blocks``).
 
 Pipeline for one file::
 
@@ -22,7 +24,7 @@ rejected with ``DataFileError`` rather than given wrong line numbers.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +38,17 @@ from estuary.config.errors import ConfigError
 from estuary.data.badrows import BadRow
 from estuary.data.errors import DataFileError
 from estuary.data.formats.types import RawChunk, ReadRequest
+from estuary.data.formats.values import one_array
 
-__all__ = ["COMPRESSION_BY_SUFFIX", "Dialect", "compression_for", "read_delimited"]
+__all__ = [
+    "COMPRESSION_BY_SUFFIX",
+    "Dialect",
+    "compression_for",
+    "count_lines",
+    "parse_blocks",
+    "read_delimited",
+    "text_blocks",
+]
 
 COMPRESSION_BY_SUFFIX: dict[str, str] = {
     ".gz": "gzip",
@@ -84,10 +95,10 @@ def _open(request: ReadRequest) -> pa.NativeFile:
         raise DataFileError(f"{request.display}: cannot open ({codec or 'plain'}): {e}") from e
 
 
-def _blocks(request: ReadRequest) -> Iterator[bytes]:
+def text_blocks(request: ReadRequest) -> Iterator[bytes]:
     """The decompressed text in blocks that end at a newline (the last may not)."""
     codec = compression_for(request.path, request.source.compression) or "plain"
-    carry = b""
+    carry: list[bytes] = []  # text after the last newline so far (a line's start)
     with _open(request) as stream:
         while True:
             try:
@@ -99,15 +110,18 @@ def _blocks(request: ReadRequest) -> Iterator[bytes]:
                 ) from e
             if not data:
                 break
-            buf = carry + data if carry else data
-            cut = buf.rfind(b"\n")
+            cut = data.rfind(b"\n")
             if cut < 0:  # one line longer than a block: keep reading
-                carry = buf
+                carry.append(data)
                 continue
-            carry = buf[cut + 1 :]
-            yield buf[: cut + 1]
+            end = cut + 1
+            if carry:  # one copy: the carried start + this read up to its last newline
+                yield b"".join([*carry, memoryview(data)[:end]])
+            else:
+                yield data if end == len(data) else data[:end]
+            carry = [data[end:]] if end < len(data) else []
     if carry:
-        yield carry
+        yield b"".join(carry)
 
 
 def _split_header(request: ReadRequest, dialect: Dialect, first: bytes) -> tuple[list[str], bytes]:
@@ -221,7 +235,7 @@ class _BlockParser:
             )
             for index, (_, fields) in zip(bad_index, rejected, strict=True)
         ]
-        columns = {c: table.column(c).combine_chunks() for c in self.request.columns}
+        columns = {c: one_array(table.column(c)) for c in self.request.columns}
         return RawChunk(
             file=self.request.display,
             columns=columns,
@@ -240,7 +254,7 @@ def read_delimited(
         dialect: delimiter, quoting, header.
         names: the file's column names when it has no header row.
     """
-    blocks = _blocks(request)
+    blocks = text_blocks(request)
     first_line = 1
     if dialect.header:
         first = next(blocks, None)
@@ -253,20 +267,32 @@ def read_delimited(
     else:
         assert names is not None, "header-less formats need column names"
         _check_columns(request, names, "columns")
-    parse = _BlockParser(request, dialect, names)
+    yield from parse_blocks(request, blocks, _BlockParser(request, dialect, names), first_line)
+
+
+def parse_blocks(
+    request: ReadRequest,
+    blocks: Iterator[bytes],
+    parse: Callable[[bytes, int, int], RawChunk],
+    first_line: int = 1,
+) -> Iterator[RawChunk]:
+    """``parse(block, first_line, lines)`` over blocks of whole lines, yielded in order.
+
+    With ``request.threads > 1`` blocks parse on a pool, at most 2 per thread in
+    flight; decompression stays on this thread (pyarrow releases the GIL while
+    inflating). ``parse`` must be thread-safe.
+    """
     if request.threads <= 1:
         for block in blocks:
-            lines = _count_lines(block)
+            lines = count_lines(block)
             yield parse(block, first_line, lines)
             first_line += lines
         return
-    # Parse blocks on a pool, at most 2 per thread in flight, yielding in order.
-    # Decompression stays on this thread (pyarrow releases the GIL while inflating).
     pool = ThreadPoolExecutor(request.threads, thread_name_prefix="estuary-parse")
     pending: deque[Future[RawChunk]] = deque()
     try:
         for block in blocks:
-            lines = _count_lines(block)
+            lines = count_lines(block)
             pending.append(pool.submit(parse, block, first_line, lines))
             first_line += lines
             if len(pending) >= 2 * request.threads:
@@ -277,7 +303,7 @@ def read_delimited(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _count_lines(block: bytes) -> int:
+def count_lines(block: bytes) -> int:
     """Physical lines in a block; only the file's last block may lack the final newline."""
     return block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
 

@@ -22,10 +22,16 @@ class RawChunk:
 
     Args:
         file: the file's display name (used in bad-row reports).
-        columns: requested column -> binary Arrow array (R,) of raw field text.
+        columns: requested column -> (R,) raw field text: a ``pa.binary()``
+            array; for typed formats also a dictionary array of ``pa.binary()``
+            text (each distinct value parsed and hashed once) or an ``int64``
+            array standing for its decimal text (see ``formats.values.to_raw``).
+            A missing value is empty or null; the decoder treats both alike.
         line_numbers: int64 (R,) 1-based physical line of each row in the
-            decompressed file (header included).
-        invalid: rows the reader rejected (wrong field count), in line order.
+            decompressed file (header and blank lines included); for formats
+            without lines (Parquet) the 1-based row number in the file.
+        invalid: rows the reader rejected (wrong field count, a line that is not
+            a JSON object, ...), in line order.
     """
 
     file: str
