@@ -228,7 +228,8 @@ class SourceSpec:
     Args:
         path: file path or glob; relative paths resolve against the job file.
         format: ``criteo_tsv`` (40 tab-separated columns, no header), ``csv``/``tsv``
-            (with a header row).
+            (with a header row), ``parquet`` (columns by name; "line" = row number)
+            or ``jsonl`` (one JSON object per line, keys = columns). See docs/data.md.
         columns: column names for header-less formats; ``criteo_tsv`` defaults to
             ``label, I1..I13, C1..C26``.
         compression: ``auto`` (by file suffix), ``none``, ``gzip`` or ``zstd``.
