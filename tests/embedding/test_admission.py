@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from estuary.config.spec import AdmissionSpec, InitializerSpec, SparseOptimizerSpec, TableSpec
-from estuary.embedding import AdmissionFilter, EmbeddingShard
+from estuary.embedding import AdmissionFilter, EmbeddingShard, EmbeddingTable
 
 DIM = 4
 
@@ -113,3 +113,18 @@ def test_filter_state_round_trip_keeps_counts() -> None:
     restored.load_state_dict(filt.state_dict())
     assert len(restored) == 3
     np.testing.assert_array_equal(restored.observe(np.array([1, 2, 3, 3], np.int64)), [2, 3])
+
+
+def test_admission_counting_off_keeps_unadmitted_ids_on_the_unknown_row() -> None:
+    table = EmbeddingTable(TableSpec(dim=2, admission=AdmissionSpec(min_count=2)), seed=0, name="t")
+    once, twice = np.array([1], np.int64), np.array([2], np.int64)
+    table.lookup(np.concatenate([once, twice]), train=True)
+    table.lookup(twice, train=True)  # second sighting: admitted
+    assert len(table) == 1
+    table.set_admission_counting(False)  # epoch 2 re-reads the same rows
+    table.lookup(once, train=True)
+    table.lookup(once, train=True)
+    assert len(table) == 1  # a once-seen id does not earn a row by re-reading
+    table.set_admission_counting(True)
+    table.lookup(once, train=True)
+    assert len(table) == 2

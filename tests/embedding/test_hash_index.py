@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from estuary.embedding.hash_index import HashIndex
+from estuary.embedding.hash_index import HashIndex, Touch
 from estuary.embedding.hashing import id_hash
 
 I64 = np.iinfo(np.int64)
@@ -64,6 +64,27 @@ def test_duplicates_in_one_batch_share_a_slot() -> None:
     np.testing.assert_array_equal(slots, [0, 1, 0, 0, 1])
     np.testing.assert_array_equal(is_new, [True, True, False, False, False])
     assert len(index) == 2
+
+
+def test_get_or_insert_new_reports_first_occurrences_it_inserted() -> None:
+    index = HashIndex()
+    index.get_or_insert(np.array([5], np.int64))
+    slots, new_at = index.get_or_insert_new(np.array([9, 5, 9, -3, 5], np.int64))
+    np.testing.assert_array_equal(new_at, [0, 3])
+    np.testing.assert_array_equal(slots, [1, 0, 1, 2, 0])
+
+
+def test_lookup_and_insert_touch_only_ids_they_find() -> None:
+    index = HashIndex()
+    index.get_or_insert(np.arange(3, dtype=np.int64))
+    stamp, freq = np.zeros(3, np.int64), np.zeros(3, np.int32)
+    touch = Touch(stamp, freq, np.empty(0, np.float64), now=7, now_s=0.0)
+    index.lookup(np.array([2, 99, 2], np.int64), touch)
+    np.testing.assert_array_equal(stamp, [0, 0, 7])
+    np.testing.assert_array_equal(freq, [0, 0, 2])
+    slots, _ = index.get_or_insert_new(np.array([0, 50, 50], np.int64), touch._replace(now=8))
+    np.testing.assert_array_equal(stamp, [8, 0, 7])  # slot 3 (new id 50) lies past the arrays
+    assert slots.tolist() == [0, 3, 3]
 
 
 def test_lookup_never_inserts() -> None:

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from estuary.config.spec import AdmissionSpec, InitializerSpec, SparseOptimizerSpec, TableSpec
+from estuary.config.spec import (
+    AdmissionSpec,
+    EvictionSpec,
+    InitializerSpec,
+    SparseOptimizerSpec,
+    TableSpec,
+)
 from estuary.embedding import EmbeddingShard, EmbeddingStore, EmbeddingTable
 
 DIM = 8
@@ -128,3 +134,56 @@ def test_state_dict_round_trip_through_safetensors(make: Factory, tmp_path: obje
         restored.lookup(probe, train=False), store.lookup(probe, train=False)
     )
     assert len(restored) == len(store)
+
+
+def test_capacity_bounds_rows_and_stats_add_up(make: Factory) -> None:
+    store = _store(make, eviction=EvictionSpec(capacity_rows=40))
+    rng = np.random.default_rng(0)
+    for step in range(20):
+        ids = np.concatenate([np.arange(step * 20, step * 20 + 20), rng.integers(0, 10, 5)])
+        ids = np.unique(ids).astype(np.int64)
+        store.lookup(ids, train=True)
+        store.apply_gradients(ids, np.ones((ids.size, DIM), np.float32))
+        assert len(store) <= 40
+    stats = store.stats()
+    assert stats.rows == len(store) and stats.evictions > 300
+    assert stats.admissions - stats.evictions == stats.rows
+    assert 0.0 < stats.hit_rate < 1.0 and stats.bytes > 0
+
+
+def test_sweep_applies_the_ttl_and_counts_evictions(make: Factory) -> None:
+    store = _store(make, eviction=EvictionSpec(ttl_steps=2, sweep_every_steps=1000))
+    store.lookup(ODD_IDS, train=True)
+    for _ in range(2):
+        store.advance_step()
+    assert store.sweep() == 0  # idle for 1 step only
+    store.advance_step()
+    assert store.sweep() == ODD_IDS.size and len(store) == 0
+    assert store.stats().evictions == ODD_IDS.size
+
+
+def test_pending_ids_are_counted_until_admitted(make: Factory) -> None:
+    store = _store(make, admission=AdmissionSpec(min_count=2))
+    store.lookup(ODD_IDS, train=True)
+    assert (store.stats().pending_ids, len(store)) == (ODD_IDS.size, 0)
+    store.lookup(ODD_IDS[:3], train=True)
+    assert (store.stats().pending_ids, len(store)) == (ODD_IDS.size - 3, 3)
+
+
+def test_snapshot_and_delta_restore_the_same_store(make: Factory) -> None:
+    kw = {
+        "admission": AdmissionSpec(min_count=2),
+        "eviction": EvictionSpec(capacity_rows=60, policy="lfu"),
+    }
+    store, replica = _store(make, **kw), _store(make, **kw)
+    _train(store, steps=6, seed=0)
+    replica.load_state_dict(store.state_dict())
+    _train(store, steps=6, seed=1)
+    store.remove(np.arange(-50, -40, dtype=np.int64))
+    replica.apply_delta(store.delta_state_dict())
+    probe = np.arange(-60, 60, dtype=np.int64)
+    np.testing.assert_array_equal(
+        replica.lookup(probe, train=False), store.lookup(probe, train=False)
+    )
+    assert len(replica) == len(store)
+    assert replica.stats().pending_ids == store.stats().pending_ids

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from estuary.config.spec import AdmissionSpec, InitializerSpec, SparseOptimizerSpec, TableSpec
+from estuary.config.spec import (
+    AdmissionSpec,
+    EvictionSpec,
+    InitializerSpec,
+    SparseOptimizerSpec,
+    TableSpec,
+)
 from estuary.embedding import EmbeddingShard, EmbeddingTable
 from estuary.embedding.hashing import route, shard_of
 
@@ -96,3 +104,46 @@ def test_reshard_averages_unknown_rows() -> None:
         one.lookup(np.array([12345], np.int64), train=False)[0],
         state["unknown.weights"].mean(axis=0),
     )
+
+
+def test_loading_four_shards_into_three_keeps_eviction_state() -> None:
+    spec = TableSpec(
+        dim=DIM,
+        shards=4,
+        initializer=InitializerSpec("normal", 0.1),
+        optimizer=SparseOptimizerSpec(name="adagrad", lr=0.1),
+        admission=AdmissionSpec(min_count=2),
+        eviction=EvictionSpec(capacity_rows=200, policy="lfu", ttl_steps=40),
+    )
+    four = EmbeddingTable(spec, seed=9, name="t")
+    rng = np.random.default_rng(0)
+
+    def train(table: EmbeddingTable, steps: int, base: int) -> None:
+        for step in range(steps):  # hot ids 0-49 and a drifting cold range
+            cold = rng.integers(base + step * 20, base + step * 20 + 60, 40)
+            ids = np.unique(np.concatenate([rng.integers(0, 50, 30), cold])).astype(np.int64)
+            table.lookup(ids, train=True)
+            table.apply_gradients(ids, rng.normal(size=(ids.size, DIM)).astype(np.float32))
+
+    train(four, steps=40, base=1000)
+    assert four.stats().evictions > 0 and four.stats().pending_ids > 0
+    state = four.state_dict()
+    three = EmbeddingTable(replace(spec, shards=3), seed=9, name="t")
+    three.load_state_dict(state)
+    merged = three.state_dict(mark_clean=False)
+    row_keys = ["ids", "weights", "opt.accum", "evict.stamp", "evict.freq"]
+    want, got = np.argsort(state["ids"]), np.argsort(merged["ids"])
+    for key in row_keys:  # every row with its optimizer and eviction state
+        np.testing.assert_array_equal(merged[key][got], state[key][want], err_msg=key)
+    want_p, got_p = np.argsort(state["admission.ids"]), np.argsort(merged["admission.ids"])
+    for key in ["admission.ids", "admission.counts"]:
+        np.testing.assert_array_equal(merged[key][got_p], state[key][want_p])
+    assert merged["meta.clock"].tolist() == [state["meta.clock"].max()] * 3
+    assert merged["meta.aging"].tolist() == [state["meta.aging"].max()] * 3
+    assert three.step == four.step
+    # The resharded table goes on evicting within its (re-split) capacity.
+    evictions = three.stats().evictions
+    for _ in range(5):
+        train(three, steps=4, base=5000)
+        assert all(len(s) <= 67 for s in three.shards)  # ceil(200 / 3)
+    assert three.stats().evictions > evictions

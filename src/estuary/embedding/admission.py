@@ -97,6 +97,8 @@ class AdmissionFilter:
         self._table = np.zeros((min(1024, self._max_entries), 2), np.int64)
         self._meta = np.zeros(1, np.int64)
         self.aged = 0  # how many times counts were halved (a sign the bound is tight)
+        # Off while a multi-epoch run re-reads rows it has already counted.
+        self.counting = True
 
     @property
     def admits_all(self) -> bool:
@@ -124,6 +126,8 @@ class AdmissionFilter:
         ids = as_ids(ids)
         if self.admits_all:
             return np.unique(ids)
+        if not self.counting:
+            return np.empty(0, np.int64)
         uniq, counts = np.unique(ids, return_counts=True)
         counts = counts.astype(np.int64, copy=False)
         admitted = np.empty(uniq.size, np.bool_)

@@ -15,6 +15,13 @@ handed out again before new slots.
 The kernels here are generic over "value 0 = empty" tables; the admission filter
 reuses them with value = sighting count.
 
+*Touch*: ``lookup`` and ``get_or_insert_new`` optionally update per-slot
+metadata of every id they find, in the same probe pass (``Touch``: a stamp, a
+saturating use count, a wall time; each array may be empty = not kept). The
+shard uses it for LRU/LFU/TTL eviction and delta dirtiness at no extra pass.
+Ids inserted by the call are not touched (their slots may lie beyond the
+metadata arrays until the caller grows them).
+
 All kernels are ``nogil`` so a caller may overlap them with torch compute, but an
 index is not thread-safe: serialise calls on one index.
 
@@ -25,17 +32,45 @@ editing a kernel here, delete ``__pycache__/*.nbi`` so callers in other modules
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import numpy.typing as npt
 from numba import njit
 
 from estuary.embedding.hashing import as_ids, id_hash
+from estuary.embedding.prefetch import IDS_AHEAD, prefetch
 from estuary.embedding.types import Int64Array
 
 BoolArray = npt.NDArray[np.bool_]
+Int32Array = npt.NDArray[np.int32]
+Float64Array = npt.NDArray[np.float64]
 
 # meta[] fields of the index kernels.
 _SIZE, _NEXT_SLOT, _FREE_COUNT = 0, 1, 2
+# Use counts saturate here (LFU keys pack the count above 40 bits of step).
+FREQ_MAX = (1 << 22) - 1
+
+
+class Touch(NamedTuple):
+    """Per-slot metadata a hit updates; every array is indexed by slot.
+
+    Args:
+        stamp: int64 (R,) set to ``now`` (size 0: not kept).
+        freq: int32 (R,) incremented, saturating at ``FREQ_MAX`` (size 0: not kept).
+        touch_s: float64 (R,) set to ``now_s`` (size 0: not kept).
+        now: the stamp of this call.
+        now_s: the wall time of this call.
+    """
+
+    stamp: Int64Array
+    freq: Int32Array
+    touch_s: Float64Array
+    now: int
+    now_s: float
+
+
+NO_TOUCH = Touch(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.float64), 0, 0.0)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -103,23 +138,42 @@ def _get_or_insert_kernel(
     table: Int64Array,
     ids: Int64Array,
     out: Int64Array,
-    is_new: BoolArray,
+    new_at: Int64Array,
+    base: int,
     start: int,
     meta: Int64Array,
     free: Int64Array,
     limit: int,
+    stamp: Int64Array,
+    freq: Int32Array,
+    touch_s: Float64Array,
+    now: int,
+    now_s: float,
 ) -> int:
     # Returns the position it stopped at: ids.size when done, earlier when the
     # next insert would pass ``limit`` (the caller grows the table and resumes).
-    track = is_new.size > 0
+    # A hit touches its slot; an insert does not (see module docstring). The
+    # prefetch and touch code is written out here, not in helpers: an njit
+    # helper taking arrays keeps reference counting in the loop (3x slower).
+    # ``new_at[k]`` (if kept) is the position in ``ids`` of the k-th id inserted
+    # by this call; ``base`` is the index size when the call began.
+    track = new_at.size > 0
+    umask = np.uint64(table.shape[0] - 1)
     for n in range(start, ids.size):
+        if n + IDS_AHEAD < ids.size:
+            prefetch(table, np.int64(id_hash(ids[n + IDS_AHEAD]) & umask) * 2)
         key = ids[n]
         i = probe(table, key)
         v = table[i, 1]
         if v != 0:
-            out[n] = v - 1
-            if track:
-                is_new[n] = False
+            slot = v - 1
+            out[n] = slot
+            if slot < stamp.size:  # (same touch as _lookup_kernel)
+                stamp[slot] = now
+            if slot < freq.size and freq[slot] < FREQ_MAX:
+                freq[slot] += 1
+            if slot < touch_s.size:
+                touch_s[slot] = now_s
             continue
         if meta[_SIZE] >= limit:
             return n
@@ -131,18 +185,41 @@ def _get_or_insert_kernel(
             meta[_NEXT_SLOT] += 1
         table[i, 0] = key
         table[i, 1] = slot + 1
+        if track:
+            new_at[meta[_SIZE] - base] = n
         meta[_SIZE] += 1
         out[n] = slot
-        if track:
-            is_new[n] = True
     return ids.size
 
 
 @njit(cache=True, nogil=True)
-def _lookup_kernel(table: Int64Array, ids: Int64Array, out: Int64Array) -> None:
+def _lookup_kernel(
+    table: Int64Array,
+    ids: Int64Array,
+    out: Int64Array,
+    stamp: Int64Array,
+    freq: Int32Array,
+    touch_s: Float64Array,
+    now: int,
+    now_s: float,
+) -> None:
+    umask = np.uint64(table.shape[0] - 1)
     for n in range(ids.size):
+        if n + IDS_AHEAD < ids.size:
+            prefetch(table, np.int64(id_hash(ids[n + IDS_AHEAD]) & umask) * 2)
         i = probe(table, ids[n])
-        out[n] = table[i, 1] - 1  # empty entry holds 0 -> -1
+        v = table[i, 1]
+        slot = v - 1
+        out[n] = slot  # empty entry holds 0 -> -1
+        if v != 0:
+            # Touch: slots past an array's end are skipped (a later copy of an id
+            # inserted by the same call; its caller stamps new rows itself).
+            if slot < stamp.size:
+                stamp[slot] = now
+            if slot < freq.size and freq[slot] < FREQ_MAX:
+                freq[slot] += 1
+            if slot < touch_s.size:
+                touch_s[slot] = now_s
 
 
 @njit(cache=True, nogil=True)
@@ -220,47 +297,66 @@ class HashIndex:
         self._table = new
         self._limit = int(new.shape[0] * self._max_load)
 
-    def get_or_insert_mask(self, ids: Int64Array) -> tuple[Int64Array, BoolArray]:
-        """Slots of ``ids``, inserting absent ones.
+    def get_or_insert_new(
+        self, ids: Int64Array, touch: Touch = NO_TOUCH
+    ) -> tuple[Int64Array, Int64Array]:
+        """Slots of ``ids``, inserting absent ones, in one probe pass.
 
         Args:
             ids: int64 (N,); duplicates allowed (later copies find the first).
+            touch: metadata to update for ids found (ids this call inserts are
+                the caller's to stamp).
 
         Returns:
-            ``slots`` int64 (N,) and ``is_new`` bool (N,), True where this call
-            inserted the id (first occurrence only).
+            ``slots`` int64 (N,) and ``new_at`` int64 (K,): positions in ``ids`` of
+            the K ids this call inserted (first occurrences), in order.
         """
         ids = as_ids(ids)
         out = np.empty(ids.size, np.int64)
-        is_new = np.empty(ids.size, np.bool_)
-        self._insert(ids, out, is_new)
-        return out, is_new
+        new_at = np.empty(ids.size, np.int64)
+        base = len(self)
+        self._insert(ids, out, new_at, touch)
+        return out, new_at[: len(self) - base]
+
+    def get_or_insert_mask(self, ids: Int64Array) -> tuple[Int64Array, BoolArray]:
+        """Slots of ``ids`` int64 (N,), inserting absent ones; plus ``is_new`` bool
+        (N,), True where this call inserted the id (first occurrence only)."""
+        slots, new_at = self.get_or_insert_new(ids)
+        is_new = np.zeros(slots.size, np.bool_)
+        is_new[new_at] = True
+        return slots, is_new
 
     def get_or_insert(self, ids: Int64Array) -> Int64Array:
         """Slots of ``ids`` int64 (N,) -> int64 (N,), inserting absent ones."""
         ids = as_ids(ids)
         out = np.empty(ids.size, np.int64)
-        self._insert(ids, out, np.empty(0, np.bool_))
+        self._insert(ids, out, np.empty(0, np.int64), NO_TOUCH)
         return out
 
-    def _insert(self, ids: Int64Array, out: Int64Array, is_new: BoolArray) -> None:
+    def _insert(self, ids: Int64Array, out: Int64Array, new_at: Int64Array, touch: Touch) -> None:
         start = 0
         size_before = len(self)
+        t = touch
         while True:
             start = _get_or_insert_kernel(
-                self._table, ids, out, is_new, start, self._meta, self._free, self._limit
-            )
+                self._table, ids, out, new_at, size_before, start, self._meta, self._free,
+                self._limit, t.stamp, t.freq, t.touch_s, t.now, t.now_s,
+            )  # fmt: skip
             if start == ids.size:
                 return
             # Extrapolate this batch's share of new ids to the part not yet inserted.
             new_share = (len(self) - size_before) / start if start else 0.0
             self._grow(len(self) + int(new_share * (ids.size - start)))
 
-    def lookup(self, ids: Int64Array) -> Int64Array:
-        """Slots of ``ids`` int64 (N,) -> int64 (N,); -1 where absent. Never inserts."""
+    def lookup(self, ids: Int64Array, touch: Touch = NO_TOUCH) -> Int64Array:
+        """Slots of ``ids`` int64 (N,) -> int64 (N,); -1 where absent. Never inserts.
+
+        ``touch``: metadata to update for every id found.
+        """
         ids = as_ids(ids)
         out = np.empty(ids.size, np.int64)
-        _lookup_kernel(self._table, ids, out)
+        t = touch
+        _lookup_kernel(self._table, ids, out, t.stamp, t.freq, t.touch_s, t.now, t.now_s)
         return out
 
     def remove(self, ids: Int64Array) -> Int64Array:

@@ -21,6 +21,7 @@ from numba import njit
 
 from estuary.config.spec import InitializerSpec
 from estuary.embedding.hashing import unit_float
+from estuary.embedding.prefetch import ROWS_AHEAD, prefetch_span
 from estuary.embedding.types import Float32Array, Int64Array
 
 _TWO_PI = 2.0 * math.pi
@@ -36,7 +37,10 @@ def _fill_uniform(
     dim: int,
     bound: float,
 ) -> None:
+    width = storage.shape[1]
     for n in range(rows.size):
+        if n + ROWS_AHEAD < rows.size:  # new rows are scattered: overlap their misses
+            prefetch_span(storage, rows[n + ROWS_AHEAD] * width, dim)
         r = rows[n]
         for j in range(dim):
             u = unit_float(seed, ids[n], np.uint64(j))
@@ -63,7 +67,10 @@ def _fill_normal(
 ) -> None:
     # truncate <= 0: plain normal. Otherwise redraw (with a fresh counter) until
     # |z| <= truncate; at 2 std that is ~4.6% redraws.
+    width = storage.shape[1]
     for n in range(rows.size):
+        if n + ROWS_AHEAD < rows.size:
+            prefetch_span(storage, rows[n + ROWS_AHEAD] * width, dim)
         r = rows[n]
         for j in range(dim):
             attempt = 0

@@ -1,4 +1,4 @@
-"""One embedding shard: hash index + row storage + optimizer + admission.
+"""One embedding shard: hash index + row storage + optimizer + admission + eviction.
 
 Shapes: ``N`` ids in a call, ``D`` the table's dim, ``W`` floats per storage row,
 ``R`` rows held.
@@ -6,16 +6,45 @@ Shapes: ``N`` ids in a call, ``D`` the table's dim, ``W`` floats per storage row
 Calls on one shard are serialised by a lock inside the shard (uncontended cost
 ~50 ns); the numba kernels release the GIL, so other threads (torch compute,
 another shard) run while a shard works.
+
+Every training call (``lookup(train=True)``, ``apply_gradients``) takes a stamp
+from the shard's access clock and stamps the rows it touches, in the same probe
+pass that finds them. The stamps drive LRU, TTL and the choice of delta rows
+(see ``estuary.embedding.eviction`` and ``estuary.embedding.delta``). A step
+ends with each ``apply_gradients`` (or ``advance_step()``).
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import numpy as np
 
 from estuary.config.spec import TableSpec
 from estuary.embedding.admission import AdmissionFilter
+from estuary.embedding.delta import (
+    AGING,
+    AGING_TOUCHES,
+    CLOCK,
+    EVICTED_IDS,
+    FREQ,
+    IDS,
+    OPT_PREFIX,
+    PENDING_COUNTS,
+    PENDING_IDS,
+    STAMP,
+    TOUCH_S,
+    UNKNOWN_PREFIX,
+    WEIGHTS,
+    DeltaChain,
+    EvictionLog,
+    dirty_slots,
+    is_full,
+    scalar,
+)
+from estuary.embedding.eviction import AccessClock, EvictionPolicy, age
 from estuary.embedding.hash_index import HashIndex
 from estuary.embedding.hashing import as_ids, table_seed
 from estuary.embedding.initializers import make_initializer
@@ -23,14 +52,9 @@ from estuary.embedding.optimizers import make_optimizer
 from estuary.embedding.storage import UNKNOWN_ROW, RowStorage
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 
-# Keys of ``state_dict``. ``unknown.*`` arrays have a leading axis of 1 per shard.
-IDS = "ids"
-WEIGHTS = "weights"
-OPT_PREFIX = "opt."
-UNKNOWN_PREFIX = "unknown."
-PENDING_IDS = "admission.ids"
-PENDING_COUNTS = "admission.counts"
+__all__ = ["IDS", "PENDING_COUNTS", "PENDING_IDS", "UNKNOWN_PREFIX", "WEIGHTS", "EmbeddingShard"]
 
+State = dict[str, np.ndarray]
 _UNKNOWN_ROWS = np.array([UNKNOWN_ROW], np.int64)
 
 
@@ -40,15 +64,25 @@ class EmbeddingShard:
     Implements ``EmbeddingStore``.
 
     Args:
-        spec: table settings (dim, initializer, optimizer, admission, capacity).
+        spec: table settings (dim, initializer, optimizer, admission, eviction).
         seed: job seed; with ``name`` it fixes every id's initial row.
         name: the table's name (all shards of a table share it, so an id's
             initial row does not depend on the shard count).
-        max_pending_ids: bound on ids counted by the admission filter.
+        max_pending_ids: bound on ids counted by the admission filter
+            (default ``spec.admission.max_pending_ids``).
+        shards: shards of the table this one belongs to (splits the capacity).
+        time_fn: wall clock for ``ttl_s`` (seconds; injectable for tests).
     """
 
     def __init__(
-        self, spec: TableSpec, seed: int, name: str, *, max_pending_ids: int = 1 << 20
+        self,
+        spec: TableSpec,
+        seed: int,
+        name: str,
+        *,
+        max_pending_ids: int | None = None,
+        shards: int = 1,
+        time_fn: Callable[[], float] = time.time,
     ) -> None:
         self.spec = spec
         self.name = name
@@ -57,17 +91,36 @@ class EmbeddingShard:
         self._initializer = make_initializer(spec.initializer, spec.dim)
         # Separate coin stream for admission (the init stream uses the table seed).
         self._admission = AdmissionFilter(
-            spec.admission, table_seed(seed, name + "/admission"), max_pending_ids=max_pending_ids
+            spec.admission,
+            table_seed(seed, name + "/admission"),
+            max_pending_ids=(
+                spec.admission.max_pending_ids if max_pending_ids is None else max_pending_ids
+            ),
         )
+        self._policy = EvictionPolicy(spec.eviction, shards)
+        self._time_fn = time_fn
+        self._clock = AccessClock()
+        self._chain = DeltaChain()
+        self._log = EvictionLog()
+        self._clean_stamp = 0  # clock at the last mark: newer stamps are dirty
+        # One pass per call when every id gets a row and nothing must be evicted.
+        self._single_pass = self._admission.admits_all and self._policy.capacity_rows is None
         self._lock = threading.Lock()
         self._reset_rows(spec.initial_capacity_rows)
         self._lookups = self._hits = self._admissions = self._unknown_grads = 0
         self._evictions = 0
 
     def _reset_rows(self, capacity_rows: int) -> None:
-        # Slot 0 is the unknown row: zeros and fresh optimizer state.
-        self._index = HashIndex(capacity_rows, first_slot=UNKNOWN_ROW + 1)
-        self._storage = RowStorage(self._optimizer.width, capacity_rows + 1)
+        # Slot 0 is the unknown row: zeros and fresh optimizer state, never stamped.
+        cap = self._policy.capacity_rows
+        self._index = HashIndex(min(capacity_rows, cap or capacity_rows), first_slot=1)
+        self._storage = RowStorage(
+            self._optimizer.width,
+            capacity_rows + 1,
+            max_rows=None if cap is None else cap + 1,
+            keep_freq=self._policy.lfu,
+            keep_time=self._policy.keep_time,
+        )
         self._storage.array[UNKNOWN_ROW, : self.dim] = 0.0
         self._optimizer.init_state(self._storage.array, _UNKNOWN_ROWS)
 
@@ -75,6 +128,11 @@ class EmbeddingShard:
     def dim(self) -> int:
         """Embedding width D."""
         return self.spec.dim
+
+    @property
+    def step(self) -> int:
+        """Training steps ended (``apply_gradients`` + ``advance_step`` calls)."""
+        return self._clock.step
 
     def __len__(self) -> int:
         """Ids holding their own row."""
@@ -86,42 +144,60 @@ class EmbeddingShard:
         """Rows of ``ids`` int64 (N,) -> fresh float32 (N, D).
 
         ``train=True`` inserts new ids that pass admission (initialised by the
-        table's initializer); ids that do not pass read the unknown row.
-        ``train=False`` never inserts.
+        table's initializer), evicting first if the capacity would be passed;
+        ids that do not pass read the unknown row. It stamps every row it
+        touches. ``train=False`` never inserts nor stamps.
         """
         ids = as_ids(ids)
         with self._lock:
-            if train and self._admission.admits_all:
-                rows, is_new = self._index.get_or_insert_mask(ids)
-                n_new = int(np.count_nonzero(is_new))
-                if n_new:
-                    self._init_rows(rows[is_new], ids[is_new])
-                hits = ids.size - n_new
-            else:
+            if not train:
                 rows = self._index.lookup(ids)
-                missing = rows < 0
-                n_missing = int(np.count_nonzero(missing))
-                hits = ids.size - n_missing
-                if train and n_missing:
-                    self._admit(ids, rows, missing)
+                hits = int(np.count_nonzero(rows >= 0))
+            else:
+                now = self._clock.tick()
+                now_s = self._time_fn() if self._policy.keep_time else 0.0
+                touch = self._storage.touch(now, now_s)
+                if self._single_pass:
+                    rows, new_at = self._index.get_or_insert_new(ids, touch)
+                    if new_at.size:
+                        self._insert_rows(rows[new_at], ids[new_at], now, now_s)
+                    hits = ids.size - new_at.size
+                else:
+                    rows = self._index.lookup(ids, touch)
+                    missing = rows < 0
+                    hits = ids.size - int(np.count_nonzero(missing))
+                    if hits < ids.size:
+                        self._admit(ids, rows, missing, now, now_s)
+                self._age_if_due(ids.size)
             self._lookups += ids.size
             self._hits += hits
             return self._storage.gather(rows, self.dim)  # rows < 0 read UNKNOWN_ROW
 
-    def _admit(self, ids: Int64Array, rows: Int64Array, missing: np.ndarray) -> None:
-        # Policy decides, then the shard inserts; every occurrence of an admitted id
-        # in this batch gets the new row (the slots are re-resolved).
+    def _admit(
+        self, ids: Int64Array, rows: Int64Array, missing: np.ndarray, now: int, now_s: float
+    ) -> None:
+        # Policies decide (admission, then room), the shard acts; every occurrence
+        # of an admitted id in this batch gets the new row (slots re-resolved).
         candidates = ids[missing]
-        admitted = self._admission.observe(candidates)
+        admitted = self._admission.observe(candidates)  # unique
+        if admitted.size:
+            decision = self._policy.make_room(
+                self._storage, self._index.slot_end, len(self._index), admitted.size, now
+            )
+            self._evict(decision.slots)
+            # Fewer fit only when this call alone brings more new ids than the
+            # capacity: the rest read the unknown row and start counting afresh.
+            admitted = admitted[: decision.admit]
         if admitted.size:
             new_rows = self._index.get_or_insert(admitted)
-            self._init_rows(new_rows, admitted)
+            self._insert_rows(new_rows, admitted, now, now_s)
             rows[missing] = self._index.lookup(candidates)
 
-    def _init_rows(self, rows: Int64Array, ids: Int64Array) -> None:
+    def _insert_rows(self, rows: Int64Array, ids: Int64Array, now: int, now_s: float) -> None:
         self._storage.ensure_rows(self._index.slot_end)
         self._initializer.fill(self._storage.array, rows, ids, self._seed)
         self._optimizer.init_state(self._storage.array, rows)
+        self._storage.claim(rows, ids, now, now_s)
         self._admissions += rows.size
 
     def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
@@ -130,25 +206,80 @@ class EmbeddingShard:
         Slots are re-resolved by id, so this is safe after later lookups inserted
         or moved rows. Ids without a row (not admitted, evicted, or only seen in
         eval) have their gradients summed into one step of the unknown row.
+        Ends the shard's current step (TTL sweeps may run).
         """
         ids = as_ids(ids)
         grads = np.ascontiguousarray(grads, dtype=np.float32)
         if grads.shape != (ids.size, self.dim):
             raise ValueError(f"grads must have shape ({ids.size}, {self.dim}), got {grads.shape}")
         with self._lock:
-            rows = self._index.lookup(ids)
+            now = self._clock.tick()
+            now_s = self._time_fn() if self._policy.keep_time else 0.0
+            rows = self._index.lookup(ids, self._storage.touch(now, now_s))
             missing = rows < 0
             n_missing = int(np.count_nonzero(missing))
             storage = self._storage.array
             if n_missing == 0:
                 self._optimizer.step(storage, rows, grads)
-                return
-            known = ~missing
-            if n_missing < ids.size:
-                self._optimizer.step(storage, rows[known], np.ascontiguousarray(grads[known]))
-            unknown_grad = grads[missing].sum(axis=0, dtype=np.float32, keepdims=True)
-            self._optimizer.step(storage, _UNKNOWN_ROWS, unknown_grad)
-            self._unknown_grads += n_missing
+            else:
+                known = ~missing
+                if n_missing < ids.size:
+                    self._optimizer.step(storage, rows[known], np.ascontiguousarray(grads[known]))
+                unknown_grad = grads[missing].sum(axis=0, dtype=np.float32, keepdims=True)
+                self._optimizer.step(storage, _UNKNOWN_ROWS, unknown_grad)
+                self._unknown_grads += n_missing
+            self._age_if_due(ids.size - n_missing)
+            self._end_step()
+
+    def advance_step(self) -> None:
+        """End a training step without gradients for this shard (``apply_gradients``
+        already ends one; call this only for steps that skip it)."""
+        with self._lock:
+            self._end_step()
+
+    def _end_step(self) -> None:
+        if self._policy.sweep_due(self._clock.end_step()):
+            self._sweep()
+
+    def _age_if_due(self, touches: int) -> None:
+        if self._policy.note_touches(touches, len(self._index)):
+            age(self._storage.freq, 1)  # cost: one pass over the counts
+
+    def set_admission_counting(self, enabled: bool) -> None:
+        """Count sightings towards ``admission.min_count`` (on by default).
+
+        A multi-epoch run turns it off after the first epoch: re-reading the same
+        rows is not new evidence, so an id that occurs once in the data must not
+        earn a row by being read twice. Not-yet-admitted ids keep reading (and
+        training) the unknown row; admitted ids keep their rows.
+        """
+        with self._lock:
+            self._admission.counting = enabled
+
+    # -- eviction ------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Apply the TTL now (``ttl_steps``, ``ttl_s``); returns rows evicted."""
+        with self._lock:
+            return self._sweep()
+
+    def _sweep(self) -> int:
+        now_s = self._time_fn() if self._policy.keep_time else 0.0
+        slots = self._policy.expired(self._storage, self._index.slot_end, self.step, now_s)
+        self._evict(slots)
+        return int(slots.size)
+
+    def _evict(self, slots: Int64Array) -> None:
+        if slots.size == 0:
+            return
+        ids = self._storage.owner[slots]
+        self._index.remove(ids)  # the slots go on the index's free list for reuse
+        self._forget(slots, ids)
+
+    def _forget(self, slots: Int64Array, ids: Int64Array) -> None:
+        self._storage.release(slots)
+        self._log.record(ids, limit=self._policy.capacity_rows or len(self._index))
+        self._evictions += ids.size
 
     def remove(self, ids: Int64Array) -> int:
         """Drop the rows of ``ids`` int64 (N,) (eviction); returns how many existed.
@@ -157,16 +288,20 @@ class EmbeddingShard:
         """
         ids = as_ids(ids)
         with self._lock:
-            removed = int(np.count_nonzero(self._index.remove(ids) >= 0))
-            self._evictions += removed
-            return removed
+            slots = self._index.remove(ids)
+            held = slots >= 0
+            self._forget(slots[held], ids[held])
+            return int(np.count_nonzero(held))
 
     def stats(self) -> TableStats:
         """Counters since construction (``load_state_dict`` keeps them)."""
         with self._lock:
             return TableStats(
                 rows=len(self._index),
-                bytes=self._index.nbytes + self._storage.nbytes + self._admission.nbytes,
+                bytes=self._index.nbytes
+                + self._storage.nbytes
+                + self._admission.nbytes
+                + self._log.nbytes,
                 lookups=self._lookups,
                 hits=self._hits,
                 admissions=self._admissions,
@@ -175,48 +310,103 @@ class EmbeddingShard:
                 evictions=self._evictions,
             )
 
-    # -- snapshots -------------------------------------------------------------
+    # -- snapshots and deltas (layout: estuary.embedding.delta) ----------------
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Flat numpy arrays for safetensors (R rows, P pending ids)::
+    def state_dict(self, *, mark_clean: bool = True) -> State:
+        """All rows and state as flat numpy arrays for safetensors (copies).
 
-            ids                 int64 (R,)
-            weights             float32 (R, D)
-            opt.<slot>          float32 (R, D) per optimizer slot, (R,) per scalar
-            unknown.weights     float32 (1, D)
-            unknown.opt.<slot>  float32 (1, D) or (1,)
-            admission.ids       int64 (P,)   pending (not yet admitted) ids
-            admission.counts    int64 (P,)   their sightings
-
-        Rows come in hash-table order. Arrays are copies.
+        Layout in ``estuary.embedding.delta`` (S = 1); rows in hash-table order.
+        ``mark_clean`` starts a new delta interval (the next ``delta_state_dict``
+        holds changes after this call) and a new chain version.
         """
+        state = self.export_state(dirty_only=False, mark=mark_clean)
+        if mark_clean:
+            self._chain.advance()
+        return {**state, **self._chain.keys()}
+
+    def delta_state_dict(self) -> State:
+        """Changes since the last mark (see ``estuary.embedding.delta``); marks clean."""
+        full = self.log_overflowed()
+        state = self.export_state(dirty_only=not full, mark=True)
+        return {**state, **self._chain.delta_keys(self._chain.advance(), full)}
+
+    def mark_clean(self) -> None:
+        """Start a new delta interval without exporting anything."""
         with self._lock:
-            ids, rows = self._index.items()
-            state = self._rows_state(rows, "")
+            self._mark()
+        self._chain.advance()
+
+    def load_state_dict(self, state: State) -> None:
+        """Replace all rows with ``state`` (as from ``state_dict``; any S=1 part).
+
+        ``ids`` and ``weights`` are required. Optimizer slots or eviction fields
+        missing from ``state`` start fresh (rows count as touched now); extra ones
+        are ignored. Stats counters are kept. Marks clean.
+        """
+        self.import_state(state, delta=False)
+        self._chain.adopt(state)
+
+    def apply_delta(self, delta: State) -> None:
+        """Apply a ``delta_state_dict`` of this shard's chain on top of its current state."""
+        self._chain.check(delta, self.name)
+        self.import_state(delta, delta=not is_full(delta))
+        self._chain.adopt(delta)
+
+    def log_overflowed(self) -> bool:
+        """Whether the next delta must be a full state (too many evictions logged)."""
+        with self._lock:
+            return self._log.overflowed
+
+    def export_state(self, *, dirty_only: bool, mark: bool) -> State:
+        """This shard's part of a table state (no chain keys); ``dirty_only`` keeps
+        only rows stamped since the last mark and adds ``evicted_ids``."""
+        with self._lock:
+            if dirty_only:
+                stamp = self._storage.stamp[: self._index.slot_end]
+                slots = np.empty(stamp.size, np.int64)
+                slots = slots[: dirty_slots(stamp, self._clean_stamp, slots)]
+                ids = self._storage.owner[slots]
+            else:
+                ids, slots = self._index.items()
+            state = self._rows_state(slots, "")
             state[IDS] = ids
+            state[STAMP] = self._storage.stamp[slots]
+            if self._policy.lfu:
+                state[FREQ] = self._storage.freq[slots]
+            if self._policy.keep_time:
+                state[TOUCH_S] = self._storage.touch_s[slots]
             state.update(self._rows_state(_UNKNOWN_ROWS, UNKNOWN_PREFIX))
             pending = self._admission.state_dict()
             state[PENDING_IDS] = pending["ids"]
             state[PENDING_COUNTS] = pending["counts"]
+            state[CLOCK] = scalar(self._clock.value)
+            state[AGING] = scalar(self._policy.aging)
+            state[AGING_TOUCHES] = scalar(self._policy.aging_touches)
+            if dirty_only:
+                gone = np.unique(self._log.ids())
+                state[EVICTED_IDS] = gone[self._index.lookup(gone) < 0]  # not back since
+            if mark:
+                self._mark()
             return state
 
-    def _rows_state(self, rows: Int64Array, prefix: str) -> dict[str, np.ndarray]:
+    def _mark(self) -> None:
+        self._clean_stamp = self._clock.value
+        self._log.clear()
+
+    def _rows_state(self, rows: Int64Array, prefix: str) -> State:
         arr = self._storage.array
         opt = self._optimizer
-        state: dict[str, np.ndarray] = {prefix + WEIGHTS: arr[rows, : self.dim]}
+        state: State = {prefix + WEIGHTS: arr[rows, : self.dim]}
         for name in opt.state_names:
             state[f"{prefix}{OPT_PREFIX}{name}"] = arr[rows, opt.columns(name)]
         for name in opt.scalar_names:
             state[f"{prefix}{OPT_PREFIX}{name}"] = arr[rows, opt.columns(name).start]
         return state
 
-    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        """Replace all rows with ``state`` (as from ``state_dict``).
-
-        ``ids`` and ``weights`` are required. Optimizer slots missing from
-        ``state`` (e.g. a checkpoint from another optimizer) start fresh; extra
-        ones are ignored. Stats counters are kept.
-        """
+    def import_state(self, state: State, *, delta: bool) -> None:
+        """Load a full state part (``delta=False``: replaces every row) or apply a
+        delta part (removes ``evicted_ids``, ages untouched LFU counts, upserts
+        rows, replaces the rest). Marks clean."""
         ids = as_ids(state[IDS])
         weights = np.asarray(state[WEIGHTS], np.float32)
         if weights.shape != (ids.size, self.dim):
@@ -224,22 +414,45 @@ class EmbeddingShard:
                 f"{self.name}: weights shape {weights.shape} != ({ids.size}, {self.dim})"
             )
         with self._lock:
-            self._reset_rows(max(ids.size, self.spec.initial_capacity_rows))
-            rows, is_new = self._index.get_or_insert_mask(ids)
-            if not is_new.all():
-                raise ValueError(f"{self.name}: state has duplicate ids")
-            self._storage.ensure_rows(self._index.slot_end)
-            self._optimizer.init_state(self._storage.array, rows)
-            self._load_rows(rows, state, "", ids.size)
+            aging = int(state[AGING][0]) if AGING in state else self._policy.aging
+            if delta:
+                age(self._storage.freq[: self._index.slot_end], aging - self._policy.aging)
+                gone = as_ids(state.get(EVICTED_IDS, np.empty(0, np.int64)))
+                slots = self._index.remove(gone)
+                self._storage.release(slots[slots >= 0])
+            else:
+                self._reset_rows(max(ids.size, self.spec.initial_capacity_rows))
+            if CLOCK in state:
+                self._clock.value = int(state[CLOCK][0])
+            self._clock.value = max(self._clock.value, 1)  # loaded rows need stamps > 0
+            self._policy.aging = aging
+            if AGING_TOUCHES in state:
+                self._policy.aging_touches = int(state[AGING_TOUCHES][0])
+            self._upsert_rows(ids, state, check_new=not delta)
             self._load_rows(_UNKNOWN_ROWS, state, UNKNOWN_PREFIX, 1)
             if PENDING_IDS in state:
                 self._admission.load_state_dict(
                     {"ids": state[PENDING_IDS], "counts": state[PENDING_COUNTS]}
                 )
+            self._mark()
 
-    def _load_rows(
-        self, rows: Int64Array, state: dict[str, np.ndarray], prefix: str, n: int
-    ) -> None:
+    def _upsert_rows(self, ids: Int64Array, state: State, *, check_new: bool) -> None:
+        rows, new_at = self._index.get_or_insert_new(ids)
+        if check_new and new_at.size < ids.size:
+            raise ValueError(f"{self.name}: state has duplicate ids")
+        self._storage.ensure_rows(self._index.slot_end)
+        self._optimizer.init_state(self._storage.array, rows[new_at])
+        self._load_rows(rows, state, "", ids.size)
+        s = self._storage
+        s.claim(rows, ids, self._clock.value, self._time_fn() if s.touch_s.size else 0.0)
+        if STAMP in state:
+            s.stamp[rows] = np.maximum(np.asarray(state[STAMP], np.int64), 1)
+        if FREQ in state and s.freq.size:
+            s.freq[rows] = np.asarray(state[FREQ], np.int32)
+        if TOUCH_S in state and s.touch_s.size:
+            s.touch_s[rows] = np.asarray(state[TOUCH_S], np.float64)
+
+    def _load_rows(self, rows: Int64Array, state: State, prefix: str, n: int) -> None:
         arr = self._storage.array
         opt = self._optimizer
         if prefix + WEIGHTS in state:

@@ -5,23 +5,31 @@ Shapes: ``N`` ids in a call, ``D`` dim, ``S`` shards, ``R`` rows.
 Routing is ``splitmix64(id ^ salt) mod S`` (``estuary.embedding.hashing.route``),
 the same in every process, so a shard can later live in its own process. Each
 shard keeps its own unknown row: a single shared one would make every shard's
-misses write one remote row.
+misses write one remote row. Capacity is split evenly: each shard holds at most
+``ceil(capacity_rows / S)`` rows. Every shard sees every step end (shards
+without ids in a batch get ``advance_step``), so TTL in steps means the same
+in each.
+
+State dicts and deltas (layout in ``estuary.embedding.delta``) merge the shards'
+parts; the table owns the checkpoint chain (``delta.lineage``/``delta.version``).
+Both load into any shard count: rows, pending ids and evicted ids are routed by id.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
 
 from estuary.config.spec import TableSpec
-from estuary.embedding.hashing import as_ids, route, shard_of
-from estuary.embedding.shard import IDS, UNKNOWN_PREFIX, EmbeddingShard
+from estuary.embedding.delta import DeltaChain, is_full, merge_states, split_state
+from estuary.embedding.hashing import as_ids, route
+from estuary.embedding.shard import EmbeddingShard
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 
-# Per-row keys that ``state_dict`` concatenates across shards (alongside IDS); the
-# pending-admission pair is routed by its own ids.
-_PENDING = ("admission.ids", "admission.counts")
+State = dict[str, np.ndarray]
 
 
 class EmbeddingTable:
@@ -31,14 +39,22 @@ class EmbeddingTable:
         spec: table settings; ``spec.shards`` fixes S.
         seed: job seed; an id's initial row depends only on (seed, name, id).
         name: table name.
-        max_pending_ids: per-shard bound on ids counted by admission.
+        max_pending_ids: per-shard bound on ids counted by admission (default
+            ``spec.admission.max_pending_ids``).
+        time_fn: wall clock for ``eviction.ttl_s`` (injectable for tests).
 
     With S = 1 every call goes straight to the shard (no routing, no copies).
     Shards are called one after another from the caller's thread.
     """
 
     def __init__(
-        self, spec: TableSpec, seed: int, name: str, *, max_pending_ids: int = 1 << 20
+        self,
+        spec: TableSpec,
+        seed: int,
+        name: str,
+        *,
+        max_pending_ids: int | None = None,
+        time_fn: Callable[[], float] = time.time,
     ) -> None:
         self.spec = spec
         self.name = name
@@ -46,14 +62,27 @@ class EmbeddingTable:
         per_shard = -(-spec.initial_capacity_rows // spec.shards)
         shard_spec = replace(spec, initial_capacity_rows=per_shard)
         self.shards = [
-            EmbeddingShard(shard_spec, seed, name, max_pending_ids=max_pending_ids)
+            EmbeddingShard(
+                shard_spec,
+                seed,
+                name,
+                max_pending_ids=max_pending_ids,
+                shards=spec.shards,
+                time_fn=time_fn,
+            )
             for _ in range(spec.shards)
         ]
+        self._chain = DeltaChain()
 
     @property
     def dim(self) -> int:
         """Embedding width D."""
         return self.spec.dim
+
+    @property
+    def step(self) -> int:
+        """Training steps ended (``apply_gradients`` + ``advance_step`` calls)."""
+        return self.shards[0].step
 
     def __len__(self) -> int:
         """Ids holding their own row, over all shards."""
@@ -78,7 +107,7 @@ class EmbeddingTable:
     def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
         """One optimizer step; ``ids`` int64 (N,) unique, ``grads`` float32 (N, D).
 
-        See ``EmbeddingShard.apply_gradients``.
+        Ends the step on every shard. See ``EmbeddingShard.apply_gradients``.
         """
         if len(self.shards) == 1:
             self.shards[0].apply_gradients(ids, grads)
@@ -92,6 +121,22 @@ class EmbeddingTable:
             sel = order[offsets[k] : offsets[k + 1]]
             if sel.size:
                 shard.apply_gradients(ids[sel], grads[sel])
+            else:
+                shard.advance_step()
+
+    def advance_step(self) -> None:
+        """End a training step without gradients (``apply_gradients`` already ends one)."""
+        for shard in self.shards:
+            shard.advance_step()
+
+    def set_admission_counting(self, enabled: bool) -> None:
+        """See ``EmbeddingShard.set_admission_counting``."""
+        for shard in self.shards:
+            shard.set_admission_counting(enabled)
+
+    def sweep(self) -> int:
+        """Apply the TTL now on every shard; returns rows evicted."""
+        return sum(shard.sweep() for shard in self.shards)
 
     def remove(self, ids: Int64Array) -> int:
         """Drop the rows of ``ids`` int64 (N,); returns how many existed."""
@@ -111,38 +156,49 @@ class EmbeddingTable:
             total = total + shard.stats()
         return total
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """The shards' ``state_dict`` arrays concatenated (row keys, pending keys)
-        and stacked (``unknown.*``: leading axis S, one unknown row per shard).
-        Layout otherwise as ``EmbeddingShard.state_dict``."""
-        if len(self.shards) == 1:
-            return self.shards[0].state_dict()
-        parts = [shard.state_dict() for shard in self.shards]
-        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+    def state_dict(self, *, mark_clean: bool = True) -> State:
+        """All rows and state, the shards' parts merged (layout:
+        ``estuary.embedding.delta``). ``mark_clean`` starts a new delta interval
+        and chain version."""
+        parts = [s.export_state(dirty_only=False, mark=mark_clean) for s in self.shards]
+        if mark_clean:
+            self._chain.advance()
+        return {**merge_states(parts), **self._chain.keys()}
 
-    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+    def delta_state_dict(self) -> State:
+        """Rows changed and ids evicted since the last mark, plus the small
+        whole-table parts (pending ids, unknown rows, clocks); marks clean.
+
+        A full state (``delta.full = 1``) when a shard evicted more ids since the
+        mark than it holds rows (see ``estuary.embedding.delta``).
+        """
+        full = any(s.log_overflowed() for s in self.shards)
+        parts = [s.export_state(dirty_only=not full, mark=True) for s in self.shards]
+        base = self._chain.advance()
+        return {**merge_states(parts), **self._chain.delta_keys(base, full)}
+
+    def mark_clean(self) -> None:
+        """Start a new delta interval (and chain version) without exporting."""
+        for shard in self.shards:
+            shard.mark_clean()
+        self._chain.advance()
+
+    def load_state_dict(self, state: State) -> None:
         """Load a table state saved with any shard count (reshards by routing ids).
 
         Unknown rows: with the same S each shard gets its own back; otherwise
-        every shard gets the element-wise mean of the saved ones.
+        every shard gets the element-wise mean of the saved ones (clocks: the
+        maximum). Adopts the state's chain, so its deltas apply next.
         """
-        n = len(self.shards)
-        ids = as_ids(state[IDS])
-        owner = shard_of(ids, n)
-        pending_ids = as_ids(state.get(_PENDING[0], np.empty(0, np.int64)))
-        pending_owner = shard_of(pending_ids, n)
-        saved_unknown = {k: np.asarray(v) for k, v in state.items() if k.startswith(UNKNOWN_PREFIX)}
-        same_count = all(v.shape[0] == n for v in saved_unknown.values())
-        for k, shard in enumerate(self.shards):
-            part: dict[str, np.ndarray] = {}
-            mine = owner == k
-            mine_pending = pending_owner == k
-            for key, value in state.items():
-                if key.startswith(UNKNOWN_PREFIX):
-                    arr = saved_unknown[key]
-                    part[key] = arr[k : k + 1] if same_count else arr.mean(axis=0, keepdims=True)
-                elif key in _PENDING:
-                    part[key] = np.asarray(value)[mine_pending]
-                else:
-                    part[key] = np.asarray(value)[mine]
-            shard.load_state_dict(part)
+        for shard, part in zip(self.shards, split_state(state, len(self.shards)), strict=True):
+            shard.import_state(part, delta=False)
+        self._chain.adopt(state)
+
+    def apply_delta(self, delta: State) -> None:
+        """Apply a ``delta_state_dict`` (of any shard count) on top of the state
+        it was taken against (its ``delta.base``); raises ``ValueError`` otherwise."""
+        self._chain.check(delta, self.name)
+        full = is_full(delta)
+        for shard, part in zip(self.shards, split_state(delta, len(self.shards)), strict=True):
+            shard.import_state(part, delta=not full)
+        self._chain.adopt(delta)

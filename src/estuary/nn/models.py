@@ -91,8 +91,10 @@ class DLRM(nn.Module):
 
 
 class DeepFM(nn.Module):
-    """DeepFM (Guo et al., 2017): first-order terms + FM pairwise interactions +
-    an MLP over all embeddings, summed into one logit.
+    """DeepFM (Guo et al., 2017): first-order terms + FM pairwise interactions
+    between sparse fields + an MLP over all embeddings and dense features, summed
+    into one logit. Dense features enter the first-order (linear) term and the
+    MLP, as in the reference implementations (deepctr), not the FM term.
 
     The last component of each sparse feature's embedding row is that id's
     first-order weight; the other ``D - 1`` components are its FM/deep vector. This
@@ -100,8 +102,7 @@ class DeepFM(nn.Module):
     one lookup instead of two. So set the table dim to ``k + 1`` for k-dim factors.
 
     Args:
-        num_dense: Dd; dense features enter the first-order term linearly, the FM
-            part through a learned D-1 projection each, and the MLP directly.
+        num_dense: Dd.
         num_sparse: F.
         embedding_dim: D (>= 2).
         mlp: hidden sizes of the deep part.
@@ -119,26 +120,20 @@ class DeepFM(nn.Module):
         super().__init__()
         if embedding_dim < 2:
             raise ConfigError("model.embedding.default.dim", "deepfm needs dim >= 2 (k + 1)")
-        k = embedding_dim - 1
-        self.k = k
+        self.k = embedding_dim - 1
         self.dense_linear = nn.Linear(num_dense, 1) if num_dense else None
-        self.dense_factors = nn.Parameter(torch.randn(num_dense, k) * 0.01) if num_dense else None
-        deep_in = num_sparse * k + num_dense
+        deep_in = num_sparse * self.k + num_dense
         self.deep = make_mlp([deep_in, *mlp, 1], final_activation=False, dropout=dropout)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         factors = sparse[:, :, : self.k]  # (B, F, k)
         first = sparse[:, :, self.k].sum(dim=1)  # (B,)
-        if self.dense_factors is not None and self.dense_linear is not None:
+        if self.dense_linear is not None:
             first = first + self.dense_linear(dense).squeeze(1)
-            dense_vectors = dense.unsqueeze(2) * self.dense_factors  # (B, Dd, k)
-            fm_in = torch.cat([factors, dense_vectors], dim=1)
-        else:
-            fm_in = factors
-        square_of_sum = fm_in.sum(dim=1).pow(2)  # (B, k)
-        sum_of_square = fm_in.pow(2).sum(dim=1)  # (B, k)
+        square_of_sum = factors.sum(dim=1).pow(2)  # (B, k)
+        sum_of_square = factors.pow(2).sum(dim=1)  # (B, k)
         second = 0.5 * (square_of_sum - sum_of_square).sum(dim=1)  # (B,)
-        deep_in = torch.cat([factors.flatten(1), dense], dim=1)
+        deep_in = torch.cat([factors.flatten(1), dense], dim=1)  # (B, F*k + Dd)
         return first + second + self.deep(deep_in).squeeze(1)
 
 

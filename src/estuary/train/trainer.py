@@ -263,6 +263,10 @@ class Trainer:
         try:
             for epoch in range(self.epoch, job.train.epochs):
                 self.epoch = epoch
+                # Later epochs re-read rows already counted for admission.
+                for table in self.tables.values():
+                    if isinstance(table, EmbeddingTable):
+                        table.set_admission_counting(epoch == 0)
                 batches = self._epoch_batches(train_part, epoch)
                 for batch, looked_up in self._steps(batches, updater):
                     loss = self._train_step(batch, looked_up, updater)

@@ -1,0 +1,245 @@
+"""Benchmark: one embedding shard per core vs a Python-dict table vs memory bandwidth.
+
+    python bench/ps.py [--json PATH] [--rows 1000000 10000000] [--dims 16 64]
+                       [--batch 65536] [--batches 8] [--repeats 3] [--zipf-a 1.05]
+                       [--new-frac 0.1]
+
+Single thread (NUMBA_NUM_THREADS / OMP threads set to 1 before imports). For
+each table size R and dim D: a shard (Adagrad, uniform init) is filled with R
+random int64 ids in random order, then timed on ``--batches`` batches of
+``--batch`` Zipf(a) draws over those ids, deduplicated per batch (as the data
+layer's CompactBatch delivers them). Figures are ids/s, best of ``--repeats``:
+
+  lookup         ``lookup(train=False)``, every id present
+  get_or_insert  ``lookup(train=True)`` on the batches with ``--new-frac`` of the
+                 ids replaced by never-seen ones (fresh every repeat)
+  update         ``apply_gradients`` (Adagrad) on the batches
+beside, measured in the same run on the same rows:
+  dict           a Python dict id -> slot + numpy rows doing the same get_or_insert
+                 (setdefault per id, uniform init of new rows, ``rows[slots]``)
+  gather         numpy ``storage[slots]`` of the batch's full rows (weights + state)
+  gather_scatter ``storage[slots]`` then ``storage[slots] = x``: the bytes an update
+                 must move, the memory-bandwidth limit for ``update``
+and bytes per row (``stats().bytes / rows``) vs the ideal ``D * 4 * (1 + slots)``.
+Both tables are sized in advance and the rows new ids will take are touched
+before timing (steady state: no first-touch page faults on either side). Every
+lookup still returns a fresh array, as the API requires; on VMs its first touch
+can be half of a D=64 lookup (glibc: ``MALLOC_MMAP_THRESHOLD_`` /
+``MALLOC_TRIM_THRESHOLD_`` keep freed memory mapped).
+
+``--json PATH`` writes ``{"config", "figures", "ratios"}``; ratios are worst cases
+over the sizes: ``get_or_insert_vs_dict`` (min), ``update_time_over_gather_time``
+(max; gather_scatter), ``bytes_per_row_over_ideal`` (max).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from estuary.config.spec import InitializerSpec, SparseOptimizerSpec, TableSpec  # noqa: E402
+from estuary.embedding import EmbeddingShard  # noqa: E402
+
+Ids = np.ndarray
+_FILL_CHUNK = 1 << 20
+
+
+def zipf_batches(
+    keys: Ids, a: float, draws: int, batches: int, rng: np.random.Generator
+) -> list[Ids]:
+    """``batches`` arrays of unique ids from ``draws`` Zipf(a) draws over ``keys``
+    (rank = position)."""
+    cdf = np.cumsum(np.arange(1, keys.size + 1, dtype=np.float64) ** -a)
+    cdf /= cdf[-1]
+    out = []
+    for _ in range(batches):
+        ranks = np.minimum(np.searchsorted(cdf, rng.random(draws)), keys.size - 1)
+        out.append(rng.permutation(np.unique(keys[ranks])))
+    return out
+
+
+class DictTable:
+    """The baseline: dict id -> slot, numpy rows, uniform init of new rows."""
+
+    def __init__(self, keys: Ids, dim: int, capacity_rows: int, rng: np.random.Generator) -> None:
+        self.d: dict[int, int] = dict(zip(keys.tolist(), range(keys.size), strict=True))
+        self.rows = np.empty((capacity_rows, dim), np.float32)
+        self.scale = 1.0 / np.sqrt(dim)
+        self.rng = rng
+        for start in range(0, keys.size, _FILL_CHUNK):
+            stop = min(start + _FILL_CHUNK, keys.size)
+            self.rows[start:stop] = self._init(stop - start)
+
+    def _init(self, n: int) -> np.ndarray:
+        return self.rng.uniform(-self.scale, self.scale, (n, self.rows.shape[1])).astype(np.float32)
+
+    def get_or_insert(self, ids: Ids) -> np.ndarray:
+        """Rows of ``ids`` (N,) -> (N, D), inserting and initialising new ids."""
+        d = self.d
+        before = len(d)
+        sd = d.setdefault
+        slots = np.array([sd(k, len(d)) for k in ids.tolist()], np.int64)
+        if len(d) > before:
+            self.rows[before : len(d)] = self._init(len(d) - before)
+        return self.rows[slots]
+
+
+def mixed_batches(
+    batches: list[Ids], new_frac: float, repeats: int, rng: np.random.Generator
+) -> list[list[Ids]]:
+    """Per repeat: the batches with ``new_frac`` of their ids replaced by fresh ones."""
+    out = []
+    for _ in range(repeats):
+        mixed = []
+        for b in batches:
+            fresh = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, b.size)
+            mixed.append(np.where(rng.random(b.size) >= new_frac, b, fresh).astype(np.int64))
+        out.append(mixed)
+    return out
+
+
+def bench_size(
+    rows: int, dim: int, args: argparse.Namespace, rng: np.random.Generator
+) -> dict[str, float]:
+    """All figures for one (R, D); each repeat times every operation back to back,
+    so the shard, the dict and numpy see the same machine load."""
+    keys = np.unique(rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, rows + rows // 8))
+    keys = rng.permutation(keys)[:rows].astype(np.int64)  # rank order = random slot order
+    batches = zipf_batches(keys, args.zipf_a, args.batch, args.batches, rng)
+    mixes = mixed_batches(batches, args.new_frac, args.repeats, rng)
+    grads = [rng.normal(size=(b.size, dim)).astype(np.float32) for b in batches]
+    margin = int(1.2 * args.new_frac * sum(b.size for m in mixes for b in m)) + 1024
+    spec = TableSpec(
+        dim=dim,
+        initializer=InitializerSpec("uniform"),
+        optimizer=SparseOptimizerSpec(name="adagrad", lr=0.05),
+        initial_capacity_rows=rows + margin,  # no growth while timed
+    )
+    shard = EmbeddingShard(spec, seed=0, name="bench")
+    t0 = time.perf_counter()
+    for start in range(0, rows, _FILL_CHUNK):
+        shard.lookup(keys[start : start + _FILL_CHUNK], train=True)
+    fill_s = time.perf_counter() - t0
+    stats = shard.stats()
+    dict_table = DictTable(keys, dim, rows + margin, rng)
+    # Steady state for both: the rows new ids will take are mapped already (as in a
+    # table at capacity reusing evicted slots), so neither side times first-touch
+    # page faults, which are slow on VMs (~0.3 ms/MB measured here).
+    shard._storage.array[rows + 1 :] = 0
+    dict_table.rows[rows:] = 0
+    storage = shard._storage.array
+    slots = [shard._index.lookup(b) for b in batches]
+
+    def gather_scatter() -> None:
+        for s in slots:
+            storage[s] = storage[s]
+
+    runs: dict[str, Callable[[list[Ids]], object]] = {
+        "lookup": lambda _: [shard.lookup(b, train=False) for b in batches],
+        "gather": lambda _: [storage[s] for s in slots],
+        "get_or_insert": lambda mix: [shard.lookup(b, train=True) for b in mix],
+        "dict": lambda mix: [dict_table.get_or_insert(b) for b in mix],
+        "update": lambda _: [
+            shard.apply_gradients(b, g) for b, g in zip(batches, grads, strict=True)
+        ],
+        "gather_scatter": lambda _: gather_scatter(),
+    }
+    best = dict.fromkeys(runs, float("inf"))
+    for mix in mixes:
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run(mix)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    n_ids, n_mixed = sum(b.size for b in batches), sum(b.size for b in mixes[0])
+    return {
+        "lookup_ids_per_s": n_ids / best["lookup"],
+        "get_or_insert_ids_per_s": n_mixed / best["get_or_insert"],
+        "dict_get_or_insert_ids_per_s": n_mixed / best["dict"],
+        "update_ids_per_s": n_ids / best["update"],
+        "gather_rows_per_s": n_ids / best["gather"],
+        "gather_scatter_rows_per_s": n_ids / best["gather_scatter"],
+        "update_time_over_gather_time": best["update"] / best["gather_scatter"],
+        "get_or_insert_vs_dict": best["dict"] / best["get_or_insert"],
+        "bytes_per_row": stats.bytes / stats.rows,
+        "ideal_bytes_per_row": float(dim * 4 * (1 + len(shard._optimizer.state_names))),
+        "ids_per_batch": n_ids / len(batches),
+        "fill_rows_per_s": rows / fill_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="write config, figures and ratios here")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--dims", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--batch", type=int, default=65_536, help="Zipf draws per batch")
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--zipf-a", type=float, default=1.05)
+    parser.add_argument("--new-frac", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+
+    warm = EmbeddingShard(TableSpec(dim=4), seed=0, name="warm")  # load the numba kernels
+    warm.lookup(np.arange(10, dtype=np.int64), train=True)
+    warm.apply_gradients(np.arange(10, dtype=np.int64), np.ones((10, 4), np.float32))
+
+    t_start = time.perf_counter()
+    figures: dict[str, float] = {}
+    table = []
+    for rows in args.rows:
+        for dim in args.dims:
+            res = bench_size(rows, dim, args, rng)
+            table.append((rows, dim, res))
+            figures.update({f"R{rows}.D{dim}.{k}": v for k, v in res.items()})
+    ratios = {
+        "get_or_insert_vs_dict": min(r["get_or_insert_vs_dict"] for _, _, r in table),
+        "update_time_over_gather_time": max(r["update_time_over_gather_time"] for _, _, r in table),
+        "bytes_per_row_over_ideal": max(
+            r["bytes_per_row"] / r["ideal_bytes_per_row"] for _, _, r in table
+        ),
+    }
+    print(
+        f"single thread, adagrad, zipf_a={args.zipf_a}, {args.batches} batches of "
+        f"{args.batch} draws (deduplicated), new_frac={args.new_frac}, best of {args.repeats}"
+    )
+    head = (
+        f"{'rows':>10} {'D':>3} {'ids/batch':>9} | {'lookup':>8} {'gather':>8} | "
+        f"{'get_or_ins':>10} {'dict':>8} {'x dict':>7} | {'update':>8} {'gath+scat':>9} "
+        f"{'t/limit':>7} | {'B/row':>6} {'ideal':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    for rows, dim, r in table:
+        print(
+            f"{rows:>10,} {dim:>3} {r['ids_per_batch']:>9,.0f} | "
+            f"{r['lookup_ids_per_s'] / 1e6:>7.1f}M {r['gather_rows_per_s'] / 1e6:>7.1f}M | "
+            f"{r['get_or_insert_ids_per_s'] / 1e6:>9.1f}M "
+            f"{r['dict_get_or_insert_ids_per_s'] / 1e6:>7.2f}M "
+            f"{r['get_or_insert_vs_dict']:>6.1f}x | "
+            f"{r['update_ids_per_s'] / 1e6:>7.1f}M {r['gather_scatter_rows_per_s'] / 1e6:>8.1f}M "
+            f"{r['update_time_over_gather_time']:>7.2f} | "
+            f"{r['bytes_per_row']:>6.0f} {r['ideal_bytes_per_row']:>6.0f}"
+        )
+    print("rates in ids (rows) per second; t/limit = update time / gather+scatter time")
+    print("worst cases: " + ", ".join(f"{k}={v:.2f}" for k, v in ratios.items()))
+    print(f"total {time.perf_counter() - t_start:.0f} s")
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k != "json"}
+        payload = {"config": config, "figures": figures, "ratios": ratios}
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""State-dict keys, incremental checkpoints (deltas) and resharding helpers.
+
+A full state (``state_dict``; R rows, P pending ids, S shards, D dim)::
+
+    ids                 int64   (R,)     row keys ...
+    weights             float32 (R, D)
+    opt.<slot>          float32 (R, D) per optimizer slot, (R,) per scalar
+    evict.stamp         int64   (R,)     access stamp of the last touch
+    evict.freq          int32   (R,)     LFU use count (lfu tables only)
+    evict.touch_s       float64 (R,)     wall time of the last touch (ttl_s only)
+    admission.ids       int64   (P,)     pending (not yet admitted) ids
+    admission.counts    int64   (P,)     their sightings
+    unknown.weights     float32 (S, D)   one unknown row per shard ...
+    unknown.opt.<slot>  float32 (S, D) or (S,)
+    meta.clock          int64   (S,)     per shard: access clock (step << 24 | call)
+    meta.aging          int64   (S,)     LFU halvings so far
+    meta.aging_touches  int64   (S,)     touches since the last halving
+    delta.lineage       int64   (1,)     random id of this table's checkpoint chain
+    delta.version       int64   (1,)     version of this state in the chain
+
+A *delta* (``delta_state_dict``) has the same keys, but its rows are only those
+changed (inserted, updated by a gradient, or touched by a train lookup) since
+the last mark (``state_dict()``, ``delta_state_dict()`` or ``mark_clean()``),
+plus::
+
+    evicted_ids         int64   (E,)     ids removed since the mark and not back
+    delta.base          int64   (1,)     the version it applies on top of
+    delta.full          int64   (1,)     1: the rows are all rows (see below)
+
+The pending-admission table, the unknown rows and ``meta.*`` are included whole
+(they are small and bounded). Applying a delta: remove ``evicted_ids``, age LFU
+counts of untouched rows by the missing halvings, upsert the rows, replace the
+rest. The result equals the source's state at the delta, on every row, optimizer
+slot, eviction field and pending count (stats counters are not state).
+
+Dirtiness is free: a row changed since the mark iff its stamp is newer than the
+clock at the mark (one pass over the stamps, ``dirty_slots``). Evicted ids go
+into a bounded ``EvictionLog``; when more ids were evicted since the mark than
+the shard can hold rows (most rows have changed anyway), the log is dropped and
+the next delta is a full state (``delta.full = 1``), so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from numba import njit
+
+from estuary.embedding.hashing import as_ids, route
+from estuary.embedding.types import Int64Array
+
+IDS = "ids"
+WEIGHTS = "weights"
+OPT_PREFIX = "opt."
+STAMP = "evict.stamp"
+FREQ = "evict.freq"
+TOUCH_S = "evict.touch_s"
+UNKNOWN_PREFIX = "unknown."
+PENDING_IDS = "admission.ids"
+PENDING_COUNTS = "admission.counts"
+META_PREFIX = "meta."
+CLOCK = "meta.clock"
+AGING = "meta.aging"
+AGING_TOUCHES = "meta.aging_touches"
+EVICTED_IDS = "evicted_ids"
+CHAIN_PREFIX = "delta."
+LINEAGE = "delta.lineage"
+VERSION = "delta.version"
+BASE = "delta.base"
+FULL = "delta.full"
+
+_PENDING = (PENDING_IDS, PENDING_COUNTS)
+_MIN_LOG_LIMIT = 1024
+
+
+@njit(cache=True, nogil=True)
+def dirty_slots(stamp: Int64Array, clean: int, out: Int64Array) -> int:
+    """Write the slots with ``stamp > clean`` into ``out`` int64 (R,); return the count."""
+    got = 0
+    for s in range(stamp.size):
+        if stamp[s] > clean:
+            out[got] = s
+            got += 1
+    return got
+
+
+def scalar(value: int) -> Int64Array:
+    """``value`` as int64 (1,), the shape of per-shard and chain scalars."""
+    return np.array([value], np.int64)
+
+
+class EvictionLog:
+    """Ids removed since the last mark, for ``evicted_ids``; bounded.
+
+    ``record`` past ``limit`` ids drops the log and sets ``overflowed`` (the next
+    delta is then a full state). Memory: at most ``8 * limit`` B.
+    """
+
+    def __init__(self) -> None:
+        self._ids = np.empty(0, np.int64)
+        self._n = 0
+        self.overflowed = False
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the log."""
+        return int(self._ids.nbytes)
+
+    def record(self, ids: Int64Array, limit: int) -> None:
+        """Append ``ids`` int64 (N,); ``limit`` = most ids kept (floored at 1024)."""
+        if self.overflowed or ids.size == 0:
+            return
+        need = self._n + ids.size
+        limit = max(limit, _MIN_LOG_LIMIT)
+        if need > limit:
+            self.overflowed = True
+            self._ids = np.empty(0, np.int64)
+            self._n = 0
+            return
+        if need > self._ids.size:
+            grown = np.empty(max(need, min(2 * self._ids.size, limit)), np.int64)
+            grown[: self._n] = self._ids[: self._n]
+            self._ids = grown
+        self._ids[self._n : need] = ids
+        self._n = need
+
+    def ids(self) -> Int64Array:
+        """The recorded ids, int64 (n,), oldest first, duplicates possible (a view)."""
+        return self._ids[: self._n]
+
+    def clear(self) -> None:
+        """Start a new interval (after a mark)."""
+        self._n = 0
+        self.overflowed = False
+
+
+class DeltaChain:
+    """Where a state sits in its checkpoint chain: ``lineage`` and ``version``.
+
+    A mark (``state_dict``, ``delta_state_dict``, ``mark_clean``) bumps the
+    version; a delta from version ``b`` to ``v`` applies only to a state at
+    version ``b`` of the same lineage, and leaves it at ``v``. Loading a state
+    adopts its lineage and version, so deltas keep applying after a restore.
+    """
+
+    def __init__(self) -> None:
+        self.lineage = int.from_bytes(os.urandom(8), "little") >> 2
+        self.version = 0
+
+    def keys(self) -> dict[str, np.ndarray]:
+        """``delta.lineage`` and ``delta.version`` of the current state."""
+        return {LINEAGE: scalar(self.lineage), VERSION: scalar(self.version)}
+
+    def advance(self) -> int:
+        """Start a new version; returns the previous one (the base of a delta)."""
+        self.version += 1
+        return self.version - 1
+
+    def delta_keys(self, base: int, full: bool) -> dict[str, np.ndarray]:
+        """Chain keys of a delta from ``base`` to the current version."""
+        return {**self.keys(), BASE: scalar(base), FULL: scalar(int(full))}
+
+    def check(self, delta: dict[str, np.ndarray], name: str) -> None:
+        """Raise ``ValueError`` unless ``delta`` applies to the current state."""
+        if BASE not in delta:
+            raise ValueError(f"{name}: not a delta (no {BASE!r}); use load_state_dict")
+        lineage, base = int(delta[LINEAGE][0]), int(delta[BASE][0])
+        if lineage != self.lineage:
+            raise ValueError(
+                f"{name}: delta is from checkpoint chain {lineage:#x}, "
+                f"this table follows {self.lineage:#x}"
+            )
+        if base != self.version and not is_full(delta):
+            raise ValueError(
+                f"{name}: delta applies on top of version {base}, this table is at "
+                f"version {self.version} (apply deltas in order, once each)"
+            )
+
+    def adopt(self, state: dict[str, np.ndarray]) -> None:
+        """Take the lineage and version of a loaded state or applied delta."""
+        if LINEAGE in state:
+            self.lineage = int(state[LINEAGE][0])
+        if VERSION in state:
+            self.version = int(state[VERSION][0])
+
+
+def is_full(delta: dict[str, np.ndarray]) -> bool:
+    """Whether a delta carries all rows (``delta.full = 1``)."""
+    return FULL in delta and bool(delta[FULL][0])
+
+
+def merge_states(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Shard states -> one table state: every key concatenated along axis 0
+    (row keys, pending and evicted ids; per-shard ``unknown.*``/``meta.*``
+    stack to a leading axis S)."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+def split_state(state: dict[str, np.ndarray], n_shards: int) -> list[dict[str, np.ndarray]]:
+    """A table state (or delta) saved with any shard count -> one part per shard.
+
+    Row keys go with ``ids``, pending keys with ``admission.ids``, and
+    ``evicted_ids`` with themselves, each routed by ``shard_of``. Per-shard keys
+    (``unknown.*``, ``meta.*``): with the same S each shard gets its own back;
+    otherwise unknown rows are averaged and ``meta.*`` takes the maximum. Chain
+    keys (``delta.*``) belong to the table and are left out.
+    """
+    stacked = {
+        k: np.asarray(v) for k, v in state.items() if k.startswith((UNKNOWN_PREFIX, META_PREFIX))
+    }
+    same_count = all(v.shape[0] == n_shards for v in stacked.values())
+    # Positions each shard takes, per routing key (one counting sort each).
+    picks: dict[str, list[Int64Array]] = {}
+    for owner_key in (IDS, PENDING_IDS, EVICTED_IDS):
+        if owner_key in state and n_shards > 1:
+            order, offsets = route(as_ids(state[owner_key]), n_shards)
+            picks[owner_key] = [order[offsets[k] : offsets[k + 1]] for k in range(n_shards)]
+    parts: list[dict[str, np.ndarray]] = [{} for _ in range(n_shards)]
+    for key, value in state.items():
+        if key.startswith(CHAIN_PREFIX):
+            continue
+        arr = np.asarray(value)
+        owner_key = PENDING_IDS if key in _PENDING else EVICTED_IDS if key == EVICTED_IDS else IDS
+        for k, part in enumerate(parts):
+            if key in stacked:
+                if same_count:
+                    part[key] = arr[k : k + 1]
+                elif key.startswith(UNKNOWN_PREFIX):
+                    part[key] = arr.mean(axis=0, keepdims=True)
+                else:
+                    part[key] = arr.max(axis=0, keepdims=True)
+            elif owner_key in picks:
+                part[key] = arr[picks[owner_key][k]]
+            else:
+                part[key] = arr
+    return parts
