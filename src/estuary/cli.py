@@ -1,6 +1,7 @@
 """Command line: ``estuary train`` and ``estuary eval``.
 
     estuary train JOB.yaml [--set dotted.key=value]... [--output DIR] [--profile] [--nproc W]
+                  [--resume]
     estuary eval  JOB.yaml --checkpoint PATH [--set dotted.key=value]...
 
 Known errors (bad job file, bad data over the limit, bad checkpoint) print one
@@ -41,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--profile", action="store_true", help="print per-stage timings")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the output folder's latest checkpoint, if any (data.dataset jobs: "
+        "at the exact row; others: at the next epoch)",
+    )
+    train.add_argument(
         "--nproc",
         type=int,
         metavar="W",
@@ -79,6 +86,15 @@ def _parser() -> argparse.ArgumentParser:
     syn.add_argument("--with-ids", action="store_true", help="add row_id, event_time_ms columns")
     syn.add_argument("--no-success", action="store_true", help="no _SUCCESS markers")
     syn.add_argument("--overwrite", action="store_true", help="rewrite finished hours")
+
+    rep = sub.add_parser("replay", help="replay a file's rows into a stream at a rate")
+    rep.add_argument("file", type=Path, help="line-format file (.gz/.zst by suffix)")
+    rep.add_argument(
+        "--to", required=True, help="nats://HOST:PORT/SUBJECT or redis://HOST:PORT/KEY"
+    )
+    rep.add_argument("--rate", type=float, required=True, help="rows per second (0 = no limit)")
+    rep.add_argument("--format", default="criteo_tsv", help="criteo_tsv, csv, tsv or jsonl")
+    rep.add_argument("--limit", type=int, help="stop after N rows")
     return parser
 
 
@@ -89,7 +105,7 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from estuary.config import load_job, to_dict
+    from estuary.config import ConfigError, load_job, to_dict
     from estuary.train import Trainer
 
     overrides = list(args.overrides)
@@ -101,9 +117,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if job.runtime.trainers > 1:
         from estuary.train.distributed import run_distributed
 
+        if args.resume:
+            raise ConfigError("runtime.trainers", "--resume runs with one trainer for now")
+
         result = run_distributed(job, progress=not args.no_progress and job.output.progress)
     else:
         trainer = Trainer(job)
+        if args.resume:
+            _resume(trainer, job.resolve(job.output.dir))
         bad = trainer.dataset.bad_rows
         if bad.count:
             print(
@@ -132,6 +153,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         for key, value in result.profile.items():
             print(f"  {key:>20}: {value}")
     return 0
+
+
+def _resume(trainer: Any, out_dir: Path) -> None:
+    from estuary.train.checkpoint import LATEST
+
+    if not (out_dir / "checkpoints" / LATEST).is_file():
+        print(f"--resume: no checkpoint in {out_dir}; starting fresh", file=sys.stderr)
+        return
+    trainer.load_checkpoint(out_dir)
+    print(f"resumed from {out_dir / 'checkpoints'} at step {trainer.step}", file=sys.stderr)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -199,7 +230,26 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "eval": _cmd_eval, "synth": _cmd_synth}
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from estuary.data.streams import open_publisher
+    from estuary.data.streams.replay import replay
+
+    publisher = open_publisher(args.to)
+    try:
+        report = replay(args.file, publisher, args.rate, format=args.format, limit=args.limit)
+    finally:
+        publisher.close()
+    if report.header is not None:
+        print(f"skipped the header row: {report.header}", file=sys.stderr)
+    target = f" (target {args.rate:,.0f})" if args.rate > 0 else ""
+    print(
+        f"replayed {report.rows:,} rows to {args.to} in {report.wall_s:.1f} s: "
+        f"{report.rows_per_s:,.0f} rows/s{target}"
+    )
+    return 0
+
+
+COMMANDS = {"train": _cmd_train, "eval": _cmd_eval, "synth": _cmd_synth, "replay": _cmd_replay}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,15 @@ Every mistake raises ``ConfigError`` whose message starts with the field path
 (``train.batch_size: expected int, got str 'abc'``). See ``docs/job-spec.md``.
 """
 
+from estuary.config.dataset import (
+    BatchSourceSpec,
+    DatasetSpec,
+    ExecutorSpec,
+    JoinSpec,
+    ShuffleSpec,
+    StreamSpec,
+    TimerSpec,
+)
 from estuary.config.errors import ConfigError
 from estuary.config.loader import job_from_dict, load_job, to_dict
 from estuary.config.spec import (
@@ -34,20 +43,27 @@ from estuary.config.spec import (
 
 __all__ = [
     "AdmissionSpec",
+    "BatchSourceSpec",
     "ConfigError",
     "DataSpec",
+    "DatasetSpec",
     "DenseOptimizerSpec",
     "EmbeddingSpec",
     "EvictionSpec",
+    "ExecutorSpec",
     "InitializerSpec",
     "JobSpec",
+    "JoinSpec",
     "ModelSpec",
     "OutputSpec",
     "RuntimeSpec",
     "SchemaSpec",
+    "ShuffleSpec",
     "SourceSpec",
     "SparseOptimizerSpec",
+    "StreamSpec",
     "TableSpec",
+    "TimerSpec",
     "TrainSpec",
     "job_from_dict",
     "load_job",

@@ -32,6 +32,7 @@ import re
 import reprlib
 import types
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import date
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
@@ -200,6 +201,8 @@ def _convert_scalar(tp: Any, value: Any, path: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, date):  # YAML reads unquoted 2026-01-01 (and times) as dates
+            return value.isoformat()
     elif tp is Path:
         if isinstance(value, str | Path):
             return Path(value)
@@ -571,7 +574,8 @@ def to_dict(spec: Any, *, resolve_paths: bool = False) -> dict[str, Any]:
 
     Args:
         spec: a ``JobSpec`` or any section dataclass.
-        resolve_paths: for a ``JobSpec``, write source paths and ``output.dir`` as
+        resolve_paths: for a ``JobSpec``, write source paths (``data.sources`` and
+            ``data.dataset`` sources) and ``output.dir`` as
             absolute paths (resolved against ``base_dir``), so the dict still means
             the same files when saved in another folder (e.g. a run's output).
     """
@@ -582,5 +586,8 @@ def to_dict(spec: Any, *, resolve_paths: bool = False) -> dict[str, Any]:
         # The job's path-valued fields; keep in step with spec.py's docstrings.
         for source in out["data"]["sources"]:
             source["path"] = str(spec.resolve(source["path"]).absolute())
+        for stream in (out["data"]["dataset"] or {}).get("streams", {}).values():
+            for source in stream["sources"]:  # patterns: placeholders survive resolve()
+                source["path"] = str(spec.resolve(source["path"]).absolute())
         out["output"]["dir"] = str(spec.resolve(out["output"]["dir"]).absolute())
     return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
 
 InitializerName = Literal["uniform", "normal", "truncated_normal", "zeros"]
@@ -268,24 +269,33 @@ class DataSpec:
     """Where rows come from and how they are split.
 
     Args:
-        sources: input files, read in order.
+        sources: input files, read in order (required unless ``dataset`` is given).
         schema: column roles.
         eval_fraction: the last fraction of rows (file order, i.e. chronological)
             held out for evaluation; 0 disables evaluation.
         max_bad_row_ratio: the run fails once bad rows exceed this fraction of
             rows read; below it they are counted and skipped.
         report_bad_rows: how many bad rows are reported with file:line and reason.
+        dataset: streams of time-partitioned sources read through the task graph
+            (``data/graph``) instead of ``sources``; see docs/data.md.
     """
 
-    sources: list[SourceSpec]
+    sources: list[SourceSpec] = field(default_factory=list)
     schema: SchemaSpec = field(default_factory=SchemaSpec)
     eval_fraction: float = 0.1
     max_bad_row_ratio: float = 0.01
     report_bad_rows: int = 5
+    dataset: DatasetSpec | None = None
 
     def validate(self, path: str) -> None:
-        if not self.sources:
-            raise ConfigError(f"{path}.sources", "at least one source is required")
+        if self.dataset is not None:
+            if self.sources:
+                raise ConfigError(
+                    f"{path}.sources", f"give {path}.sources or {path}.dataset, not both"
+                )
+            self.dataset.validate(f"{path}.dataset")
+        elif not self.sources:
+            raise ConfigError(f"{path}.sources", "required")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"{path}.eval_fraction", "must be in [0, 1)")
         if not 0.0 <= self.max_bad_row_ratio <= 1.0:
@@ -386,11 +396,18 @@ class OutputSpec:
             resolve against the job file.
         checkpoint: write a checkpoint at the end of training.
         progress: show a progress bar.
+        checkpoint_every_steps: also checkpoint every this many steps (model and
+            data progress together; ``data.dataset`` jobs only); ``null`` = off.
     """
 
     dir: str = "runs/default"
     checkpoint: bool = True
     progress: bool = True
+    checkpoint_every_steps: int | None = None
+
+    def validate(self, path: str) -> None:
+        if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
+            raise ConfigError(f"{path}.checkpoint_every_steps", "must be >= 1")
 
 
 @dataclass(frozen=True)

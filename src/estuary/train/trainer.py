@@ -193,6 +193,9 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.times = StageTimes()
+        # data.dataset runs: rows trained (``estuary.data.graph.Progress`` JSON),
+        # saved with and restored from checkpoints (train/streaming.py).
+        self.data_progress: dict[str, Any] | None = None
 
     # -- training ---------------------------------------------------------------
 
@@ -253,6 +256,10 @@ class Trainer:
     def fit(self, *, progress: bool | None = None) -> FitResult:
         """Train for ``train.epochs``, evaluate, checkpoint, return the result."""
         job = self.job
+        if job.data.dataset is not None:  # streams through the task graph
+            from estuary.train.streaming import fit_streaming
+
+            return fit_streaming(self, progress=progress)
         show = job.output.progress if progress is None else progress
         train_part, eval_part = self.dataset.split()
         train_rows_per_epoch = train_part.num_rows
@@ -349,6 +356,7 @@ class Trainer:
                 "epoch": self.epoch,
                 "features": self.features,
                 "dense": list(self.dataset.dense_names),
+                **({"data_progress": self.data_progress} if self.data_progress else {}),
             },
         )
 
@@ -366,3 +374,4 @@ class Trainer:
             table.load_state_dict(ckpt.tables[name])
         self.step = int(ckpt.manifest["step"])
         self.epoch = int(ckpt.manifest["metadata"].get("epoch", 0))
+        self.data_progress = ckpt.manifest["metadata"].get("data_progress")

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,7 @@ from estuary.data.formats.text import parse_blocks, text_blocks
 from estuary.data.formats.types import RawChunk, ReadRequest
 from estuary.data.formats.values import float_texts, one_array, to_raw
 
-__all__ = ["JsonlReader"]
+__all__ = ["JsonlReader", "block_parser"]
 
 _OPEN, _CLOSE, _CR, _NEWLINE = ord("{"), ord("}"), ord("\r"), ord("\n")
 _EXACT_FLOAT = 2.0**53  # a whole double at or above this may be a rounded integer
@@ -95,6 +95,12 @@ class JsonlReader:
                 DataWarning,
                 stacklevel=2,
             )
+
+
+def block_parser(request: ReadRequest) -> Callable[[bytes, int, int], RawChunk]:
+    """The parser of one block of whole JSON lines, ``parse(block, first_line,
+    lines)``, for text that is not a file (stream messages); thread-safe."""
+    return _BlockParser(request)
 
 
 class _BlockParser:

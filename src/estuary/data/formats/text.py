@@ -43,6 +43,7 @@ from estuary.data.formats.values import one_array
 __all__ = [
     "COMPRESSION_BY_SUFFIX",
     "Dialect",
+    "block_parser",
     "compression_for",
     "count_lines",
     "parse_blocks",
@@ -242,6 +243,14 @@ class _BlockParser:
             line_numbers=good_index.astype(np.int64) + first_line,
             invalid=invalid,
         )
+
+
+def block_parser(
+    request: ReadRequest, dialect: Dialect, names: list[str]
+) -> Callable[[bytes, int, int], RawChunk]:
+    """The parser of one block of whole lines, ``parse(block, first_line, lines)``,
+    for text that is not a file (stream messages); thread-safe."""
+    return _BlockParser(request, dialect, names)
 
 
 def read_delimited(

@@ -1,0 +1,329 @@
+"""``Driver``: runs a dataset's task graph and yields ``Batch``es.
+
+Threads and queues (every queue bounded, so a slow trainer slows the readers)::
+
+    dispatcher --jobs (lookahead)--> W workers --opened--> BatchSink (caller's thread)
+    Timer.windows(): tasks in plan order        each split: its own queue of
+    Timer.wait_ready(): polls readiness         <= queue_blocks decoded blocks
+    op.splits() / op.prepare() (join index)     -> interleave + shuffle -> Batch
+
+Workers take splits in plan order and announce each on ``opened`` before
+reading it, so the sink sees splits in plan order whatever the timing; it
+reads blocks from its first ``interleave_splits`` open splits, choosing with its
+seeded rng. Every open split has a worker on it (``interleave_splits <=
+workers``), so the sink's blocking reads always end: no deadlock, and the row
+order depends only on the data and the seed.
+
+Task states (``task_states``): ``PENDING`` once planned and waited for,
+``RUNNING`` when a worker starts one of its splits, ``SUCCEEDED`` when every
+split was read to its end, ``FAILED`` when a split failed after its retries.
+The failure surfaces in the caller's thread when the sink reaches that split.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from estuary.config.dataset import DatasetSpec
+from estuary.config.spec import DataSpec
+from estuary.data.badrows import BadRowReport
+from estuary.data.graph.executors import (
+    RetryPolicy,
+    SplitReader,
+    TaskFailedError,
+    read_split_whole,
+)
+from estuary.data.graph.progress import Progress
+from estuary.data.graph.sinks import BatchSink, EmptyTask, OpenedSplit, SinkFailure, SplitEnd
+from estuary.data.graph.sources import build_operators
+from estuary.data.graph.timer import Timer, WaitOutcome
+from estuary.data.graph.types import SourceOperator, Split, Task, TaskState
+from estuary.data.types import Batch
+
+__all__ = ["Driver"]
+
+logger = logging.getLogger(__name__)
+
+_DONE = object()
+_POLL_S = 0.1  # how often blocked threads look at the stop flag
+
+
+class _Stopped(Exception):
+    """The driver is closing; a thread unwinds."""
+
+
+@dataclass(frozen=True)
+class _SplitJob:
+    split: Split
+    op: SourceOperator
+    context: object
+    names: list[str]  # every split of the task, for progress
+
+
+class Driver:
+    """Reads a ``data.dataset`` as batches, in plan order, exactly once per progress.
+
+    Args:
+        data: the job's ``data`` section (``dataset`` must be set).
+        base_dir: the job file's folder.
+        batch_size: rows per batch (the last may be smaller).
+        seed: interleave/shuffle seed when ``dataset.shuffle.seed`` is null.
+        hash_names: sparse feature -> hashing name (shared tables).
+        progress: what was trained before (resume); a fresh one by default.
+        streams: streams to read (default: all but ``eval_stream``).
+        shuffle: apply ``dataset.shuffle`` (``False``: read order, one split at a time).
+        operators: source operators to use instead of building them (tests).
+    """
+
+    def __init__(
+        self,
+        data: DataSpec,
+        base_dir: Path | str,
+        *,
+        batch_size: int,
+        seed: int = 0,
+        hash_names: Mapping[str, str] | None = None,
+        progress: Progress | None = None,
+        streams: Sequence[str] | None = None,
+        shuffle: bool = True,
+        operators: Sequence[SourceOperator] | None = None,
+    ) -> None:
+        if data.dataset is None:
+            raise ValueError("Driver needs data.dataset")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        self.data = data
+        self.spec: DatasetSpec = data.dataset
+        self.base_dir = Path(base_dir)
+        self.batch_size = batch_size
+        self.hash_names = dict(hash_names or {})
+        self.progress = progress if progress is not None else Progress()
+        if operators is None:
+            operators = build_operators(self.spec, self.base_dir, data.schema.label, streams)
+        self.timer = Timer(self.spec.timer, operators)
+        executor = self.spec.executor
+        self.workers = executor.workers
+        self.policy = RetryPolicy(executor.max_retries, executor.retry_backoff_s)
+        self.interleave = self.spec.shuffle.interleave_splits if shuffle else 1
+        self.buffer_rows = self.spec.shuffle.buffer_rows if shuffle else 0
+        self.seed = self.spec.shuffle.seed if self.spec.shuffle.seed is not None else seed
+        self.task_states: dict[str, TaskState] = {}
+        self._remaining: dict[str, int] = {}  # task id -> splits not yet read to the end
+        self._state_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._pool: ProcessPoolExecutor | None = None
+        self._sink: BatchSink | None = None
+        self._jobs: queue.Queue[object] = queue.Queue(maxsize=executor.lookahead_splits)
+        self._opened: queue.Queue[object] = queue.Queue()  # bounded by the workers
+        self._take_lock = threading.Lock()  # take a job + announce it, atomically
+
+    # -- public ---------------------------------------------------------------------
+
+    def batches(self) -> Iterator[Batch]:
+        """Batches until every planned task was read (or an open range went idle).
+
+        ``Batch.row_ids`` are ``(split code << 32) | row number``: pass them to
+        ``progress.record`` once the batch is trained.
+
+        Raises:
+            PartitionNotReadyError, TaskFailedError, BadDataError, ConfigError.
+        """
+        if self._threads:
+            raise RuntimeError("Driver.batches() runs once")
+        self._start()
+        self._sink = BatchSink(
+            self._opened,
+            self.progress,
+            self.data,
+            self.hash_names,
+            batch_size=self.batch_size,
+            interleave=self.interleave,
+            buffer_rows=self.buffer_rows,
+            seed=self.seed,
+            stop=self._stop,
+        )
+        try:
+            yield from self._sink.batches()
+        finally:
+            self.close()
+
+    @property
+    def bad_rows(self) -> BadRowReport:
+        """Bad rows seen so far (count, rows read, first examples)."""
+        return self._sink.tracker.report() if self._sink is not None else BadRowReport()
+
+    def close(self) -> None:
+        """Stop every thread (and the process pool); idempotent."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    # -- threads -----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self.spec.executor.kind == "processes":
+            context = multiprocessing.get_context("spawn")  # threads are running: no fork
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+        threads = [threading.Thread(target=self._dispatch, name="estuary-graph-dispatch")]
+        threads += [
+            threading.Thread(target=self._work, name=f"estuary-graph-worker-{i}")
+            for i in range(self.workers)
+        ]
+        for thread in threads:
+            thread.daemon = True
+            thread.start()
+        self._threads = threads
+
+    def _put(self, q: queue.Queue[object], item: object) -> None:
+        while True:
+            if self._stop.is_set():
+                raise _Stopped
+            try:
+                q.put(item, timeout=_POLL_S)
+                return
+            except queue.Full:
+                continue
+
+    def _get(self, q: queue.Queue[object]) -> object:
+        while True:
+            if self._stop.is_set():
+                raise _Stopped
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+
+    def _set_state(self, task: Task, state: TaskState) -> None:
+        with self._state_lock:
+            current = self.task_states.get(task.id)
+            if current is None or not current.is_terminal:  # a failed task stays failed
+                self.task_states[task.id] = state
+
+    def _dispatch(self) -> None:
+        """Plan, wait for readiness, list splits, hand them out in order."""
+        try:
+            for task in self.timer.windows(done=self.progress.is_committed):
+                self._set_state(task, TaskState.PENDING)
+                outcome = self.timer.wait_ready(task, self._stop)
+                if outcome is WaitOutcome.END:
+                    break
+                if outcome is WaitOutcome.SKIP:
+                    self._set_state(task, TaskState.SUCCEEDED)
+                    self._put(self._jobs, EmptyTask(task, skipped=True))
+                    continue
+                op = self.timer.operator(task)
+                splits = op.splits(task)
+                if not splits:
+                    self._set_state(task, TaskState.SUCCEEDED)
+                    self._put(self._jobs, EmptyTask(task))
+                    continue
+                context = op.prepare(task)
+                names = [s.name for s in splits]
+                with self._state_lock:
+                    self._remaining[task.id] = len(splits)
+                for split in splits:
+                    self._put(self._jobs, _SplitJob(split, op, context, names))
+            self._put(self._jobs, _DONE)
+        except _Stopped:
+            return
+        except BaseException as exc:  # surfaced in the caller's thread, in order
+            try:
+                self._put(self._jobs, SinkFailure(exc))
+            except _Stopped:
+                return
+
+    def _work(self) -> None:
+        """Take the next split (in plan order), announce it, read it."""
+        try:
+            while True:
+                with self._take_lock:
+                    job = self._get(self._jobs)
+                    if job is _DONE or isinstance(job, SinkFailure):
+                        self._put(self._jobs, job)  # the other workers stop too
+                        self._put(self._opened, job)
+                        return
+                    if isinstance(job, EmptyTask):
+                        self._put(self._opened, job)
+                        continue
+                    assert isinstance(job, _SplitJob)
+                    blocks: queue.Queue[object] = queue.Queue(self.spec.executor.queue_blocks)
+                    self._put(self._opened, OpenedSplit(job.split, job.names, blocks))
+                self._read(job, blocks)
+        except _Stopped:
+            return
+
+    def _read(self, job: _SplitJob, blocks: queue.Queue[object]) -> None:
+        split, task = job.split, job.split.task
+        self._set_state(task, TaskState.RUNNING)
+        reader = SplitReader(
+            job.op,
+            split,
+            job.context,
+            self.data.schema,
+            self.hash_names,
+            self.progress.trained_ranges(task, split.name),
+            self.spec.executor.block_size_bytes,
+        )
+        attempt = 0
+        while True:
+            try:
+                if self._pool is not None:
+                    # Blocking wait: the whole split is read in a worker process.
+                    got, good, last = self._pool.submit(read_split_whole, reader).result()
+                    for block in got:
+                        self._put(blocks, block)
+                    reader.good_rows, reader.last_row = good, last
+                else:
+                    for block in reader.blocks():
+                        self._put(blocks, block)
+                self._put(blocks, SplitEnd(reader.good_rows))
+                self._split_done(task)
+                return
+            except _Stopped:
+                raise
+            except BaseException as exc:
+                decision = self.policy.decide(attempt, exc)
+                if not decision.retry:
+                    self._set_state(task, TaskState.FAILED)
+                    if isinstance(exc, TaskFailedError | KeyboardInterrupt):
+                        error: BaseException = exc
+                    elif attempt or isinstance(exc, OSError):
+                        error = TaskFailedError(
+                            f"{task.id}: split {split.name} failed after {attempt + 1} "
+                            f"attempt(s): {exc}"
+                        )
+                        error.__cause__ = exc
+                    else:
+                        error = exc  # not retryable: the original error says it best
+                    self._put(blocks, SinkFailure(error))
+                    return
+                attempt += 1
+                logger.warning(
+                    "%s: reading %s failed (%s); retry %d of %d in %.1f s",
+                    task.id,
+                    split.name,
+                    exc,
+                    attempt,
+                    self.policy.max_retries,
+                    decision.delay_s,
+                )
+                if self._stop.wait(decision.delay_s):  # Blocking wait: the backoff
+                    raise _Stopped from None
+
+    def _split_done(self, task: Task) -> None:
+        with self._state_lock:
+            self._remaining[task.id] -= 1
+            if self._remaining[task.id] == 0:
+                del self._remaining[task.id]
+                self.task_states[task.id] = TaskState.SUCCEEDED

@@ -1,0 +1,361 @@
+"""``Progress``: which rows were trained, per task and split; the row accounting
+that makes a resumed run neither lose nor repeat a row.
+
+The trainer calls ``record(batch.row_ids)`` after each step; the checkpoint
+stores ``to_json()`` with the model, so model and progress never disagree. A
+resumed run skips committed tasks and, inside the others, every row already
+trained (``trained_ranges``). Progress is kept as row-number ranges, not a
+reader position, so it stays exact under shuffle buffers, interleaved splits
+and prefetching: rows read but not yet trained are simply read again.
+
+JSON layout (``version`` 1)::
+
+    {"version": 1,
+     "watermark": [start_s, rank, stream, source] | null,   # every task <= it is committed
+     "rows_trained": 12345, "duplicate_rows": 0,
+     "tasks": [{"task": [start_s, rank, stream, source, end_s], "committed": false,
+                "skipped": false,
+                "splits": {"logs/20260101/13/part-0.tsv": {"rows": 5000 | null,
+                                                           "trained": [[1, 2001], ...]}}}]}
+
+``trained`` ranges are ``[first, stop)`` row numbers; ``rows`` (good rows of the
+split) is known once the split was read to its end. A task is committed when
+every split is listed, read to its end and fully trained.
+
+Row ids handed to the trainer: ``(split code << 32) | row number`` (int64),
+codes assigned here as splits open (``row_identity`` decodes one).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from estuary.data.graph.types import Task
+from estuary.data.types import Int64Array
+
+__all__ = ["Progress", "Ranges", "RowIdentity", "merge_ranges", "ranges_contain", "runs_of"]
+
+Ranges = tuple[Int64Array, Int64Array]
+"""Disjoint, sorted half-open ranges: starts int64 (K,), stops int64 (K,)."""
+
+ROW_BITS = 32
+_ROW_MASK = (1 << ROW_BITS) - 1
+_EMPTY: Ranges = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def runs_of(rows: Int64Array) -> Ranges:
+    """Sorted unique row numbers -> the ranges they form."""
+    if rows.shape[0] == 0:
+        return _EMPTY
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts = rows[np.concatenate([[0], breaks])]
+    stops = rows[np.concatenate([breaks - 1, [rows.shape[0] - 1]])] + 1
+    return starts.astype(np.int64), stops.astype(np.int64)
+
+
+def _union(starts: Int64Array, stops: Int64Array) -> Ranges:
+    """Any ranges -> disjoint, sorted ones (overlapping or adjacent ranges merge)."""
+    if starts.shape[0] == 0:
+        return _EMPTY
+    order = np.argsort(starts, kind="stable")
+    starts, stops = starts[order], stops[order]
+    reach = np.maximum.accumulate(stops)
+    new = np.concatenate([[True], starts[1:] > reach[:-1]])  # a gap before this range
+    last = np.concatenate([new[1:], [True]])
+    return starts[new], reach[last]
+
+
+def merge_ranges(a: Ranges, b: Ranges) -> Ranges:
+    """The union of two range sets."""
+    if a[0].shape[0] == 0:
+        return b
+    if b[0].shape[0] == 0:
+        return a
+    return _union(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+
+
+def ranges_contain(ranges: Ranges, rows: Int64Array) -> np.ndarray:
+    """bool (R,): whether each row number lies in ``ranges``."""
+    starts, stops = ranges
+    if starts.shape[0] == 0 or rows.shape[0] == 0:
+        return np.zeros(rows.shape[0], dtype=bool)
+    i = np.searchsorted(starts, rows, side="right") - 1
+    inside = i >= 0
+    inside[inside] = rows[inside] < stops[i[inside]]
+    return inside
+
+
+def _count(ranges: Ranges) -> int:
+    return int((ranges[1] - ranges[0]).sum())
+
+
+@dataclass
+class SplitRecord:
+    """One split's accounting: good rows (once read to its end) and rows trained."""
+
+    rows: int | None = None
+    trained: Ranges = _EMPTY
+
+    @property
+    def trained_rows(self) -> int:
+        return _count(self.trained)
+
+    @property
+    def complete(self) -> bool:
+        return self.rows is not None and self.trained_rows == self.rows
+
+
+@dataclass
+class TaskRecord:
+    """One task's accounting. ``splits`` is ``None`` until its splits are listed."""
+
+    task: Task
+    splits: dict[str, SplitRecord] | None = None
+    committed: bool = False
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class RowIdentity:
+    """Where a trained row came from: ``(stream, source, split, row)``."""
+
+    task: Task
+    split: str
+    row: int
+
+
+@dataclass
+class _Code:
+    task_id: str
+    split: str
+
+
+class Progress:
+    """The run's data progress (see module docstring). Thread-safe: the reader
+    reports splits and the trainer reports rows from different threads.
+
+    Args:
+        history_tasks: committed tasks below the watermark kept with their split
+            accounting (older ones are summarised by the watermark and counters).
+    """
+
+    def __init__(self, history_tasks: int = 100_000) -> None:
+        self.history_tasks = history_tasks
+        self.watermark: tuple[int, int, str, str] | None = None
+        self.rows_trained = 0
+        self.duplicate_rows = 0
+        self.tasks: dict[str, TaskRecord] = {}  # plan order (resumed ones first)
+        self._order: deque[str] = deque()  # listed this run, not yet below the watermark
+        self._codes: dict[int, _Code] = {}
+        self._next_code = 1
+        self._lock = threading.Lock()
+
+    # -- what to read ---------------------------------------------------------------
+
+    def is_committed(self, task: Task) -> bool:
+        """Whether every row of ``task`` was trained (planning skips it)."""
+        if self.watermark is not None and task.key <= self.watermark:
+            return True
+        with self._lock:
+            record = self.tasks.get(task.id)
+            return record is not None and record.committed
+
+    def trained_ranges(self, task: Task, split: str) -> Ranges:
+        """Rows of ``split`` trained already (a resumed read skips them)."""
+        with self._lock:
+            record = self.tasks.get(task.id)
+            if record is None or record.splits is None or split not in record.splits:
+                return _EMPTY
+            return record.splits[split].trained
+
+    # -- events from the reader (in plan order) -------------------------------------
+
+    def task_listed(self, task: Task, splits: Sequence[str], *, skipped: bool = False) -> None:
+        """``task`` is being read; these are its splits (a resumed task keeps what it had)."""
+        with self._lock:
+            record = self.tasks.get(task.id)
+            if record is None:
+                record = self.tasks[task.id] = TaskRecord(task)
+            record.skipped = skipped
+            old = record.splits or {}
+            record.splits = {name: old.get(name, SplitRecord()) for name in splits}
+            if task.id not in self._order:
+                self._order.append(task.id)
+            self._settle(record)
+
+    def open_split(self, task: Task, split: str) -> int:
+        """A code for ``split``'s row ids (``code << 32 | row``)."""
+        with self._lock:
+            code = self._next_code
+            if code >= 1 << (63 - ROW_BITS):
+                raise OverflowError("too many splits open in one run")
+            self._next_code += 1
+            self._codes[code] = _Code(task.id, split)
+            return code
+
+    def split_ended(self, code: int, rows: int) -> None:
+        """The split was read to its end: it has ``rows`` good rows."""
+        with self._lock:
+            entry = self._codes[code]
+            record = self.tasks[entry.task_id]
+            assert record.splits is not None
+            record.splits[entry.split].rows = rows
+            self._settle(record)
+
+    # -- events from the trainer ----------------------------------------------------
+
+    def record(self, row_ids: Int64Array | None) -> None:
+        """These rows were trained (call after the step). Rows trained twice are
+        counted in ``duplicate_rows`` (an exactly-once violation; tests assert 0)."""
+        if row_ids is None or row_ids.shape[0] == 0:
+            return
+        codes = row_ids >> ROW_BITS
+        order = np.argsort(row_ids, kind="stable")
+        sorted_ids = row_ids[order]
+        sorted_codes = codes[order]
+        bounds = np.flatnonzero(np.diff(sorted_codes)) + 1
+        with self._lock:
+            touched: dict[str, TaskRecord] = {}
+            for group in np.split(sorted_ids, bounds):
+                code = int(group[0] >> ROW_BITS)
+                rows = group & _ROW_MASK
+                entry = self._codes.get(code)
+                if entry is None:  # its task was committed already: trained again
+                    self.duplicate_rows += rows.shape[0]
+                    continue
+                record = self.tasks[entry.task_id]
+                assert record.splits is not None
+                split = record.splits[entry.split]
+                unique = np.unique(rows)
+                before = split.trained_rows
+                split.trained = merge_ranges(split.trained, runs_of(unique))
+                added = split.trained_rows - before
+                self.duplicate_rows += rows.shape[0] - added
+                self.rows_trained += added
+                touched[entry.task_id] = record
+            for record in touched.values():
+                self._settle(record)
+
+    def row_identity(self, row_id: int) -> RowIdentity:
+        """Decode one row id (only while its split is open or its task uncommitted)."""
+        entry = self._codes[int(row_id) >> ROW_BITS]
+        return RowIdentity(self.tasks[entry.task_id].task, entry.split, int(row_id) & _ROW_MASK)
+
+    # -- bookkeeping ------------------------------------------------------------------
+
+    def _settle(self, record: TaskRecord) -> None:
+        """Commit a finished task and advance the watermark (lock held)."""
+        splits = record.splits
+        if not record.committed and splits is not None and all(s.complete for s in splits.values()):
+            record.committed = True
+            self._codes = {c: e for c, e in self._codes.items() if e.task_id != record.task.id}
+        while self._order and self.tasks[self._order[0]].committed:
+            head = self.tasks[self._order.popleft()]
+            if self.watermark is None or head.task.key > self.watermark:
+                self.watermark = head.task.key
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget the oldest committed tasks beyond ``history_tasks`` (lock held)."""
+        while len(self.tasks) > self.history_tasks + len(self._order):
+            oldest = next(iter(self.tasks.values()))
+            if not (oldest.committed and self.is_below_watermark(oldest.task)):
+                return
+            del self.tasks[oldest.task.id]
+
+    def is_below_watermark(self, task: Task) -> bool:
+        return self.watermark is not None and task.key <= self.watermark
+
+    @property
+    def tasks_committed(self) -> int:
+        """Committed tasks still held (see ``history_tasks``)."""
+        with self._lock:
+            return sum(r.committed for r in self.tasks.values())
+
+    def accounting(self) -> dict[str, dict[str, list[tuple[int, int]]]]:
+        """task id -> split -> trained ``[first, stop)`` ranges: the row ledger."""
+        with self._lock:
+            return {
+                task_id: {
+                    name: [(int(a), int(b)) for a, b in zip(*s.trained, strict=True)]
+                    for name, s in (r.splits or {}).items()
+                }
+                for task_id, r in self.tasks.items()
+            }
+
+    # -- JSON ---------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able snapshot (see module docstring)."""
+        with self._lock:
+            tasks = []
+            for record in self.tasks.values():
+                splits = None
+                if record.splits is not None:
+                    splits = {
+                        name: {
+                            "rows": s.rows,
+                            "trained": [[int(a), int(b)] for a, b in zip(*s.trained, strict=True)],
+                        }
+                        for name, s in record.splits.items()
+                    }
+                tasks.append(
+                    {
+                        "task": list(record.task),
+                        "committed": record.committed,
+                        "skipped": record.skipped,
+                        "splits": splits,
+                    }
+                )
+            return {
+                "version": 1,
+                "watermark": None if self.watermark is None else list(self.watermark),
+                "rows_trained": self.rows_trained,
+                "duplicate_rows": self.duplicate_rows,
+                "tasks": tasks,
+            }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], history_tasks: int = 100_000) -> Progress:
+        """Rebuild from ``to_json()`` output (split codes start afresh).
+
+        Raises:
+            ValueError: not a version-1 progress snapshot.
+        """
+        if not isinstance(data, dict) or data.get("version") != 1:
+            raise ValueError("data progress: not a version-1 snapshot")
+        progress = cls(history_tasks=history_tasks)
+        mark = data.get("watermark")
+        if mark is not None:
+            progress.watermark = (int(mark[0]), int(mark[1]), str(mark[2]), str(mark[3]))
+        progress.rows_trained = int(data.get("rows_trained", 0))
+        progress.duplicate_rows = int(data.get("duplicate_rows", 0))
+        for item in data.get("tasks", []):
+            start, rank, stream, source, end = item["task"]
+            task = Task(int(start), int(rank), str(stream), str(source), int(end))
+            record = TaskRecord(
+                task, committed=bool(item["committed"]), skipped=bool(item.get("skipped"))
+            )
+            if item.get("splits") is not None:
+                record.splits = {
+                    name: SplitRecord(
+                        rows=s["rows"],
+                        trained=_ranges_from(s["trained"]),
+                    )
+                    for name, s in item["splits"].items()
+                }
+            progress.tasks[task.id] = record
+        return progress
+
+
+def _ranges_from(pairs: Iterable[Sequence[int]]) -> Ranges:
+    items = [(int(a), int(b)) for a, b in pairs]
+    starts = np.array([a for a, _ in items], dtype=np.int64)
+    stops = np.array([b for _, b in items], dtype=np.int64)
+    return _union(starts, stops)

@@ -1,0 +1,127 @@
+"""Live stream sources: connectors found by name, messages parsed as rows.
+
+    reader = StreamReader(spec, columns=decoder.columns)   # spec: StreamSourceSpec
+    reader.open()                                          # or open(StartPosition.after(saved))
+    chunk = reader.read()                                  # StreamChunk: RawChunk + offsets
+    decoded = decoder.decode(chunk.raw, max_examples=5)    # the file readers' decoder
+    saved = chunk.position                                 # goes into the checkpoint
+
+Backends (``nats``: JetStream, ``redis``: Redis Streams, ``memory``: in-process
+reference) are imported lazily from the table below, so the client packages are
+needed only by jobs that use them (``pip install 'estuary[streams]'``);
+``register_backend`` adds more. Adding a broker = one module with a backend
+object + one line here + a subclass of ``tests/streams/conformance.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from urllib.parse import urlsplit
+
+from estuary.config.errors import ConfigError
+from estuary.config.streams import StartPosition, StreamSourceSpec
+from estuary.data.streams.messages import MESSAGE_FORMATS, MessageParser, StreamChunk
+from estuary.data.streams.reader import StreamReader
+from estuary.data.streams.types import (
+    Offset,
+    StreamBackend,
+    StreamBadRow,
+    StreamConnector,
+    StreamError,
+    StreamMessage,
+    StreamPublisher,
+)
+
+__all__ = [
+    "MESSAGE_FORMATS",
+    "MessageParser",
+    "Offset",
+    "StartPosition",
+    "StreamBackend",
+    "StreamBadRow",
+    "StreamChunk",
+    "StreamConnector",
+    "StreamError",
+    "StreamMessage",
+    "StreamPublisher",
+    "StreamReader",
+    "available_backends",
+    "get_backend",
+    "open_connector",
+    "open_publisher",
+    "register_backend",
+]
+
+# name -> (module:attribute, the pip package its client comes from)
+_BUILTIN: dict[str, tuple[str, str | None]] = {
+    "memory": ("estuary.data.streams.memory:BACKEND", None),
+    "nats": ("estuary.data.streams.nats:BACKEND", "nats-py"),
+    "redis": ("estuary.data.streams.redis:BACKEND", "redis"),
+}
+_REGISTERED: dict[str, StreamBackend] = {}
+
+
+def register_backend(backend: StreamBackend, *, name: str | None = None) -> None:
+    """Make ``backend`` available as ``name`` (default ``backend.name``)."""
+    _REGISTERED[name or backend.name] = backend
+
+
+def available_backends() -> list[str]:
+    """Names ``get_backend`` accepts, sorted."""
+    return sorted(set(_BUILTIN) | set(_REGISTERED))
+
+
+def get_backend(name: str, where: str = "stream.kind") -> StreamBackend:
+    """The backend registered as ``name``, importing it on first use.
+
+    Raises:
+        ConfigError: unknown name (the path is ``where``).
+        StreamError: its client package is not installed (with the pip command).
+    """
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    entry = _BUILTIN.get(name)
+    if entry is None:
+        known = ", ".join(available_backends())
+        raise ConfigError(where, f"stream kind {name!r} is unknown (available: {known})")
+    target, package = entry
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if package is None or e.name is None or e.name.partition(".")[0] == "estuary":
+            raise
+        raise StreamError(
+            f"stream kind {name!r} needs the {package!r} package: "
+            f"pip install 'estuary[streams]' (or pip install {package})"
+        ) from e
+    backend: StreamBackend = getattr(module, attr)
+    _REGISTERED[name] = backend
+    return backend
+
+
+def open_connector(
+    spec: StreamSourceSpec, start: StartPosition | None = None, where: str = "stream"
+) -> StreamConnector:
+    """A connector for ``spec``, opened at ``start`` (default: ``spec.start``)."""
+    backend = get_backend(spec.kind, f"{where}.kind")
+    connector = backend.connector(spec)
+    connector.open(start if start is not None else spec.start_position)
+    return connector
+
+
+def open_publisher(url: str) -> StreamPublisher:
+    """A publisher for ``scheme://host:port/TARGET`` (``nats://127.0.0.1:4222/clicks``,
+    ``redis://127.0.0.1:6379/clicks``, ``memory:///clicks``): the path is the
+    subject or key.
+
+    Raises:
+        ConfigError: no target in the URL, or an unknown scheme.
+    """
+    parts = urlsplit(url)
+    target = parts.path.lstrip("/")
+    if not target:
+        raise ConfigError("--to", f"{url!r} names no subject or key (scheme://host:port/NAME)")
+    backend = get_backend(parts.scheme, "--to")
+    server = parts._replace(path="", query="", fragment="").geturl()
+    return backend.publisher(server, target)

@@ -1,0 +1,189 @@
+"""Training from ``data.dataset``: batches from the task graph, exactly once.
+
+``Trainer.fit`` hands over here when the job has ``data.dataset``. The loop is
+the Trainer's own step (lookup -> forward/backward -> dense step -> sparse
+update); around it:
+
+1. ``Driver`` yields batches in plan order (interleaved, shuffled, seeded);
+2. after each step, the batch's rows go into ``Progress`` (``record``);
+3. every ``output.checkpoint_every_steps`` steps, and at the end, the sparse
+   updates are flushed and the checkpoint is written with the progress in its
+   manifest (``data_progress``): model and rows trained are saved together.
+
+Resume (``estuary train --resume`` or ``trainer.load_checkpoint(run_dir)``):
+the model, optimizer, tables and step come back from the checkpoint, the
+Driver skips committed tasks and every row already trained in the others.
+
+What "exactly once" means: the rows committed in a checkpoint are exactly the
+rows whose updates are in that checkpoint's model. Rows trained after the last
+checkpoint and before a crash are lost with the model state they changed, and
+trained again after the resume; so the final checkpoint's accounting (each
+split's trained ranges, ``duplicate_rows`` = 0) equals the input, row for row.
+In ``hybrid``/``async`` mode the prefetcher may already have looked up (and so
+inserted ids for) a batch or two beyond the checkpoint; such rows start from
+their initial values either way, but admission counts may see them twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from estuary.config.errors import ConfigError
+from estuary.data.graph import Driver, Progress
+from estuary.metrics.evaluation import EvalResult, evaluate_predictions
+from estuary.metrics.progress import ProgressBar
+from estuary.train.checkpoint import list_checkpoints
+from estuary.train.sparse_updates import LockedStore, SparseUpdater
+
+if TYPE_CHECKING:
+    from estuary.train.trainer import FitResult, Trainer
+
+__all__ = ["KEEP_CHECKPOINTS", "fit_streaming", "restored_progress"]
+
+logger = logging.getLogger(__name__)
+
+KEEP_CHECKPOINTS = 2
+"""Checkpoints kept by a ``data.dataset`` run (the newest ones); older ones and
+partial ones left by a killed run are deleted after each checkpoint."""
+
+
+def restored_progress(trainer: Trainer) -> Progress:
+    """The data progress of the checkpoint the trainer was restored from (or fresh)."""
+    if trainer.data_progress is None:
+        return Progress()
+    try:
+        return Progress.from_json(trainer.data_progress)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError("", f"checkpoint data_progress is unreadable: {exc}") from exc
+
+
+def _hash_names(trainer: Trainer) -> dict[str, str]:
+    return {m: g for g, ms in trainer.job.model.embedding.shared.items() for m in ms}
+
+
+def _check(trainer: Trainer) -> None:
+    job = trainer.job
+    if job.train.epochs != 1:
+        raise ConfigError(
+            "train.epochs", "must be 1 with data.dataset (streams are read once, in time order)"
+        )
+    if job.runtime.trainers > 1:
+        raise ConfigError("runtime.trainers", "data.dataset runs with one trainer for now")
+
+
+def save_with_progress(trainer: Trainer, updater: SparseUpdater, progress: Progress) -> Path:
+    """Checkpoint model + tables + data progress, consistent with each other."""
+    updater.flush()  # Blocking wait: every submitted sparse update lands first
+    with contextlib.ExitStack() as stack:
+        for store in trainer.stores.values():
+            if isinstance(store, LockedStore):
+                stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
+        trainer.data_progress = progress.to_json()
+        path = trainer.save_checkpoint()
+    for old in list_checkpoints(path.parent)[:-KEEP_CHECKPOINTS]:
+        if old != path:
+            shutil.rmtree(old, ignore_errors=True)
+    for partial in path.parent.glob("step-*.tmp-*"):  # left by a run killed mid-write
+        shutil.rmtree(partial, ignore_errors=True)
+    return path
+
+
+def fit_streaming(trainer: Trainer, *, progress: bool | None = None) -> FitResult:
+    """Train on ``data.dataset`` (see module docstring); returns the run's result."""
+    from estuary.train.trainer import FitResult
+
+    _check(trainer)
+    job = trainer.job
+    show = job.output.progress if progress is None else progress
+    state = restored_progress(trainer)
+    rows_before = state.rows_trained
+    driver = Driver(
+        job.data,
+        job.base_dir,
+        batch_size=job.train.batch_size,
+        seed=job.train.seed,
+        hash_names=_hash_names(trainer),
+        progress=state,
+    )
+    updater = SparseUpdater(trainer.stores, job.train.mode, job.train.staleness)
+    every = job.output.checkpoint_every_steps
+    write_final = job.output.checkpoint or every is not None
+    checkpoint: Path | None = None
+    saved_step = trainer.step if trainer.data_progress is not None else None
+    rows_done = 0
+    t_start = time.perf_counter()
+    bar = ProgressBar(total=0, enabled=show)
+    try:
+        for batch, looked_up in trainer._steps(driver.batches(), updater):
+            loss = trainer._train_step(batch, looked_up, updater)
+            trainer.step += 1
+            state.record(batch.row_ids)  # committed with the next checkpoint
+            rows_done += batch.num_rows
+            bar.update(batch.num_rows, loss, 0)
+            if every is not None and trainer.step % every == 0:
+                checkpoint = save_with_progress(trainer, updater, state)
+                saved_step = trainer.step
+        updater.flush()
+        if write_final and trainer.step != saved_step:
+            checkpoint = save_with_progress(trainer, updater, state)
+    finally:
+        updater.close()
+        bar.close()
+        driver.close()
+    train_wall_s = time.perf_counter() - t_start
+    result, eval_rows = _evaluate(trainer)
+    stats = {name: t.stats() for name, t in trainer.tables.items()}
+    return FitResult(
+        eval=result,
+        train_rows=rows_done,
+        eval_rows=eval_rows,
+        bad_rows=driver.bad_rows.count,
+        samples_per_s=rows_done / train_wall_s if train_wall_s > 0 else 0.0,
+        wall_s=time.perf_counter() - t_start + trainer.load_s,
+        mode=job.train.mode,
+        checkpoint=checkpoint,
+        profile=trainer.times.as_dict(),
+        extra={
+            "epochs": 1,
+            "steps": trainer.step,
+            "train_wall_s": train_wall_s,
+            "rows_committed": state.rows_trained,
+            "rows_committed_before": rows_before,
+            "duplicate_rows": state.duplicate_rows,
+            "tasks_committed": state.tasks_committed,
+            "embedding_rows": sum(s.rows for s in stats.values()),
+            "embedding_bytes": sum(s.bytes for s in stats.values()),
+            "unknown_grads": sum(s.unknown_grads for s in stats.values()),
+        },
+    )
+
+
+def _evaluate(trainer: Trainer) -> tuple[EvalResult | None, int]:
+    """Predict ``data.dataset.eval_stream`` (read once, in order); (None, 0) without one."""
+    job = trainer.job
+    spec = job.data.dataset
+    if spec is None or spec.eval_stream is None or trainer.rank != 0:
+        return None, 0
+    driver = Driver(
+        job.data,
+        job.base_dir,
+        batch_size=job.train.eval_batch_size,
+        hash_names=_hash_names(trainer),
+        streams=[spec.eval_stream],
+        shuffle=False,
+    )
+    labels, probabilities = [], []
+    for batch in driver.batches():
+        probabilities.append(trainer.predict(batch))
+        labels.append(batch.labels)
+    if not labels:
+        return evaluate_predictions(np.zeros(0), np.zeros(0)), 0
+    y = np.concatenate(labels)
+    return evaluate_predictions(y, np.concatenate(probabilities)), int(y.shape[0])

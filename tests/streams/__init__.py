@@ -1,0 +1,1 @@
+"""Stream-source tests (a package so the conformance suite can be shared)."""

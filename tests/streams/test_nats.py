@@ -1,0 +1,93 @@
+"""NATS JetStream (a real ``nats-server -js``) passes the conformance suite."""
+
+from __future__ import annotations
+
+import pytest
+
+from estuary.config.streams import StartPosition, StreamSourceSpec
+from estuary.data.streams import StreamError, StreamReader, open_publisher
+
+from .conformance import COLUMNS, StreamConformance, new_target, read_rows, row
+from .conftest import Server
+
+
+class TestNatsConformance(StreamConformance):
+    kind = "nats"
+    target_field = "subject"
+
+    @pytest.fixture
+    def broker(self, nats_server: Server) -> Server:
+        return nats_server
+
+    @pytest.fixture
+    def fresh_broker(self, fresh_nats: Server) -> Server:
+        return fresh_nats
+
+
+def _spec(server: Server, **fields: object) -> StreamSourceSpec:
+    return StreamSourceSpec(
+        kind="nats", url=server.url, format="csv", columns=COLUMNS, poll_timeout_s=0.05, **fields
+    )  # type: ignore[arg-type]
+
+
+def test_publisher_creates_a_stream_named_after_the_subject(nats_server: Server) -> None:
+    subject = f"{new_target()}.eu"
+    publisher = open_publisher(f"{nats_server.url}/{subject}")
+    try:
+        assert publisher.publish([row(0), row(1)]) == [1, 2]
+        assert publisher.stream == subject.replace(".", "_")  # type: ignore[attr-defined]
+    finally:
+        publisher.close()
+    spec = _spec(nats_server, subject=subject, stream=subject.replace(".", "_"))
+    with StreamReader(spec, COLUMNS).open() as reader:
+        assert read_rows(reader, 2)[0] == [0, 1]
+
+
+def test_a_subject_no_stream_captures_is_a_clear_error(nats_server: Server) -> None:
+    reader = StreamReader(_spec(nats_server, subject=new_target()), COLUMNS)
+    with pytest.raises(StreamError, match="no JetStream stream captures the subject"):
+        reader.open(StartPosition.earliest())
+
+
+def test_an_unreachable_server_is_a_stream_error_after_the_timeout() -> None:
+    spec = StreamSourceSpec(
+        kind="nats", url="nats://127.0.0.1:1", subject="x", reconnect_timeout_s=0.3
+    )
+    with pytest.raises(StreamError, match=r"cannot connect within 0\.3 s"):
+        StreamReader(spec, ["label"]).open()
+
+
+def test_messages_removed_by_retention_before_reading_are_warned_about(
+    nats_server: Server,
+) -> None:
+    import asyncio
+
+    import nats
+    from nats.js.api import StreamConfig
+
+    from estuary.data.errors import DataWarning
+
+    subject = new_target()
+
+    async def small_stream() -> None:
+        nc = await nats.connect(nats_server.url)
+        await nc.jetstream().add_stream(StreamConfig(name=subject, subjects=[subject], max_msgs=5))
+        await nc.close()
+
+    asyncio.run(small_stream())
+    publisher = open_publisher(f"{nats_server.url}/{subject}")
+    publisher.publish([row(i) for i in range(10)])  # keeps sequences 6..10
+    publisher.close()
+    reader = StreamReader(_spec(nats_server, subject=subject), COLUMNS)
+    with pytest.warns(DataWarning, match=r"messages 3\.\.5 were removed"), reader:
+        reader.open(StartPosition.after(2))
+        assert read_rows(reader, 5)[0] == [5, 6, 7, 8, 9]
+
+
+def test_a_subject_outside_the_named_stream_is_a_clear_error(nats_server: Server) -> None:
+    subject = new_target()
+    publisher = open_publisher(f"{nats_server.url}/{subject}")  # creates stream `subject`
+    publisher.close()
+    spec = _spec(nats_server, subject=f"{subject}.other", stream=subject)
+    with pytest.raises(StreamError, match="cannot open"):
+        StreamReader(spec, COLUMNS).open()
