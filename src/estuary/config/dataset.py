@@ -14,14 +14,19 @@
                 success_marker: _SUCCESS
                 start: 2026-01-01T00
                 end: 2026-01-08T00      # null = open-ended
-        timer: {poll_interval_s: 30}
+              - name: live_clicks       # a stream source: a live broker, windows of
+                type: stream            # broker time, rows identified by offsets
+                window_s: 60
+                stream: {kind: redis, url: "redis://127.0.0.1:6379/0", key: clicks,
+                         format: csv, columns: [label, I1, C1], start: earliest}
+        timer: {poll_interval_s: 30, idle_timeout_s: 60}
         executor: {workers: 2}
         shuffle: {buffer_rows: 100000, interleave_splits: 2}
 
 The task graph that runs it lives in ``data/graph``; docs/data.md explains
 windows, readiness, joins and exactly-once progress. This module holds only the
-typed spec (it imports nothing else from ``estuary`` but ``config.errors``, so
-``config.spec`` can import it).
+typed spec (it imports nothing else from ``estuary`` but ``config.errors`` and
+the self-contained ``config.streams``, so ``config.spec`` can import it).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from estuary.config.errors import ConfigError
+from estuary.config.streams import StreamSourceSpec
 
 __all__ = [
     "PLACEHOLDERS",
@@ -96,37 +102,47 @@ def pattern_step_s(pattern: str, path: str) -> int:
 
 @dataclass(frozen=True)
 class BatchSourceSpec:
-    """Files in time partitions: one window per hour (pattern has ``{{HH}}``) or day.
+    """One source of a stream: files in time partitions (``type: files``, one
+    window per hour when the pattern has ``{{HH}}``, else per day) or a live
+    broker stream (``type: stream``, windows of ``window_s`` of broker time).
 
     Args:
         name: unique in the dataset; names the source in progress and row identities.
-        path: file pattern with time placeholders ``{{YYYY}} {{MM}} {{DD}} {{HH}}``
-            (``{YYYY}`` also accepted) and optionally a glob (``part-*.tsv``);
-            relative paths resolve against the job file.
-        type: the source kind; ``files`` (stream connectors will add theirs).
-        format: a registered format: ``criteo_tsv``, ``csv``, ``tsv``, ``parquet``, ``jsonl``.
-        columns: column names for header-less formats (``criteo_tsv``).
-        compression: ``auto`` (by suffix), ``none``, ``gzip`` or ``zstd``.
-        success_marker: a partition is ready once this file exists in the folder of
-            its files; ``null``: ready once at least one file matches.
-        start: first window (ISO 8601, UTC unless a zone is given), on a partition
-            boundary.
-        end: end of the last window (exclusive); ``null`` = open-ended (see
-            ``TimerSpec.until`` and ``idle_timeout_s``).
-        split_rows: split each file into row ranges of this many rows (``parquet``
-            only: row counts come from the file footer); ``null`` = one split per file.
+        path: files: file pattern with time placeholders ``{{YYYY}} {{MM}} {{DD}}
+            {{HH}}`` (``{YYYY}`` also accepted) and optionally a glob
+            (``part-*.tsv``); relative paths resolve against the job file.
+        start: files: first window (ISO 8601, UTC unless a zone is given), on a
+            partition boundary. (A stream's start is ``stream.start``.)
+        type: the source kind: ``files`` or ``stream``.
+        format: files: a registered format: ``criteo_tsv``, ``csv``, ``tsv``,
+            ``parquet``, ``jsonl``.
+        columns: files: column names for header-less formats (``criteo_tsv``).
+        compression: files: ``auto`` (by suffix), ``none``, ``gzip`` or ``zstd``.
+        success_marker: files: a partition is ready once this file exists in the
+            folder of its files; ``null``: ready once at least one file matches.
+        end: files: end of the last window (exclusive); ``null`` = open-ended (see
+            ``TimerSpec.until`` and ``idle_timeout_s``). Streams are open-ended.
+        split_rows: files: split each file into row ranges of this many rows
+            (``parquet`` only: row counts come from the file footer); ``null`` =
+            one split per file.
+        stream: stream: the broker, target, message format and start position (a
+            ``StreamSourceSpec``; its ``name`` defaults to this source's name).
+        window_s: stream: length of one task's window of broker time (windows
+            are aligned to multiples of it since 1970).
     """
 
     name: str
-    path: str
-    start: str
-    type: Literal["files"] = "files"
+    path: str = ""
+    start: str = ""
+    type: Literal["files", "stream"] = "files"
     format: DatasetFormatName = "criteo_tsv"
     columns: list[str] | None = None
     compression: Literal["auto", "none", "gzip", "zstd"] = "auto"
     success_marker: str | None = "_SUCCESS"
     end: str | None = None
     split_rows: int | None = None
+    stream: StreamSourceSpec | None = None
+    window_s: int = 60
 
     @property
     def step_s(self) -> int:
@@ -144,6 +160,14 @@ class BatchSourceSpec:
     def validate(self, path: str) -> None:
         if not self.name or "/" in self.name or "@" in self.name:
             raise ConfigError(f"{path}.name", "must be a non-empty name without '/' or '@'")
+        if self.type == "stream":
+            self._validate_stream(path)
+            return
+        if self.stream is not None:
+            raise ConfigError(f"{path}.stream", "only for type 'stream'")
+        for name in ("path", "start"):
+            if not getattr(self, name):
+                raise ConfigError(f"{path}.{name}", "required for type 'files'")
         step = pattern_step_s(self.path, f"{path}.path")
         start = parse_time(self.start, f"{path}.start")
         if start % step:
@@ -167,6 +191,18 @@ class BatchSourceSpec:
                     "needs format parquet (row counts come from the footer); "
                     "text files are one split each",
                 )
+
+    def _validate_stream(self, path: str) -> None:
+        if self.stream is None:
+            raise ConfigError(f"{path}.stream", "type 'stream' needs the stream section")
+        for name in ("path", "start", "end", "split_rows", "columns"):
+            if getattr(self, name):
+                where = "stream.columns" if name == "columns" else "stream.start"
+                hint = f" (use {where})" if name in ("start", "columns") else ""
+                raise ConfigError(f"{path}.{name}", f"not used by type 'stream'{hint}")
+        if self.window_s < 1:
+            raise ConfigError(f"{path}.window_s", "must be >= 1")
+        self.stream.validate(f"{path}.stream")
 
 
 @dataclass(frozen=True)

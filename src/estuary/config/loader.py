@@ -278,11 +278,66 @@ def _check_schema(job: JobSpec) -> None:
                 f"data.schema.transforms.{column}",
                 f"not a column in data.schema.dense or data.schema.sparse{_suggest(column, seen)}",
             )
+    _check_features(job, seen)
+
+
+# criteo_tsv's column names when a source gives none (data/formats/criteo_tsv.py).
+_CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+
+
+def _known_columns(job: JobSpec) -> list[str] | None:
+    """Every column the sources can provide, or ``None`` when some source's columns
+    are only known from its file (a header, Parquet or JSON keys)."""
+    data = job.data
+    if data.dataset is not None or not data.sources:
+        return None
+    known: dict[str, None] = {}
+    for source in data.sources:
+        if source.columns is not None:
+            known.update(dict.fromkeys(source.columns))
+        elif source.format == "criteo_tsv":
+            known.update(dict.fromkeys(_CRITEO_COLUMNS))
+        else:
+            return None
+    return list(known)
+
+
+def _check_features(job: JobSpec, seen: Mapping[str, str]) -> None:
+    """Derived features: unique names, real input columns, no label leakage."""
+    schema = job.data.schema
+    known = _known_columns(job)
+    names: dict[str, str] = {}
+    for i, feature in enumerate(schema.features):
+        where = f"data.schema.features[{i}]"
+        if feature.name in seen:
+            raise ConfigError(
+                f"{where}.name", f"{feature.name!r} is already a column in {seen[feature.name]}"
+            )
+        if feature.name == schema.label:
+            raise ConfigError(f"{where}.name", f"{feature.name!r} is the label column")
+        if feature.name in names:
+            raise ConfigError(
+                f"{where}.name", f"{feature.name!r} is already declared at {names[feature.name]}"
+            )
+        names[feature.name] = where
+        for j, column in enumerate(feature.columns):
+            if column == schema.label:
+                raise ConfigError(f"{where}.columns[{j}]", f"{column!r} is the label column")
+            if known is not None and column not in known:
+                raise ConfigError(
+                    f"{where}.columns", f"{column!r} is not a column{_suggest(column, known)}"
+                )
+        if feature.kind == "sequence" and job.data.dataset is not None:
+            raise ConfigError(
+                f"{where}.kind",
+                "sequence features are read by data.sources only (not data.dataset yet)",
+            )
 
 
 def _check_embedding(job: JobSpec) -> None:
     """Shared groups and per-table overrides name real features; overrides are valid."""
-    sparse = job.data.schema.sparse
+    schema = job.data.schema
+    sparse = [*schema.sparse, *(feature.name for feature in schema.features)]
     embedding = job.model.embedding
     group_of: dict[str, str] = {}
     for group, members in embedding.shared.items():

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
+from estuary.config.features import FeatureSpec
 
 InitializerName = Literal["uniform", "normal", "truncated_normal", "zeros"]
 OptimizerName = Literal["sgd", "adagrad", "adam", "ftrl"]
@@ -255,6 +256,9 @@ class SchemaSpec:
         transforms: per-column value transforms applied before hashing, e.g.
             ``{hour: hour_of_day}``. Registered names: ``hour_of_day``
             (``YYMMDDHH`` -> ``HH``), ``day_of_week``, ``identity``.
+        features: derived sparse features (cross, bucketize, modulo, sequence,
+            transform), appended after ``sparse`` in declaration order; see
+            ``estuary.config.features`` and docs/data.md.
     """
 
     label: str = "label"
@@ -262,6 +266,7 @@ class SchemaSpec:
     sparse: list[str] = field(default_factory=list)
     dense_transform: Literal["log1p", "none"] = "log1p"
     transforms: dict[str, str] = field(default_factory=dict)
+    features: list[FeatureSpec] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Job-spec section for one live stream source (NATS JetStream, Redis Streams).
 
 Self-contained (it imports only ``config.errors``) so that the dataset ->
-streams -> sources layer (``config.dataset``) can plug it in as a source kind;
-today it is built on its own::
+streams -> sources layer (``config.dataset``) can plug it in: a ``type: stream``
+source's ``stream`` section is one (docs/data.md). It is also built on its own::
 
     from estuary.config.loader import build_dataclass
     spec = build_dataclass(StreamSourceSpec, {"kind": "nats", "url": ..., ...}, "stream")

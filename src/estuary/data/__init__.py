@@ -6,13 +6,15 @@
       .bad_rows                           count, rows_read, first file:line reasons
 
 Formats are found by name (``get_format``), value transforms by name
-(``register_transform``); ids are XXH64 of the value's text seeded per feature
-(``hashing``).
+(``register_transform``), derived-feature kinds by name
+(``register_feature_kind``); ids are XXH64 of the value's text seeded per
+feature (``hashing``).
 """
 
 from estuary.data.badrows import BadRow, BadRowReport
 from estuary.data.dataset import DataPart, TabularDataset
 from estuary.data.errors import BadDataError, DataError, DataFileError, DataWarning
+from estuary.data.features import register_feature_kind
 from estuary.data.formats import FormatReader, available_formats, get_format, register_format
 from estuary.data.hashing import feature_seed, hash_array, hash_feature, missing_id
 from estuary.data.transforms import register_transform
@@ -36,6 +38,7 @@ __all__ = [
     "hash_array",
     "hash_feature",
     "missing_id",
+    "register_feature_kind",
     "register_format",
     "register_transform",
 ]

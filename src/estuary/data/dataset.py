@@ -9,9 +9,12 @@
                                                     # sparse {feature: JaggedIds (B ids)}
 
 Storage (R good rows, F sparse features, Dd dense columns), no per-row Python
-objects: labels float32 (R,), dense float32 (R, Dd), ids int64 (R, F). Memory
-is ~(4 + 4 Dd + 8 F) bytes per row (Criteo: 264 B, 10M rows = 2.6 GB); loading
-peaks at about twice that while the per-block arrays are concatenated.
+objects: labels float32 (R,), dense float32 (R, Dd), ids int64 (R, F) for the
+single-valued features, and for each ``sequence`` feature one CSR ``JaggedIds``
+(values int64 (N,), offsets int64 (R + 1,)). Memory is ~(4 + 4 Dd + 8 F) bytes
+per row plus 8 per sequence item and 8 per row per sequence feature (Criteo:
+264 B, 10M rows = 2.6 GB); loading peaks at about twice that while the
+per-block arrays are concatenated.
 
 Row order is file order (sources in order, a glob's matches sorted by name), so
 ``row_ids`` (the row's index here) is the global number of the good row, and the
@@ -133,12 +136,13 @@ class TabularDataset:
         self.block_size_bytes = block_size_bytes
         self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
         self.files: list[str] = []
+        self._jagged: dict[str, JaggedIds] = {}
         self._labels, self._dense, self._ids, self._bad = self._load()
 
     def __repr__(self) -> str:
         return (
             f"TabularDataset(rows={self.num_rows}, dense={len(self.decoder.dense)}, "
-            f"sparse={len(self.decoder.sparse)}, files={len(self.files)}, "
+            f"sparse={len(self.decoder.features)}, files={len(self.files)}, "
             f"bad_rows={self._bad.count})"
         )
 
@@ -154,8 +158,9 @@ class TabularDataset:
 
     @property
     def feature_names(self) -> list[str]:
-        """Sparse features, in schema order (F)."""
-        return list(self.decoder.sparse)
+        """Every sparse feature in model order: ``schema.sparse``, then the derived
+        features (``schema.features``) in declaration order."""
+        return list(self.decoder.features)
 
     @property
     def dense_names(self) -> list[str]:
@@ -179,8 +184,14 @@ class TabularDataset:
 
     @property
     def ids(self) -> Int64Array:
-        """int64 (R, F), read-only; column f is feature ``feature_names[f]``."""
+        """int64 (R, F), read-only; column f is single-valued feature
+        ``decoder.sparse[f]`` (``feature_names`` without the sequence features)."""
         return self._ids
+
+    @property
+    def jagged(self) -> dict[str, JaggedIds]:
+        """Sequence feature -> ids of all R rows (CSR), read-only arrays."""
+        return dict(self._jagged)
 
     def part(self, name: PartName) -> DataPart:
         """``train`` (all but the last eval_fraction), ``eval`` (the last) or ``all``."""
@@ -217,10 +228,12 @@ class TabularDataset:
         """The rows with these row ids, in this order, as a fresh Batch (B = len(rows))."""
         rows = np.asarray(rows, dtype=np.int64)
         ids = np.ascontiguousarray(self._ids[rows].T)  # (F, B): each feature contiguous
+        bags = {name: JaggedIds.single(ids[f]) for f, name in enumerate(self.decoder.sparse)}
+        bags.update((name, bag.take(rows)) for name, bag in self._jagged.items())
         return Batch(
             labels=self._labels[rows],
             dense=self._dense[rows],
-            sparse={name: JaggedIds.single(ids[f]) for f, name in enumerate(self.decoder.sparse)},
+            sparse={name: bags[name] for name in self.decoder.features},  # model order
             row_ids=rows.copy(),
         )
 
@@ -295,6 +308,9 @@ class TabularDataset:
             np.concatenate([c.dense for c in chunks]) if chunks else np.zeros((0, dd), np.float32)
         )
         ids = np.concatenate([c.ids for c in chunks]) if chunks else np.zeros((0, f), np.int64)
+        for name in self.decoder.sequences:
+            bags = [c.jagged[name] for c in chunks]
+            self._jagged[name] = _concatenate_jagged(bags)
         chunks.clear()
         for array in (labels, dense, ids):
             array.flags.writeable = False  # views handed out must not change the table
@@ -320,3 +336,17 @@ class TabularDataset:
             return path.relative_to(self.base_dir).as_posix()
         except ValueError:
             return str(path)
+
+
+def _concatenate_jagged(bags: list[JaggedIds]) -> JaggedIds:
+    """One CSR column of the rows of ``bags`` in order (read-only arrays)."""
+    values = np.concatenate([b.values for b in bags]) if bags else np.zeros(0, np.int64)
+    offsets = np.zeros(1 + sum(b.num_rows for b in bags), dtype=np.int64)
+    row, base = 1, 0
+    for bag in bags:  # one step per decoded chunk, not per row
+        offsets[row : row + bag.num_rows] = bag.offsets[1:] - bag.offsets[0] + base
+        row += bag.num_rows
+        base += int(bag.offsets[-1] - bag.offsets[0])
+    for array in (values, offsets):
+        array.flags.writeable = False
+    return JaggedIds(values=values, offsets=offsets)

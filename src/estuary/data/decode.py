@@ -5,10 +5,16 @@ returns the G good rows of it (G <= R)::
 
     labels  float32 (G,)        0.0 / 1.0
     dense   float32 (G, Dd)     missing -> 0, then ``dense_transform``
-    ids     int64   (G, F)      one id per sparse feature (see ``hashing``)
+    ids     int64   (G, F)      one id per single-valued sparse feature (see ``hashing``)
+    jagged  {name: JaggedIds}   several ids per row (``sequence`` features)
+
+Derived features (``data.schema.features``, see ``estuary.data.features``)
+follow ``data.schema.sparse``: single-valued ones as extra columns of ``ids``,
+sequence ones in ``jagged``; ``RowDecoder.features`` is the model order of all.
 
 Every row gets at most one reason, from the first failing field in this order:
-label, dense columns (schema order), transformed sparse columns (schema order).
+label, dense columns (schema order), transformed sparse columns (schema order),
+derived features (declaration order).
 Checks are vectorised per column; reasons are rendered only for the few rows
 that will be reported.
 """
@@ -16,7 +22,7 @@ that will be reported.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -26,11 +32,12 @@ from estuary.config.errors import ConfigError
 from estuary.config.spec import SchemaSpec
 from estuary.data.badrows import BadRow
 from estuary.data.dense import DENSE_TRANSFORMS, NOT_A_NUMBER, NOT_FINITE, OK, parse_numbers
+from estuary.data.features import compile_features
 from estuary.data.formats.types import RawChunk
 from estuary.data.formats.values import to_text
 from estuary.data.hashing import feature_seed, hash_array
 from estuary.data.transforms import resolve_transforms
-from estuary.data.types import Float32Array, Int64Array
+from estuary.data.types import Float32Array, Int64Array, JaggedIds
 
 __all__ = ["DecodedChunk", "RowDecoder"]
 
@@ -56,6 +63,7 @@ class DecodedChunk:
         rows_read: data rows in the chunk, good + bad.
         bad_count: bad rows skipped (reader-rejected + decode-rejected).
         bad_examples: the first bad rows in line order (at most ``max_examples``).
+        jagged: sequence feature -> ids of the G rows (CSR), ``RowDecoder.sequences``.
     """
 
     labels: Float32Array
@@ -64,6 +72,7 @@ class DecodedChunk:
     rows_read: int
     bad_count: int
     bad_examples: list[BadRow]
+    jagged: dict[str, JaggedIds] = field(default_factory=dict)
 
 
 class RowDecoder:
@@ -74,11 +83,19 @@ class RowDecoder:
         hash_names: sparse feature -> name whose seed hashes it (default: the
             feature itself). Features reading one shared table should share a name
             so equal values get equal ids.
+
+    Attributes:
+        sparse: single-valued features, the columns of ``DecodedChunk.ids``:
+            ``schema.sparse`` then the non-sequence derived features.
+        sequences: sequence features, the keys of ``DecodedChunk.jagged``.
+        features: every sparse feature in model order: ``schema.sparse`` then the
+            derived features in declaration order.
     """
 
     def __init__(self, schema: SchemaSpec, hash_names: Mapping[str, str] | None = None) -> None:
         hash_names = dict(hash_names or {})
-        unknown = sorted(set(hash_names) - set(schema.sparse))
+        derived = [f.name for f in schema.features]
+        unknown = sorted(set(hash_names) - set(schema.sparse) - set(derived))
         if unknown:
             raise ConfigError("data.schema.sparse", f"hash_names for unknown features {unknown}")
         try:
@@ -90,11 +107,15 @@ class RowDecoder:
             ) from None
         self.label = schema.label
         self.dense = list(schema.dense)
-        self.sparse = list(schema.sparse)
-        self.transforms = resolve_transforms(schema.transforms, self.sparse)
-        self.seeds = [feature_seed(hash_names.get(f, f)) for f in self.sparse]
+        self.transforms = resolve_transforms(schema.transforms, list(schema.sparse))
+        self.seeds = [feature_seed(hash_names.get(f, f)) for f in schema.sparse]
+        self.derived = compile_features(schema.features, hash_names)
+        self.sparse = [*schema.sparse, *(f.name for f in self.derived if not f.jagged)]
+        self.sequences = [f.name for f in self.derived if f.jagged]
+        self.features = [*schema.sparse, *derived]
         # Columns to read from the files; a column may serve several roles.
-        self.columns = list(dict.fromkeys([self.label, *self.dense, *self.sparse]))
+        inputs = [c for f in schema.features for c in f.columns]
+        self.columns = list(dict.fromkeys([self.label, *self.dense, *schema.sparse, *inputs]))
 
     def decode(self, chunk: RawChunk, max_examples: int) -> DecodedChunk:
         """The good rows of ``chunk`` and its bad-row counts (see module docstring)."""
@@ -129,7 +150,7 @@ class RowDecoder:
         # (R, F): row-major so a shuffled batch gathers whole rows (one cache line
         # or so per row) instead of F scattered reads per row.
         ids = np.empty((n, len(self.sparse)), dtype=np.int64)
-        for f, name in enumerate(self.sparse):
+        for f, name in enumerate(self.sparse[: len(self.seeds)]):
             values = cols[name]
             transform = self.transforms.get(name)
             if transform is not None:
@@ -142,11 +163,25 @@ class RowDecoder:
                 )
             ids[:, f] = hash_array(values, self.seeds[f])
 
+        jagged: dict[str, JaggedIds] = {}
+        f = len(self.seeds)
+        for feature in self.derived:
+            made = feature.compute(cols)
+            if made.invalid is not None and made.raw is not None:
+                flag(feature.spec.columns[0], made.raw, made.invalid, _TRANSFORM, made.reason)
+            if made.offsets is not None:
+                jagged[feature.name] = JaggedIds(values=made.ids, offsets=made.offsets)
+            else:
+                ids[:, f] = made.ids
+                f += 1
+
         good = field < 0
         bad_rows = np.flatnonzero(~good)
         examples = self._examples(chunk, bad_rows, field, code, fields, max_examples)
         if bad_rows.shape[0]:
             labels, dense, ids = labels[good], dense[good], ids[good]
+            kept = np.flatnonzero(good)
+            jagged = {name: bag.take(kept) for name, bag in jagged.items()}
         return DecodedChunk(
             labels=labels,
             dense=dense,
@@ -154,6 +189,7 @@ class RowDecoder:
             rows_read=chunk.rows_read,
             bad_count=len(chunk.invalid) + int(bad_rows.shape[0]),
             bad_examples=examples,
+            jagged=jagged,
         )
 
     @staticmethod

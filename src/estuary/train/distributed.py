@@ -58,7 +58,9 @@ def table_plan(job: JobSpec) -> dict[str, HostedTable]:
     ``model.embedding.shared`` group, with the same names, specs and seeds (so a
     table on the server starts with exactly the rows a local one would)."""
     shared = {m: g for g, members in job.model.embedding.shared.items() for m in members}
-    names = dict.fromkeys(shared.get(f, f) for f in job.data.schema.sparse)
+    schema = job.data.schema
+    features = [*schema.sparse, *(f.name for f in schema.features)]
+    names = dict.fromkeys(shared.get(f, f) for f in features)
     return {
         name: HostedTable(job.table_spec(name), seed=job.train.seed * 1_000_003 + i)
         for i, name in enumerate(names)

@@ -23,12 +23,13 @@ rejected with ``DataFileError`` rather than given wrong line numbers.
 
 from __future__ import annotations
 
+import csv
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -193,24 +194,16 @@ class _BlockParser:
             rejected.append((row.number, row.actual_columns))
             return "skip"
 
+        if not block.isascii():
+            # pyarrow decodes an invalid row's text as UTF-8 before calling the
+            # handler; when that fails the row is not skipped and the whole block
+            # fails. Such rows (wrong field count and invalid UTF-8) get their bad
+            # bytes replaced first (same fields, same lines: still a bad row).
+            block = self._clean_invalid_utf8(block) or block
         try:
-            table = pacsv.read_csv(
-                pa.py_buffer(block),
-                read_options=pacsv.ReadOptions(
-                    column_names=self.names,
-                    use_threads=False,
-                    block_size=max(len(block) + 1, 1 << 20),
-                ),
-                parse_options=pacsv.ParseOptions(
-                    invalid_row_handler=on_invalid, **self.parse_options
-                ),
-                convert_options=self.convert,
-            )
+            table = self._read(block, on_invalid)
         except pa.ArrowInvalid as e:  # e.g. an unterminated quote
-            raise DataFileError(
-                f"{self.request.display}: cannot parse lines {first_line}-"
-                f"{first_line + lines - 1}: {e}"
-            ) from e
+            raise self._parse_error(first_line, lines, e) from e
         nonblank = table.num_rows + len(rejected)
         physical: np.ndarray | None = None
         if lines != nonblank:
@@ -243,6 +236,54 @@ class _BlockParser:
             line_numbers=good_index.astype(np.int64) + first_line,
             invalid=invalid,
         )
+
+    def _read(self, block: bytes, on_invalid: Callable[[pacsv.InvalidRow], str]) -> pa.Table:
+        return pacsv.read_csv(
+            pa.py_buffer(block),
+            read_options=pacsv.ReadOptions(
+                column_names=self.names,
+                use_threads=False,
+                block_size=max(len(block) + 1, 1 << 20),
+            ),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid, **self.parse_options),
+            convert_options=self.convert,
+        )
+
+    def _parse_error(self, first_line: int, lines: int, error: Exception) -> DataFileError:
+        return DataFileError(
+            f"{self.request.display}: cannot parse lines {first_line}-"
+            f"{first_line + lines - 1}: {error}"
+        )
+
+    def _clean_invalid_utf8(self, block: bytes) -> bytes | None:
+        """``block`` with each line that is not UTF-8 and has the wrong field count
+        made UTF-8 (bad bytes -> U+FFFD); ``None`` when there is no such line."""
+        try:
+            block.decode("utf-8")
+            return None
+        except UnicodeDecodeError:
+            pass
+        delimiter = str(self.parse_options["delimiter"])
+        quote = self.parse_options["quote_char"]
+        fmt: dict[str, Any] = (
+            {"quotechar": quote} if isinstance(quote, str) else {"quoting": csv.QUOTE_NONE}
+        )
+        lines = block.split(b"\n")
+        changed = False
+        for i, line in enumerate(lines):
+            try:
+                line.decode("utf-8")
+                continue
+            except UnicodeDecodeError:
+                pass
+            # latin-1 keeps every byte; delimiters and quotes are ASCII.
+            fields = next(
+                csv.reader([line.decode("latin-1").rstrip("\r")], delimiter=delimiter, **fmt), []
+            )
+            if len(fields) != len(self.names):
+                lines[i] = line.decode("utf-8", "replace").encode("utf-8")
+                changed = True
+        return b"\n".join(lines) if changed else None
 
 
 def block_parser(

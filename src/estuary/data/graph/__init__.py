@@ -3,7 +3,8 @@ time order, exactly once per ``Progress``.
 
     Timer       plans every source's windows in order (time, then priority) and
                 waits until each window's partitions are ready
-    Source      window -> splits (one per file, or Parquet row ranges) -> raw rows
+    Source      window -> splits (one per file, or Parquet row ranges) -> raw rows;
+                StreamSource: a broker stream, splits = offset ranges
     Joiner      labels one source's rows from another's later events
     Sink        BatchSink -> Batches for a trainer; materialize -> Parquet
     Driver      dispatcher + executors (threads or processes) with bounded
@@ -27,6 +28,7 @@ from estuary.data.graph.joiner import Joiner, label_within
 from estuary.data.graph.progress import Progress, RowIdentity
 from estuary.data.graph.sinks import BatchSink, MaterializeReport, materialize
 from estuary.data.graph.sources import FileSource, build_operators, register_source_type
+from estuary.data.graph.streams import StreamSource
 from estuary.data.graph.timer import PartitionNotReadyError, Timer, WaitOutcome, plan_tasks
 from estuary.data.graph.types import Readiness, SourceOperator, Split, Task, TaskState
 
@@ -44,6 +46,7 @@ __all__ = [
     "RowIdentity",
     "SourceOperator",
     "Split",
+    "StreamSource",
     "Task",
     "TaskFailedError",
     "TaskState",

@@ -107,6 +107,11 @@ class Driver:
         self.progress = progress if progress is not None else Progress()
         if operators is None:
             operators = build_operators(self.spec, self.base_dir, data.schema.label, streams)
+        self.operators = list(operators)
+        for op in self.operators:
+            attach = getattr(op, "attach", None)  # stream sources resume from progress
+            if attach is not None:
+                attach(self.progress)
         self.timer = Timer(self.spec.timer, operators)
         executor = self.spec.executor
         self.workers = executor.workers
@@ -165,6 +170,10 @@ class Driver:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=10)
+        for op in self.operators:
+            close = getattr(op, "close", None)  # stream sources hold a connection
+            if close is not None:
+                close()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

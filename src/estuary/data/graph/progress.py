@@ -16,7 +16,13 @@ JSON layout (``version`` 1)::
      "tasks": [{"task": [start_s, rank, stream, source, end_s], "committed": false,
                 "skipped": false,
                 "splits": {"logs/20260101/13/part-0.tsv": {"rows": 5000 | null,
-                                                           "trained": [[1, 2001], ...]}}}]}
+                                                           "trained": [[1, 2001], ...]}}}],
+     "streams": {"live/clicks": {"offset": "1700000000000-3", "next_start_s": 1700000060}}}
+
+``streams`` holds, per stream source (``stream/source``), the last broker offset
+of the newest task at or below the watermark: every message up to it was
+trained, so a resumed run reads ``after:<offset>`` (tasks above the watermark
+keep their own splits, named by offset ranges, in ``tasks``).
 
 ``trained`` ranges are ``[first, stop)`` row numbers; ``rows`` (good rows of the
 split) is known once the split was read to its end. A task is committed when
@@ -154,6 +160,8 @@ class Progress:
         self._order: deque[str] = deque()  # listed this run, not yet below the watermark
         self._codes: dict[int, _Code] = {}
         self._next_code = 1
+        self.stream_offsets: dict[str, dict[str, Any]] = {}  # "stream/source" -> offset, next
+        self._task_offsets: dict[str, Any] = {}  # task id -> its last offset (stream tasks)
         self._lock = threading.Lock()
 
     # -- what to read ---------------------------------------------------------------
@@ -173,6 +181,27 @@ class Progress:
             if record is None or record.splits is None or split not in record.splits:
                 return _EMPTY
             return record.splits[split].trained
+
+    def stream_position(self, stream: str, source: str) -> tuple[Any, int] | None:
+        """A stream source's committed ``(offset, next window start)``, if any."""
+        with self._lock:
+            entry = self.stream_offsets.get(f"{stream}/{source}")
+            return None if entry is None else (entry["offset"], int(entry["next_start_s"]))
+
+    def source_tasks(self, stream: str, source: str) -> list[tuple[Task, list[str]]]:
+        """The listed tasks of one source held here, in plan order, with their splits."""
+        with self._lock:
+            found = [
+                (r.task, list(r.splits))
+                for r in self.tasks.values()
+                if r.splits is not None and (r.task.stream, r.task.source) == (stream, source)
+            ]
+        return sorted(found, key=lambda item: item[0].key)
+
+    def set_task_offset(self, task: Task, offset: Any) -> None:
+        """A stream task's last offset: recorded as committed once the watermark passes it."""
+        with self._lock:
+            self._task_offsets[task.id] = offset
 
     # -- events from the reader (in plan order) -------------------------------------
 
@@ -259,6 +288,11 @@ class Progress:
             head = self.tasks[self._order.popleft()]
             if self.watermark is None or head.task.key > self.watermark:
                 self.watermark = head.task.key
+            if head.task.id in self._task_offsets:
+                self.stream_offsets[f"{head.task.stream}/{head.task.source}"] = {
+                    "offset": self._task_offsets.pop(head.task.id),
+                    "next_start_s": head.task.end_s,
+                }
         self._prune()
 
     def _prune(self) -> None:
@@ -319,6 +353,7 @@ class Progress:
                 "rows_trained": self.rows_trained,
                 "duplicate_rows": self.duplicate_rows,
                 "tasks": tasks,
+                "streams": {key: dict(value) for key, value in self.stream_offsets.items()},
             }
 
     @classmethod
@@ -336,6 +371,14 @@ class Progress:
             progress.watermark = (int(mark[0]), int(mark[1]), str(mark[2]), str(mark[3]))
         progress.rows_trained = int(data.get("rows_trained", 0))
         progress.duplicate_rows = int(data.get("duplicate_rows", 0))
+        for key, entry in (data.get("streams") or {}).items():
+            offset = entry["offset"]
+            if not isinstance(offset, int | str):
+                raise ValueError(f"data progress: stream {key!r} has offset {offset!r}")
+            progress.stream_offsets[str(key)] = {
+                "offset": offset,
+                "next_start_s": int(entry["next_start_s"]),
+            }
         for item in data.get("tasks", []):
             start, rank, stream, source, end = item["task"]
             task = Task(int(start), int(rank), str(stream), str(source), int(end))

@@ -7,7 +7,8 @@ A **split** is the unit a reader works on: one file of a task, or a row range of
 one. A **row** is identified by ``(source, split name, row number)``: the row
 number is the 1-based physical line of the decompressed file (header and blank
 lines counted, as in bad-row reports) or the row number in a Parquet file; a
-stream source would use its offset.
+stream source's split is an offset range and its rows are the messages' places
+in it (``graph/streams.py``).
 """
 
 from __future__ import annotations
@@ -125,10 +126,11 @@ class TaskState(enum.Enum):
 class SourceOperator(Protocol):
     """What the graph needs from a source: plan windows, judge readiness, list
     splits, read a split. ``FileSource`` implements it for time-partitioned
-    files and ``Joiner`` for a joined pair; a stream connector (NATS, Redis)
-    would plan offset- or time-bounded tasks, be ready once the broker has the
-    range, and yield its messages as ``RawChunk``s whose ``line_numbers`` are
-    offsets, so progress and row accounting work unchanged.
+    files, ``Joiner`` for a joined pair and ``StreamSource`` for a broker
+    stream (windows of broker time, splits named by offset range, rows numbered
+    by their place in the split), so progress and row accounting work unchanged.
+    An operator may also have ``attach(progress)`` (called before ``tasks``, to
+    resume) and ``close()`` (called when the driver closes).
 
     Attributes:
         stream: the stream it feeds.
