@@ -1,12 +1,15 @@
 """The autograd bridge: pooled values and per-id summed gradients must equal
 torch's own EmbeddingBag on the same rows."""
 
+import threading
+
 import numpy as np
+import pytest
 import torch
 
 from estuary.data.types import JaggedIds
 from estuary.embedding.types import TableStats
-from estuary.nn.embedding_collection import EmbeddingCollection
+from estuary.nn.embedding_collection import EmbeddingCollection, SparseGradients
 
 
 class DictStore:
@@ -101,3 +104,87 @@ def test_eval_mode_keeps_no_gradient_leaves() -> None:
     out = coll(coll.lookup({"a": JaggedIds.single(np.array([1, 2]))}, train=False))
     assert not out.requires_grad
     assert coll.gradients() == []
+
+
+def test_mixed_pooling_and_shared_tables_match_per_feature_embedding_bag() -> None:
+    # u, v share table "ids"; w has its own. v means, u and w sum.
+    #   row:   r0       r1     r2
+    #   u:    [1, 2]   [ ]    [2]
+    #   v:    [2]      [3, 3] [1, 4, 2]
+    #   w:    [9]      [9]    [8]
+    shared, own = DictStore(3), DictStore(3)
+    coll = EmbeddingCollection(
+        ["u", "v", "w"],
+        {"ids": shared, "w": own},
+        feature_tables={"u": "ids", "v": "ids"},
+        pooling={"v": "mean"},
+    )
+    sparse = {
+        "u": JaggedIds(values=np.array([1, 2, 2]), offsets=np.array([0, 2, 2, 3])),
+        "v": JaggedIds(values=np.array([2, 3, 3, 1, 4, 2]), offsets=np.array([0, 1, 3, 6])),
+        "w": JaggedIds.single(np.array([9, 9, 8])),
+    }
+    looked = coll.lookup(sparse, train=True)
+    assert [s.tolist() for s in shared.lookups] == [[1, 2, 3, 4]]  # one lookup, each id once
+    out = coll(looked)  # (B, F, D)
+
+    refs, leaves = [], {}
+    for feature, store in (("u", shared), ("v", shared), ("w", own)):
+        bag = sparse[feature]
+        uniq, inverse = np.unique(bag.values, return_inverse=True)
+        leaf = torch.from_numpy(np.stack([store.row(int(i)) for i in uniq])).requires_grad_(True)
+        leaves[feature] = (uniq, leaf)
+        mode = coll.pooling[feature]
+        refs.append(
+            torch.nn.functional.embedding_bag(
+                torch.from_numpy(inverse), leaf, torch.from_numpy(bag.offsets[:-1]), mode=mode
+            )
+        )
+    ref = torch.stack(refs, dim=1)
+    torch.testing.assert_close(out, ref)
+
+    weights = torch.randn(3, 3, 3)
+    (out * weights).sum().backward()
+    (ref * weights).sum().backward()
+    grads = {g.table: dict(zip(g.ids.tolist(), g.grads, strict=True)) for g in coll.gradients()}
+    expected: dict[str, dict[int, np.ndarray]] = {"ids": {}, "w": {}}
+    for feature, (uniq, leaf) in leaves.items():
+        table = "w" if feature == "w" else "ids"
+        assert leaf.grad is not None
+        for i, g in zip(uniq.tolist(), leaf.grad.numpy(), strict=True):
+            expected[table][i] = expected[table].get(i, 0) + g
+    for table, by_id in expected.items():
+        assert sorted(grads[table]) == sorted(by_id)
+        for i, g in by_id.items():
+            np.testing.assert_allclose(grads[table][i], g, rtol=1e-5, atol=1e-6)
+
+
+def test_malformed_batches_name_the_feature() -> None:
+    coll = EmbeddingCollection(["a", "b"], {"a": DictStore(2), "b": DictStore(2)})
+    good = JaggedIds.single(np.array([1, 2]))
+    with pytest.raises(ValueError, match="'b' has 3 rows, expected 2"):
+        coll.lookup({"a": good, "b": JaggedIds.single(np.array([1, 2, 3]))}, train=True)
+    broken = JaggedIds(values=np.array([1, 2]), offsets=np.array([0, 1, 3]))  # past its ids
+    with pytest.raises(ValueError, match="'b': offsets are not a CSR"):
+        coll.lookup({"a": good, "b": broken}, train=True)
+
+
+def test_gradients_resolve_once_on_any_thread_and_zero_when_unused() -> None:
+    store = DictStore(2)
+    coll = EmbeddingCollection(["a"], {"a": store})
+    out = coll(coll.lookup({"a": JaggedIds.single(np.array([4, 4, 6]))}, train=True))
+    out.sum().backward()
+    pending = coll.gradients()  # nothing computed yet
+    resolved: list[SparseGradients] = []
+    thread = threading.Thread(target=lambda: resolved.extend(pending))  # as the update thread
+    thread.start()
+    thread.join()
+    (grad,) = resolved
+    assert grad.ids.tolist() == [4, 6]
+    np.testing.assert_allclose(grad.grads, [[2.0, 2.0], [1.0, 1.0]])
+    assert pending[0] is grad  # computed once
+
+    coll(coll.lookup({"a": JaggedIds.single(np.array([7]))}, train=True))  # output unused
+    (unused,) = coll.gradients()
+    np.testing.assert_array_equal(unused.grads, np.zeros((1, 2), np.float32))
+    assert coll.gradients() == []  # handed out once

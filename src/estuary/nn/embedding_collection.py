@@ -2,59 +2,80 @@
 
 One training step touches the tables twice::
 
-    ids (per feature, CSR) --lookup()--> unique ids + rows (numpy; no torch, may run
-        in a prefetch thread)   --forward()--> pooled (B, F, D) tensor
-    loss.backward()  --gradients()--> per-table (unique ids, summed grads) -> tables
+    ids (per feature, CSR) --lookup()--> pooled (B, F, D) numpy, rows as of now
+        (numba kernels + table calls, no torch: may run in a prefetch thread)
+    forward()          --> pooled as a leaf tensor that requires grad
+    loss.backward()    --> pooled.grad (B, F, D)
+    gradients()        --> per table (unique ids, grads summed per id) -> tables
 
-``lookup`` deduplicates ids per table (features that share a table are
-deduplicated together), so each unique id is gathered once and its gradient
-arrives already summed over the batch: ``rows`` becomes a leaf tensor and
-autograd accumulates into ``rows.grad`` (N, D).
+``lookup`` deduplicates ids per table in one pass over all features (features
+that share a table are deduplicated together), gathers each unique id's row once
+and pools every bag itself (``estuary.nn.kernels``). So torch sees one (B, F, D)
+leaf, and its gradient is scattered back to the unique ids in one kernel: no
+per-feature torch ops on the step's critical path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from estuary.data.types import Float32Array, Int64Array, JaggedIds
 from estuary.embedding.types import EmbeddingStore
+from estuary.nn.kernels import BoolArray, check_offsets, dedup_groups, pool_bags, scatter_bag_grads
 
-_POOLING_MODES = {"sum": "sum", "mean": "mean"}
+_POOLING_MODES = ("sum", "mean")
 
 
 @dataclass
-class TableLookup:
-    """One table's part of a looked-up batch.
+class BagLayout:
+    """Where each bag's ids sit among a batch's unique rows (what ``gradients``
+    needs to scatter the pooled gradient back).
 
     Args:
-        table: table name.
-        ids: int64 (N,) unique ids.
-        rows: float32 (N, D) their rows at lookup time.
-        features: the features read from this table, in schema order.
-        inverse: per feature, int64 (n_f,) index into ``ids`` for each id of the bag.
-        offsets: per feature, int64 (B + 1,) bag boundaries (``None`` = one id per row).
+        inverse: int64 (N,) each id's index among its table's unique ids; the ids
+            are concatenated table by table (see ``estuary.nn.kernels``).
+        offsets: int64 (F, B + 1) each feature's bag boundaries.
+        value_start: int64 (F,) where feature f's ids start in ``inverse``.
+        row_base: int64 (F,) where feature f's table starts among the U rows.
+        mean: bool (F,) mean pooling (else sum).
+        single: bool (F,) every bag holds one id (the kernels skip ``offsets``).
     """
 
-    table: str
-    ids: Int64Array
-    rows: Float32Array
-    features: list[str]
-    inverse: list[Int64Array]
-    offsets: list[Int64Array | None]
+    inverse: Int64Array
+    offsets: Int64Array
+    value_start: Int64Array
+    row_base: Int64Array
+    mean: BoolArray
+    single: BoolArray
 
 
 @dataclass
 class LookedUpBatch:
-    """All tables' lookups for one batch; produced off the torch thread."""
+    """All tables' lookups for one batch; produced off the torch thread.
+
+    Args:
+        num_rows: B.
+        pooled: float32 (B, F, D) pooled embeddings, rows as they were at lookup.
+        tables: table names, in row-block order.
+        ids: per table, int64 (N_t,) its unique ids (first-occurrence order).
+        row_start: int64 (T + 1,) table t owns rows ``[row_start[t], row_start[t+1])``
+            of the (U, D) gradient block.
+        layout: the bags, for ``gradients``.
+    """
 
     num_rows: int
-    tables: list[TableLookup]
+    pooled: Float32Array
+    tables: list[str]
+    ids: list[Int64Array]
+    row_start: Int64Array
+    layout: BagLayout
 
 
 @dataclass
@@ -105,74 +126,172 @@ class EmbeddingCollection(nn.Module):
                 f"all tables must share one dim to stack (B, F, D); got {sorted(dims)}"
             )
         self.dim = dims.pop() if dims else 0
-        # Table name -> its features, in model order; built once.
-        self._groups: dict[str, list[str]] = {}
-        for feature in self.features:
-            self._groups.setdefault(self.feature_tables[feature], []).append(feature)
-        self._leaves: list[tuple[str, Int64Array, torch.Tensor]] = []
+        # Built once: tables in first-use order, and the features (model positions)
+        # in the order their ids are concatenated, grouped by table.
+        groups: dict[str, list[int]] = {}
+        for f, feature in enumerate(self.features):
+            groups.setdefault(self.feature_tables[feature], []).append(f)
+        self._group_names = list(groups)
+        self._concat_order = [f for members in groups.values() for f in members]
+        self._group_sizes = [len(members) for members in groups.values()]
+        self._feature_group = np.empty(len(self.features), np.int64)
+        for g, members in enumerate(groups.values()):
+            self._feature_group[members] = g
+        self._mean = np.array([self.pooling[f] == "mean" for f in self.features], np.bool_)
+        self._pending: tuple[LookedUpBatch, torch.Tensor] | None = None
 
     def lookup(self, sparse: Mapping[str, JaggedIds], *, train: bool) -> LookedUpBatch:
-        """Deduplicate and gather. Pure numpy + table calls (the tables' kernels
-        release the GIL), so it can run in a prefetch thread."""
-        num_rows = sparse[self.features[0]].num_rows if self.features else 0
-        lookups: list[TableLookup] = []
-        for table, features in self._groups.items():
-            bags = [sparse[f] for f in features]
-            all_ids = bags[0].values if len(bags) == 1 else np.concatenate([b.values for b in bags])
-            # np.unique sorts: O(n log n), ~2-3 ms for 50k ids; returns each id once.
-            ids, inverse_all = np.unique(all_ids, return_inverse=True)
-            rows = self.tables[table].lookup(ids, train=train)
-            inverse: list[Int64Array] = []
-            offsets: list[Int64Array | None] = []
-            start = 0
-            for bag in bags:
-                n = bag.values.shape[0]
-                inverse.append(inverse_all[start : start + n].astype(np.int64, copy=False))
-                start += n
-                single = n == num_rows and bool(np.all(np.diff(bag.offsets) == 1))
-                offsets.append(None if single else bag.offsets)
-            lookups.append(TableLookup(table, ids, rows, features, inverse, offsets))
-        return LookedUpBatch(num_rows=num_rows, tables=lookups)
+        """Deduplicate, gather and pool. Numpy, numba (GIL released) and table
+        calls only, so it can run in a prefetch thread.
+
+        Args:
+            sparse: feature -> ids of B rows (CSR), for every feature.
+            train: passed to the tables (``True`` inserts new ids).
+        """
+        if not self.features:
+            return self._empty(0)
+        bags = [sparse[f] for f in self.features]  # model order
+        num_rows = bags[0].num_rows
+        for feature, bag in zip(self.features, bags, strict=True):
+            if bag.num_rows != num_rows:
+                raise ValueError(
+                    f"feature {feature!r} has {bag.num_rows} rows, expected {num_rows}"
+                )
+        lengths = np.array([bag.values.shape[0] for bag in bags], np.int64)  # (F,)
+        offsets = np.stack([bag.offsets for bag in bags]).astype(np.int64, copy=False)
+        single = np.empty(len(bags), np.bool_)
+        bad = int(check_offsets(offsets, lengths, single))
+        if bad >= 0:
+            raise ValueError(f"feature {self.features[bad]!r}: offsets are not a CSR of its ids")
+
+        # Concatenate ids table by table; value_start[f] = where feature f's begin.
+        order = self._concat_order
+        values = np.concatenate([bags[f].values for f in order]).astype(np.int64, copy=False)
+        value_start = np.empty(len(bags), np.int64)
+        value_start[order] = np.cumsum(lengths[order]) - lengths[order]
+        group_bounds = np.zeros(len(self._group_names) + 1, np.int64)
+        np.cumsum(np.add.reduceat(lengths[order], _starts(self._group_sizes)), out=group_bounds[1:])
+        unique = np.empty_like(values)
+        inverse = np.empty_like(values)
+        counts = dedup_groups(values, group_bounds, unique, inverse)  # one pass, all tables
+
+        row_start = np.zeros(len(self._group_names) + 1, np.int64)
+        np.cumsum(counts, out=row_start[1:])
+        rows = np.empty((int(row_start[-1]), self.dim), np.float32)  # (U, D)
+        ids: list[Int64Array] = []
+        for g, table in enumerate(self._group_names):
+            table_ids = unique[group_bounds[g] : group_bounds[g] + counts[g]]
+            rows[row_start[g] : row_start[g + 1]] = self.tables[table].lookup(
+                table_ids, train=train
+            )
+            ids.append(table_ids)
+
+        layout = BagLayout(
+            inverse=inverse,
+            offsets=offsets,
+            value_start=value_start,
+            row_base=row_start[self._feature_group],
+            mean=self._mean,
+            single=single,
+        )
+        pooled = np.empty((num_rows, len(self.features), self.dim), np.float32)
+        pool_bags(rows, inverse, offsets, value_start, layout.row_base, self._mean, single, pooled)
+        return LookedUpBatch(num_rows, pooled, list(self._group_names), ids, row_start, layout)
+
+    def _empty(self, num_rows: int) -> LookedUpBatch:
+        none = np.zeros(0, np.int64)
+        flags = np.zeros(0, np.bool_)
+        layout = BagLayout(none, np.zeros((0, 1), np.int64), none, none, flags, flags)
+        pooled = np.zeros((num_rows, 0, 0), np.float32)
+        return LookedUpBatch(num_rows, pooled, [], [], np.zeros(1, np.int64), layout)
 
     def forward(self, batch: LookedUpBatch) -> torch.Tensor:
-        """Pooled embeddings float32 (B, F, D). In training mode the gathered rows
-        become leaf tensors whose ``.grad`` ``gradients()`` hands to the tables."""
-        pooled: dict[str, torch.Tensor] = {}
-        self._leaves = []
-        for part in batch.tables:
-            leaf = torch.from_numpy(part.rows)
-            if self.training:
-                leaf.requires_grad_(True)
-                self._leaves.append((part.table, part.ids, leaf))
-            for feature, inverse, offsets in zip(
-                part.features, part.inverse, part.offsets, strict=True
-            ):
-                index = torch.from_numpy(inverse)
-                if offsets is None:
-                    pooled[feature] = leaf.index_select(0, index)  # (B, D)
-                else:
-                    pooled[feature] = F.embedding_bag(
-                        index,
-                        leaf,
-                        torch.from_numpy(offsets[:-1]),
-                        mode=_POOLING_MODES[self.pooling[feature]],
-                    )  # (B, D); empty bags give zeros
-        if not self.features:
-            return torch.zeros(batch.num_rows, 0, 0)
-        return torch.stack([pooled[f] for f in self.features], dim=1)  # (B, F, D)
+        """Pooled embeddings float32 (B, F, D), sharing memory with ``batch.pooled``.
+        In training mode it is a leaf that requires grad; ``gradients()`` turns its
+        ``.grad`` into per-id gradients for the tables."""
+        pooled = torch.from_numpy(batch.pooled)  # (B, F, D), no copy
+        if self.training and batch.tables:
+            pooled.requires_grad_(True)
+            self._pending = (batch, pooled)
+        else:
+            self._pending = None
+        return pooled
 
-    def gradients(self) -> list[SparseGradients]:
+    def gradients(self) -> Sequence[SparseGradients]:
         """The sparse gradients of the last training ``forward``, after
-        ``loss.backward()``. Ids whose rows got no gradient are sent zeros, which
-        still counts as a step for stateful optimizers (Adam's step count)."""
-        out = []
-        for table, ids, leaf in self._leaves:
-            grad = leaf.grad
-            grads = (
-                np.zeros((ids.shape[0], leaf.shape[1]), dtype=np.float32)
-                if grad is None
-                else grad.numpy()
-            )
-            out.append(SparseGradients(table, ids, grads))
-        self._leaves = []
-        return out
+        ``loss.backward()``: one entry per table, in ``batch.tables`` order. Ids
+        whose rows got no gradient are sent zeros, which still counts as a step for
+        stateful optimizers (Adam's step count).
+
+        Cheap to call: the scatter to per-id gradients runs when the result is
+        first read, i.e. on the sparse-update thread in hybrid/async mode. Until
+        then the forward's output ``.grad`` must not change (the trainer never
+        touches it again)."""
+        if self._pending is None:
+            return []
+        batch, pooled = self._pending
+        self._pending = None
+        return StepGradients(batch, pooled.grad, self.dim)
+
+
+class StepGradients(Sequence[SparseGradients]):
+    """One step's per-table gradients, computed on first access.
+
+    Args:
+        batch: the looked-up batch the forward used.
+        grad: float32 (B, F, D) the gradient of its pooled output, or ``None``
+            (no gradient reached it: every table gets zeros).
+        dim: D.
+    """
+
+    def __init__(self, batch: LookedUpBatch, grad: torch.Tensor | None, dim: int) -> None:
+        self._batch = batch
+        self._grad = grad
+        self._dim = dim
+        self._parts: list[SparseGradients] | None = None
+        self._lock = threading.Lock()
+
+    def _resolve(self) -> list[SparseGradients]:
+        with self._lock:
+            if self._parts is None:
+                batch = self._batch
+                grads = np.zeros((int(batch.row_start[-1]), self._dim), np.float32)  # (U, D)
+                if self._grad is not None:
+                    layout = batch.layout
+                    scatter_bag_grads(
+                        np.ascontiguousarray(self._grad.detach().numpy()),
+                        layout.inverse,
+                        layout.offsets,
+                        layout.value_start,
+                        layout.row_base,
+                        layout.mean,
+                        layout.single,
+                        grads,
+                    )
+                start = batch.row_start
+                self._parts = [
+                    SparseGradients(table, ids, grads[start[t] : start[t + 1]])
+                    for t, (table, ids) in enumerate(zip(batch.tables, batch.ids, strict=True))
+                ]
+                self._grad = None  # free the (B, F, D) gradient
+            return self._parts
+
+    def __len__(self) -> int:
+        return len(self._batch.tables)
+
+    @overload
+    def __getitem__(self, index: int) -> SparseGradients: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[SparseGradients]: ...
+
+    def __getitem__(self, index: int | slice) -> SparseGradients | Sequence[SparseGradients]:
+        return self._resolve()[index]
+
+    def __iter__(self) -> Iterator[SparseGradients]:
+        return iter(self._resolve())
+
+
+def _starts(sizes: Sequence[int]) -> Int64Array:
+    """int64 (len(sizes),) the start of each run of ``sizes`` items."""
+    return np.cumsum([0, *sizes[:-1]]).astype(np.int64)

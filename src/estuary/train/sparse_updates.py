@@ -11,18 +11,22 @@ Modes (``train.mode``):
 * ``async``: as hybrid, without the wait (for comparison; the queue is unbounded).
 
 The tables' numba kernels release the GIL, so the update thread runs beside the
-torch compute of the next step.
+torch compute of the next step. Where no core is free for it (see
+``estuary.train.placement``), hybrid and async apply each update inline in
+``submit``, like sync: staleness is an upper bound, and 0 meets it.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from estuary.embedding import EmbeddingShard, EmbeddingTable
 from estuary.embedding.types import EmbeddingStore, Float32Array, Int64Array, TableStats
 from estuary.nn.embedding_collection import SparseGradients
+from estuary.train.placement import Placement, choose_placement
 
 
 class LockedStore:
@@ -49,6 +53,19 @@ class LockedStore:
     def stats(self) -> TableStats:
         with self.lock:
             return self.inner.stats()
+
+
+def computes_in_process(store: EmbeddingStore) -> bool:
+    """True for tables whose calls are CPU work in this process (numba kernels),
+    False for stores that may wait on something else (a parameter server)."""
+    inner = store.inner if isinstance(store, LockedStore) else store
+    return isinstance(inner, EmbeddingTable | EmbeddingShard)
+
+
+def placement_for(tables: Mapping[str, EmbeddingStore], mode: str) -> Placement:
+    """Where ``mode``'s sparse work on ``tables`` runs (``choose_placement``)."""
+    cpu_bound = all(computes_in_process(t) for t in tables.values())
+    return choose_placement(mode, cpu_bound=cpu_bound)
 
 
 @dataclass
@@ -78,28 +95,40 @@ class SparseUpdater:
         tables: table name -> store.
         mode: ``sync``, ``hybrid`` or ``async``.
         staleness: the hybrid bound k (>= 0; 0 behaves like sync).
+        placement: ``BACKGROUND`` (an update thread) or ``INLINE`` (applied in
+            ``submit``); default ``placement_for(tables, mode)``. Sync mode is inline.
     """
 
-    def __init__(self, tables: Mapping[str, EmbeddingStore], mode: str, staleness: int) -> None:
+    def __init__(
+        self,
+        tables: Mapping[str, EmbeddingStore],
+        mode: str,
+        staleness: int,
+        *,
+        placement: Placement | None = None,
+    ) -> None:
         if mode not in ("sync", "hybrid", "async"):
             raise ValueError(f"unknown train.mode {mode!r}")
+        if mode == "sync" and placement is Placement.BACKGROUND:
+            raise ValueError("sync mode applies updates inline; it cannot run them in background")
         self.tables = dict(tables)
         self.mode = mode
         self.staleness = staleness
+        self.placement = placement or placement_for(self.tables, mode)
         self.submitted = 0  # steps handed in
         self.landed = 0  # steps whose update is applied (updates land in order)
         self.log = StalenessLog()
         self._cond = threading.Condition()
         self._error: BaseException | None = None
-        self._queue: queue.Queue[list[SparseGradients] | None] = queue.Queue()
+        self._queue: queue.Queue[Sequence[SparseGradients] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        if mode != "sync":
+        if self.placement is Placement.BACKGROUND:
             self._thread = threading.Thread(
                 target=self._run, name="estuary-sparse-update", daemon=True
             )
             self._thread.start()
 
-    def submit(self, grads: list[SparseGradients]) -> None:
+    def submit(self, grads: Sequence[SparseGradients]) -> None:
         """Hand in one step's gradients (step number = submission order)."""
         self._raise_if_failed()
         with self._cond:
@@ -144,7 +173,7 @@ class SparseUpdater:
                 self._thread.join()
                 self._thread = None
 
-    def _apply(self, grads: list[SparseGradients]) -> None:
+    def _apply(self, grads: Sequence[SparseGradients]) -> None:
         for g in grads:
             self.tables[g.table].apply_gradients(g.ids, g.grads)
 
