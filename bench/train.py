@@ -1,6 +1,7 @@
 """Benchmark: Estuary's training loop against plain PyTorch, TorchRec and a dense-only bound.
 
     python bench/train.py [--json PATH] [--batches 50] [--warmup 5] [--rounds 3] [--threads 2]
+                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg]]
 
 One model, one data set, every contender in the same run:
 
@@ -12,6 +13,8 @@ One model, one data set, every contender in the same run:
   torchrec   fbgemm's fused table-batched embedding (``SplitTableBatchedEmbedding
              BagsCodegen``, host memory, CPU compute, fused exact Adagrad) + the
              same MLPs with Adam; batches pre-built
+  hybrid_bg  (only when asked for) hybrid with its sparse work forced onto
+             background threads, whatever the placement policy would choose
   dense      the upper bound: the MLPs + interaction fed a fixed random (B, F, D)
              tensor (its gradient is computed, as every contender must), no
              embedding work at all
@@ -37,7 +40,9 @@ warm-up rows with one trainer, hands its tables, weights and optimizer state to 
 second one (``state_dict``/``load_state_dict``) and times that one's
 ``Trainer.fit`` over the measured rows. So Estuary's figure includes its data
 path, inserting the ids the warm-up did not see (the Zipf tail keeps bringing
-new ones) and the final flush of in-flight sparse updates.
+new ones) and the final flush of in-flight sparse updates. Hybrid runs its sparse
+work on background threads only where a core is free for them, else inline
+(``estuary.train.placement``); the report says which it was.
 
 TorchRec is a bench-only extra; install it with ``bash bench/install-extras.sh``:
 
@@ -85,6 +90,9 @@ WORKER_ARGS = (
     "pytorch_optimizer",
 )
 CONTENDERS = ("hybrid", "sync", "pytorch", "torchrec", "dense")
+# Not run by default (``--contenders ...,hybrid_bg``): hybrid with its sparse work
+# forced onto background threads, to check the placement policy's choice.
+EXTRA_CONTENDERS = ("hybrid_bg",)
 INSTALL_HINT = "install with bench/install-extras.sh"
 
 
@@ -315,7 +323,13 @@ def worker(args: argparse.Namespace) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     data = Path(args.data)
-    if args.worker in ("hybrid", "sync"):
+    if args.worker == "hybrid_bg":
+        from estuary.train import sparse_updates
+        from estuary.train.placement import Placement
+
+        sparse_updates.placement_for = lambda tables, mode: Placement.BACKGROUND  # type: ignore[assignment]
+        result = run_estuary("hybrid", data, args)
+    elif args.worker in ("hybrid", "sync"):
         result = run_estuary(args.worker, data, args)
     elif args.worker == "torchrec" and not torchrec_available():
         result = {"unavailable": True}
@@ -408,7 +422,7 @@ def main() -> None:
     parser.add_argument(
         "--contenders", default=",".join(CONTENDERS), help="comma-separated subset to run"
     )
-    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=CONTENDERS + EXTRA_CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -416,9 +430,10 @@ def main() -> None:
         return
 
     names = [c for c in args.contenders.split(",") if c]
-    unknown = sorted(set(names) - set(CONTENDERS))
+    known = CONTENDERS + EXTRA_CONTENDERS
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        parser.error(f"unknown contenders {unknown}; known: {list(CONTENDERS)}")
+        parser.error(f"unknown contenders {unknown}; known: {list(known)}")
     rows = (args.warmup + args.batches) * args.batch_size
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="estuary-bench-") as tmp:
@@ -513,7 +528,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
             f"note: {name}'s best run shared the CPUs with other processes "
             f"({best_run_noise(runs[name]):.2f} cores busy); its figure is a lower bound"
         )
-    for name in ("hybrid", "sync"):
+    for name in ("hybrid", "hybrid_bg", "sync"):
         if name in figures:
             best = max(runs[name], key=lambda r: r["samples_per_s"])
             print(

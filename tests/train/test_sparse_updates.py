@@ -7,9 +7,17 @@ import time
 import numpy as np
 import pytest
 
+from estuary.config.spec import TableSpec
+from estuary.embedding import EmbeddingTable
 from estuary.embedding.types import TableStats
 from estuary.nn.embedding_collection import SparseGradients
-from estuary.train.sparse_updates import SparseUpdater
+from estuary.train.placement import Placement, choose_placement
+from estuary.train.sparse_updates import (
+    LockedStore,
+    SparseUpdater,
+    computes_in_process,
+    placement_for,
+)
 
 
 class SlowStore:
@@ -33,10 +41,16 @@ class SlowStore:
 
 
 def run_steps(
-    mode: str, staleness: int, steps: int, delay_s: float
+    mode: str,
+    staleness: int,
+    steps: int,
+    delay_s: float,
+    placement: Placement = Placement.BACKGROUND,
 ) -> tuple[SparseUpdater, SlowStore, list[int]]:
     store = SlowStore(delay_s)
-    updater = SparseUpdater({"t": store}, mode, staleness)
+    if mode == "sync":
+        placement = Placement.INLINE
+    updater = SparseUpdater({"t": store}, mode, staleness, placement=placement)
     behind = []
     for step in range(1, steps + 1):
         updater.before_lookup(step)
@@ -74,7 +88,45 @@ def test_update_thread_failure_surfaces_on_the_trainer_thread() -> None:
         def apply_gradients(self, ids: np.ndarray, grads: np.ndarray) -> None:
             raise ValueError("disk on fire")
 
-    updater = SparseUpdater({"t": Broken(0)}, "hybrid", 1)
+    updater = SparseUpdater({"t": Broken(0)}, "hybrid", 1, placement=Placement.BACKGROUND)
     updater.submit([SparseGradients("t", np.array([1]), np.ones((1, 1), np.float32))])
     with pytest.raises(RuntimeError, match="sparse update thread failed"):
         updater.flush()
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "async"])
+def test_inline_placement_lands_every_update_in_submit(mode: str) -> None:
+    updater, store, behind = run_steps(mode, 2, steps=6, delay_s=0.0, placement=Placement.INLINE)
+    assert behind == [0] * 6  # within any staleness bound
+    assert store.applied == list(range(1, 7))
+    assert updater.log.max_behind == 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "torch_threads", "cores", "expected"),
+    [
+        ("hybrid", 2, 2, Placement.INLINE),  # torch's threads fill every core
+        ("hybrid", 1, 2, Placement.BACKGROUND),  # a core is free for the helper threads
+        ("async", 4, 16, Placement.BACKGROUND),
+        ("sync", 1, 16, Placement.INLINE),  # sync is inline by definition
+    ],
+)
+def test_background_threads_only_where_a_core_is_free(
+    mode: str, torch_threads: int, cores: int, expected: Placement
+) -> None:
+    assert choose_placement(mode, torch_threads=torch_threads, cores=cores) is expected
+
+
+def test_sync_mode_refuses_background_placement() -> None:
+    with pytest.raises(ValueError, match="sync mode applies updates inline"):
+        SparseUpdater({"t": SlowStore(0)}, "sync", 1, placement=Placement.BACKGROUND)
+
+
+def test_in_process_tables_are_cpu_bound_and_other_stores_stay_in_background() -> None:
+    table = EmbeddingTable(TableSpec(dim=1), seed=0, name="t")
+    assert computes_in_process(table)
+    assert computes_in_process(LockedStore(table))
+    assert not computes_in_process(SlowStore(0))  # e.g. a parameter server: calls wait
+    # Overlapping waits pays off even without a spare core.
+    assert placement_for({"t": SlowStore(0)}, "hybrid") is Placement.BACKGROUND
+    assert placement_for({"t": LockedStore(table)}, "sync") is Placement.INLINE
