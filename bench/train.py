@@ -1,6 +1,6 @@
 """Benchmark: Estuary's training loop against plain PyTorch, TorchRec and a dense-only bound.
 
-    python bench/train.py [--json PATH] [--batches 50] [--warmup 5] [--rounds 3] [--threads 2]
+    python bench/train.py [--json PATH] [--batches 50] [--warmup 5] [--rounds 5] [--threads 2]
                           [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg]]
 
 One model, one data set, every contender in the same run:
@@ -34,7 +34,8 @@ Method: each contender runs in its own subprocess (fresh interpreter, same
 ``torch.set_num_threads``), one after another; ``--rounds`` rounds interleave
 the contenders and each figure is the contender's best round (other processes on
 a shared machine only slow a run down; each round also shows how many cores
-others kept busy meanwhile, ~0 on a quiet machine). The torch contenders
+others kept busy meanwhile, ~0 on a quiet machine; on a shared VM runs still
+differ by ~10% at 0, hence 5 rounds, ~15 minutes in all). The torch contenders
 time ``--batches`` steps after ``--warmup`` untimed ones; Estuary fits the
 warm-up rows with one trainer, hands its tables, weights and optimizer state to a
 second one (``state_dict``/``load_state_dict``) and times that one's
@@ -394,7 +395,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write figures and ratios here")
     parser.add_argument("--batches", type=int, default=50, help="timed steps per contender")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repeats; best kept")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved repeats; best kept")
     parser.add_argument("--batch-size", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, all")
     parser.add_argument("--staleness", type=int, default=4, help="hybrid's train.staleness")

@@ -164,7 +164,7 @@ class EmbeddingCollection(nn.Module):
         if bad >= 0:
             raise ValueError(f"feature {self.features[bad]!r}: offsets are not a CSR of its ids")
 
-        # Concatenate ids table by table; value_start[f] = where feature f's begin.
+        # Concatenate ids table by table; value_start[f] = where feature f's ids begin.
         order = self._concat_order
         values = np.concatenate([bags[f].values for f in order]).astype(np.int64, copy=False)
         value_start = np.empty(len(bags), np.int64)
@@ -207,8 +207,9 @@ class EmbeddingCollection(nn.Module):
 
     def forward(self, batch: LookedUpBatch) -> torch.Tensor:
         """Pooled embeddings float32 (B, F, D), sharing memory with ``batch.pooled``.
-        In training mode it is a leaf that requires grad; ``gradients()`` turns its
-        ``.grad`` into per-id gradients for the tables."""
+        In training mode it is a leaf that requires grad (so models must not
+        modify it in place); ``gradients()`` turns its ``.grad`` into per-id
+        gradients for the tables."""
         pooled = torch.from_numpy(batch.pooled)  # (B, F, D), no copy
         if self.training and batch.tables:
             pooled.requires_grad_(True)

@@ -16,9 +16,11 @@ Pooling reads bag ``(b, f)`` = ``values[value_start[f] + offsets[f, b] :
 value_start[f] + offsets[f, b + 1]]`` and rows ``row_base[f] + inverse[...]`` of
 the (U, D) row block (tables' rows stacked in group order).
 
-Every kernel is ``nogil``: the prefetch thread runs dedup and pooling while the
-torch thread computes. Cost is O(N) with a small constant (hash probes in an
-L1/L2-sized scratch table; no sort).
+Every kernel is ``nogil``, so a prefetch thread can run them beside torch's
+compute. Cost is O(N) with a small constant (hash probes in an L2-sized scratch
+table, no sort): for 26 features x 2048 rows, about 0.4 ms to deduplicate (26
+``np.unique`` calls took ~2 ms) and 0.4-0.7 ms each to pool and to scatter the
+gradient back.
 """
 
 from __future__ import annotations

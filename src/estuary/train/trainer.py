@@ -241,6 +241,7 @@ class Trainer:
             updater.before_lookup,
             first_step=updater.submitted + 1,
             times=self.times,
+            placement=updater.placement,
         )
         for _, batch, looked_up in prefetch:
             yield batch, looked_up
@@ -306,6 +307,7 @@ class Trainer:
                 "train_wall_s": train_wall_s,
                 "load_s": self.load_s,
                 "max_staleness_seen": updater.log.max_behind,
+                "sparse_placement": updater.placement.value,
                 "embedding_rows": sum(s.rows for s in stats.values()),
                 "embedding_bytes": sum(s.bytes for s in stats.values()),
                 "unknown_grads": sum(s.unknown_grads for s in stats.values()),
