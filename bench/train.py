@@ -1,7 +1,7 @@
 """Benchmark: Estuary's training loop against plain PyTorch, TorchRec and a dense-only bound.
 
     python bench/train.py [--json PATH] [--batches 50] [--warmup 5] [--rounds 5] [--threads 2]
-                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg]]
+                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg,hybrid_bf16]]
 
 One model, one data set, every contender in the same run:
 
@@ -14,7 +14,10 @@ One model, one data set, every contender in the same run:
              BagsCodegen``, host memory, CPU compute, fused exact Adagrad) + the
              same MLPs with Adam; batches pre-built
   hybrid_bg  (only when asked for) hybrid with its sparse work forced onto
-             background threads, whatever the placement policy would choose
+             background threads (``train.sparse_placement: background``),
+             whatever the placement policy would choose
+  hybrid_bf16 (only when asked for) hybrid with ``train.precision: bf16``: the
+             dense forward/backward under bfloat16 autocast
   dense      the upper bound: the MLPs + interaction fed a fixed random (B, F, D)
              tensor (its gradient is computed, as every contender must), no
              embedding work at all
@@ -93,7 +96,7 @@ WORKER_ARGS = (
 CONTENDERS = ("hybrid", "sync", "pytorch", "torchrec", "dense")
 # Not run by default (``--contenders ...,hybrid_bg``): hybrid with its sparse work
 # forced onto background threads, to check the placement policy's choice.
-EXTRA_CONTENDERS = ("hybrid_bg",)
+EXTRA_CONTENDERS = ("hybrid_bg", "hybrid_bf16")
 INSTALL_HINT = "install with bench/install-extras.sh"
 
 
@@ -132,7 +135,7 @@ def make_data(folder: Path, rows: int, warmup_rows: int, zipf_a: float, seed: in
 # -- contenders (each runs in a worker subprocess) -------------------------------------
 
 
-def estuary_job(tsv: Path, out: Path, mode: str, args: argparse.Namespace) -> Any:
+def estuary_job(tsv: Path, out: Path, mode: str, args: argparse.Namespace, **train: str) -> Any:
     from estuary.config import job_from_dict
 
     return job_from_dict(
@@ -163,23 +166,23 @@ def estuary_job(tsv: Path, out: Path, mode: str, args: argparse.Namespace) -> An
                 "staleness": args.staleness,
                 "threads": args.threads,
                 "dense_optimizer": {"name": "adam", "lr": DENSE_LR},
+                **train,
             },
             "output": {"dir": str(out), "checkpoint": False, "progress": False},
         }
     )
 
 
-def run_estuary(mode: str, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_estuary(mode: str, data: Path, args: argparse.Namespace, **train: str) -> dict[str, Any]:
     """``Trainer.fit`` on the measured rows, continuing from a fit on the warm-up
     rows (tables, weights and optimizer handed over with the public
     ``state_dict``/``load_state_dict``, as a resumed run would)."""
     from estuary.data import TabularDataset
     from estuary.train import Trainer
-    from estuary.train.sparse_updates import placement_for
 
     trainers = []
     for name in ("warm", "measure"):
-        job = estuary_job(data / f"{name}.tsv", data / "out", mode, args)
+        job = estuary_job(data / f"{name}.tsv", data / "out", mode, args, **train)
         trainers.append(Trainer(job, dataset=TabularDataset(job.data, job.base_dir)))
     warm, measured = trainers
     warm.fit(progress=False)
@@ -189,7 +192,7 @@ def run_estuary(mode: str, data: Path, args: argparse.Namespace) -> dict[str, An
     measured.optimizer.load_state_dict(warm.optimizer.state_dict())
     result = measured.fit(progress=False)
     return {
-        "placement": placement_for(measured.stores, mode).value,
+        "placement": result.extra["sparse_placement"],
         "samples_per_s": result.samples_per_s,
         "steps": result.extra["steps"],
         "profile": result.profile,
@@ -325,11 +328,9 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     data = Path(args.data)
     if args.worker == "hybrid_bg":
-        from estuary.train import sparse_updates
-        from estuary.train.placement import Placement
-
-        sparse_updates.placement_for = lambda tables, mode: Placement.BACKGROUND  # type: ignore[assignment]
-        result = run_estuary("hybrid", data, args)
+        result = run_estuary("hybrid", data, args, sparse_placement="background")
+    elif args.worker == "hybrid_bf16":
+        result = run_estuary("hybrid", data, args, precision="bf16")
     elif args.worker in ("hybrid", "sync"):
         result = run_estuary(args.worker, data, args)
     elif args.worker == "torchrec" and not torchrec_available():
@@ -499,6 +500,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
         ):
             if other in figures:
                 ratios[key] = figures["hybrid"] / figures[other]
+        if "hybrid_bf16" in figures:
+            ratios["hybrid_bf16_vs_hybrid"] = figures["hybrid_bf16"] / figures["hybrid"]
 
     print(
         f"DLRM F={NUM_SPARSE} D={DIM} bottom 13-{'-'.join(map(str, BOTTOM_MLP))} "
@@ -529,7 +532,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
             f"note: {name}'s best run shared the CPUs with other processes "
             f"({best_run_noise(runs[name]):.2f} cores busy); its figure is a lower bound"
         )
-    for name in ("hybrid", "hybrid_bg", "sync"):
+    for name in ("hybrid", "hybrid_bg", "hybrid_bf16", "sync"):
         if name in figures:
             best = max(runs[name], key=lambda r: r["samples_per_s"])
             print(

@@ -115,3 +115,26 @@ def test_a_failing_trainer_stops_the_run_with_its_rank_and_cause(tmp_path: Path)
     with pytest.raises(DistributedError, match=r"trainer rank \d failed: .*missing\.csv"):
         run_distributed(job, trainers=WORLD, startup_timeout_s=60)
     assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize(("mode", "staleness"), [("hybrid", 2), ("async", 1)])
+def test_two_trainers_in_hybrid_and_async_modes_apply_every_step_once(
+    tmp_path: Path, mode: str, staleness: int
+) -> None:
+    """Background sparse work on two ranks: every step's pushes land exactly once,
+    in order, and in hybrid mode no training lookup misses more than
+    ``staleness`` updates (the server measures it)."""
+    job_path = write_job(tmp_path, mode=mode, staleness=staleness)
+    assert main(["train", str(job_path), "--nproc", str(WORLD), "--no-progress"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["mode"] == mode and summary["train_rows"] == 2 * 194
+    assert summary["ps_applied_steps"] == summary["steps"] == 14
+    assert summary["ps_duplicate_pushes"] == 0
+    assert summary["sparse_placement"] == "background"  # remote tables: waits overlap
+    if mode == "hybrid":
+        assert 0 <= summary["ps_max_behind"] <= staleness
+    ckpt = load_checkpoint(tmp_path / "out" / "checkpoints")
+    assert int(ckpt.manifest["step"]) == 14
+    for name, state in ckpt.tables.items():
+        assert np.isfinite(state["weights"]).all(), name
+    assert summary["logloss"] is not None and summary["logloss"] < 1.0

@@ -20,7 +20,7 @@ assert _spec is not None and _spec.loader is not None
 _suite = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_suite)
 
-# The suite's tests of the shared EmbeddingStore + state_dict/remove API; each
+# The suite's tests of the shared EmbeddingStore + state_dict/delta/remove API; each
 # takes the ``make`` fixture below.
 test_eval_lookup_never_inserts_and_reads_the_unknown_row = (
     _suite.test_eval_lookup_never_inserts_and_reads_the_unknown_row
@@ -35,6 +35,9 @@ test_removed_ids_read_the_unknown_row_and_count_as_evictions = (
 )
 test_state_dict_round_trip_through_safetensors = (
     _suite.test_state_dict_round_trip_through_safetensors
+)
+test_snapshot_and_delta_restore_the_same_store = (
+    _suite.test_snapshot_and_delta_restore_the_same_store
 )
 
 

@@ -100,6 +100,7 @@ def test_two_ranks_overlapping_ids_equal_one_step_of_the_summed_gradients(
         "duplicates": 0,
         "pending_steps": 0,
         "waits": 0,
+        "max_behind": 0,  # each step's lookups came after the previous step landed
     }
 
 

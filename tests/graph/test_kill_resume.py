@@ -74,7 +74,9 @@ def start_killed_runs(root: Path, runs: list[tuple[Path, str, int]]) -> list[Any
     return children
 
 
-def write_job(root: Path, name: str, mode: str = "sync", seed: int = 0) -> Path:
+def write_job(
+    root: Path, name: str, mode: str = "sync", seed: int = 0, full_every: int = 1
+) -> Path:
     source = {
         "name": "a",
         "path": PATTERN,
@@ -99,7 +101,12 @@ def write_job(root: Path, name: str, mode: str = "sync", seed: int = 0) -> Path:
             "embedding": {"default": {"dim": 4}},
         },
         "train": {"batch_size": BATCH, "seed": seed, "mode": mode, "threads": 1},
-        "output": {"dir": f"out-{name}", "progress": False, "checkpoint_every_steps": EVERY},
+        "output": {
+            "dir": f"out-{name}",
+            "progress": False,
+            "checkpoint_every_steps": EVERY,
+            "checkpoint_full_every": full_every,  # > 1: delta checkpoints between full ones
+        },
     }
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job))
@@ -150,15 +157,25 @@ def test_sigkill_mid_run_and_mid_checkpoint_then_resume_trains_each_row_once(
         kill_at = int(np.random.default_rng(seed).integers(EVERY + 2, steps - 2))
         runs.append((write_job(root, f"step{seed}", mode, seed), "step", kill_at))
     runs.append((write_job(root, "ckpt", "sync", 3), "checkpoint", 3))  # the 3rd checkpoint
+    # Delta chains (full every 3rd): killed mid-run, and while writing the 3rd
+    # checkpoint, a delta (full 4 <- delta 8 <- delta 12): the chain up to 8 loads.
+    kill_at = int(np.random.default_rng(4).integers(EVERY + 2, steps - 2))
+    runs.append((write_job(root, "step-delta", "sync", 4, full_every=3), "step", kill_at))
+    runs.append((write_job(root, "ckpt-delta", "sync", 5, full_every=3), "checkpoint", 3))
     for child in start_killed_runs(root, runs):
         child.join(timeout=240)
         assert child.exitcode == -signal.SIGKILL, child.exitcode
 
     for job_path, mode, at in runs:
         if mode == "checkpoint":  # killed while writing the 3rd: the 2nd loads
-            folder = root / "out-ckpt" / "checkpoints"
+            folder = root / f"out-{job_path.stem}" / "checkpoints"
             assert any(".tmp-" in p.name for p in folder.iterdir())
             assert load_checkpoint(folder).manifest["step"] == 2 * EVERY
+            if "delta" in job_path.stem:  # step 8 is a delta of step 4
+                assert load_checkpoint(folder).manifest["chain"] == [
+                    f"step-{EVERY:09d}",
+                    f"step-{2 * EVERY:09d}",
+                ]
             assert [p.name for p in list_checkpoints(folder)][-1] == f"step-{2 * EVERY:09d}"
         trainer = resume(job_path)
         committed_before = trainer.step

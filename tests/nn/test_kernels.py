@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from estuary.nn.kernels import check_offsets, dedup_groups, pool_bags, scatter_bag_grads
+from estuary.nn.kernels import (
+    check_offsets,
+    dedup_groups,
+    pad_sequences,
+    pool_bags,
+    scatter_bag_grads,
+    scatter_sequence_grads,
+    truncate_bags,
+)
 
 
 def dedup(values: list[int], bounds: list[int]) -> tuple[list[list[int]], list[int]]:
@@ -91,3 +99,29 @@ def test_check_offsets_names_the_first_bad_feature(
 ) -> None:
     single = np.zeros(len(lengths), np.bool_)
     assert check_offsets(np.array(offsets, np.int64), np.array(lengths, np.int64), single) == bad
+
+
+def test_truncate_keeps_the_first_ids_of_each_bag() -> None:
+    # bags [1 2 3] [] [4] [5 6] with max length 2 -> [1 2] [] [4] [5 6]
+    values = np.array([1, 2, 3, 4, 5, 6], np.int64)
+    kept = np.empty_like(values)
+    offsets = truncate_bags(values, np.array([0, 3, 3, 4, 6], np.int64), 2, kept)
+    assert offsets.tolist() == [0, 2, 2, 3, 5]
+    assert kept[: offsets[-1]].tolist() == [1, 2, 4, 5, 6]
+
+
+def test_pad_and_its_gradient_skip_padding() -> None:
+    # one feature starting at id 1 of inverse; bags [r2 r0] [] [r1]; rows shifted by base 1
+    rows = np.arange(8, dtype=np.float32).reshape(4, 2)  # row r of the table = rows[1 + r]
+    inverse = np.array([9, 2, 0, 1], np.int64)  # inverse[0] belongs to another feature
+    offsets = np.array([0, 2, 2, 3], np.int64)
+    out = np.full((3, 2, 2), np.nan, np.float32)
+    mask = np.zeros((3, 2), np.bool_)
+    pad_sequences(rows, inverse, offsets, 1, 1, out, mask)
+    np.testing.assert_array_equal(out[0], rows[[3, 1]])
+    np.testing.assert_array_equal(out[1], np.zeros((2, 2)))
+    np.testing.assert_array_equal(out[2], [rows[2], [0, 0]])
+    assert mask.tolist() == [[True, True], [False, False], [True, False]]
+    grads = np.zeros((4, 2), np.float32)
+    scatter_sequence_grads(np.ones((3, 2, 2), np.float32), inverse, offsets, 1, 1, grads)
+    np.testing.assert_array_equal(grads, [[0, 0], [1, 1], [1, 1], [1, 1]])

@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from estuary.config import ConfigError
+from estuary.config.spec import OutputSpec
 from estuary.train.checkpoint import (
     CheckpointError,
+    CheckpointKind,
     list_checkpoints,
     load_checkpoint,
     resolve_checkpoint,
@@ -85,3 +88,24 @@ def test_interrupted_write_leaves_only_a_temp_folder_that_is_ignored(tmp_path: P
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000000001"]
     assert load_checkpoint(tmp_path).manifest["step"] == 1
     assert json.loads((tmp_path / "step-000000001" / "manifest.json").read_text())["format"]
+
+
+def test_version_1_manifests_still_load_as_full_checkpoints(tmp_path: Path) -> None:
+    model, opt = make_model()
+    path = save_checkpoint(tmp_path, step=1, model=model, optimizer=opt, tables=tables())
+    manifest = json.loads((path / "manifest.json").read_text())
+    for key in ("kind", "parent", "chain", "table_versions"):  # added by version 2
+        del manifest[key]
+    manifest["version"] = 1
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.kind is CheckpointKind.FULL and ckpt.chain == [path] and not ckpt.deltas
+    manifest["version"] = 3
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="format version 3 is not supported"):
+        load_checkpoint(tmp_path)
+
+
+def test_checkpoint_full_every_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match=r"output.checkpoint_full_every: must be >= 1"):
+        OutputSpec(checkpoint_full_every=0).validate("output")

@@ -349,6 +349,14 @@ class TrainSpec:
         shuffle: shuffle training rows within each epoch (seeded).
         dense_optimizer: optimizer for the torch parameters.
         threads: torch intra-op threads; 0 = torch's default.
+        precision: ``fp32``, or ``bf16`` to run the dense network's forward and
+            backward under bfloat16 autocast (embeddings, the loss and the
+            optimizer state stay float32).
+        device: where the dense network runs: ``cpu``, ``cuda`` (an error where
+            CUDA is absent) or ``auto`` (CUDA when present). Tables stay in host
+            memory either way; several trainers use NCCL on CUDA, gloo on CPU.
+        sparse_placement: where hybrid/async sparse work runs: ``auto`` (see
+            docs/job-spec.md), ``inline`` or ``background``.
     """
 
     batch_size: int = 1024
@@ -360,8 +368,16 @@ class TrainSpec:
     shuffle: bool = False
     dense_optimizer: DenseOptimizerSpec = field(default_factory=DenseOptimizerSpec)
     threads: int = 0
+    precision: Literal["fp32", "bf16"] = "fp32"
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    sparse_placement: Literal["auto", "inline", "background"] = "auto"
 
     def validate(self, path: str) -> None:
+        if self.mode == "sync" and self.sparse_placement == "background":
+            raise ConfigError(
+                f"{path}.sparse_placement",
+                "sync mode applies sparse updates inline; use hybrid or async for background",
+            )
         for name in ("batch_size", "eval_batch_size", "epochs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{path}.{name}", "must be > 0")
@@ -403,16 +419,23 @@ class OutputSpec:
         progress: show a progress bar.
         checkpoint_every_steps: also checkpoint every this many steps (model and
             data progress together; ``data.dataset`` jobs only); ``null`` = off.
+        checkpoint_full_every: every this many checkpoints in a chain is a full
+            snapshot; the ones between are deltas (table rows changed and ids
+            evicted since the previous checkpoint; dense model and optimizer in
+            full). ``1`` = every checkpoint is full.
     """
 
     dir: str = "runs/default"
     checkpoint: bool = True
     progress: bool = True
     checkpoint_every_steps: int | None = None
+    checkpoint_full_every: int = 1
 
     def validate(self, path: str) -> None:
         if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
             raise ConfigError(f"{path}.checkpoint_every_steps", "must be >= 1")
+        if self.checkpoint_full_every < 1:
+            raise ConfigError(f"{path}.checkpoint_full_every", "must be >= 1")
 
 
 @dataclass(frozen=True)

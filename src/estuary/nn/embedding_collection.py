@@ -13,13 +13,20 @@ that share a table are deduplicated together), gathers each unique id's row once
 and pools every bag itself (``estuary.nn.kernels``). So torch sees one (B, F, D)
 leaf, and its gradient is scattered back to the unique ids in one kernel: no
 per-feature torch ops on the step's critical path.
+
+Features whose table has ``pooling: none`` are not pooled: ``lookup`` pads each
+one's bags into its own (B, L, D) block plus a (B, L) mask
+(``estuary.nn.types.SequenceEmbedding``), ``embed`` returns them beside the
+pooled block (where their slot holds zeros), and ``gradients`` scatters their
+per-position gradients into the same per-id sums. Their ids are deduplicated
+with every other feature of their table.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 import numpy as np
@@ -28,9 +35,19 @@ from torch import nn
 
 from estuary.data.types import Float32Array, Int64Array, JaggedIds
 from estuary.embedding.types import EmbeddingStore
-from estuary.nn.kernels import BoolArray, check_offsets, dedup_groups, pool_bags, scatter_bag_grads
+from estuary.nn.kernels import (
+    BoolArray,
+    check_offsets,
+    dedup_groups,
+    pad_sequences,
+    pool_bags,
+    scatter_bag_grads,
+    scatter_sequence_grads,
+    truncate_bags,
+)
+from estuary.nn.types import SequenceEmbedding
 
-_POOLING_MODES = ("sum", "mean")
+_POOLING_MODES = ("sum", "mean", "none")
 
 
 @dataclass
@@ -41,11 +58,15 @@ class BagLayout:
     Args:
         inverse: int64 (N,) each id's index among its table's unique ids; the ids
             are concatenated table by table (see ``estuary.nn.kernels``).
-        offsets: int64 (F, B + 1) each feature's bag boundaries.
+        offsets: int64 (F, B + 1) each feature's bag boundaries as pooling sees
+            them: unpooled (``pooling: none``) features' rows are all zeros, i.e.
+            empty bags (zeros in the pooled block, no gradient).
         value_start: int64 (F,) where feature f's ids start in ``inverse``.
         row_base: int64 (F,) where feature f's table starts among the U rows.
         mean: bool (F,) mean pooling (else sum).
         single: bool (F,) every bag holds one id (the kernels skip ``offsets``).
+        sequence_index: int64 (S,) the unpooled features' positions f.
+        sequence_offsets: int64 (S, B + 1) their bag boundaries.
     """
 
     inverse: Int64Array
@@ -54,6 +75,8 @@ class BagLayout:
     row_base: Int64Array
     mean: BoolArray
     single: BoolArray
+    sequence_index: Int64Array = field(default_factory=lambda: np.zeros(0, np.int64))
+    sequence_offsets: Int64Array = field(default_factory=lambda: np.zeros((0, 1), np.int64))
 
 
 @dataclass
@@ -68,6 +91,8 @@ class LookedUpBatch:
         row_start: int64 (T + 1,) table t owns rows ``[row_start[t], row_start[t+1])``
             of the (U, D) gradient block.
         layout: the bags, for ``gradients``.
+        sequences: per unpooled feature (model order), float32 (B, L, D) its
+            right-padded rows and bool (B, L) the mask of real ids.
     """
 
     num_rows: int
@@ -76,6 +101,7 @@ class LookedUpBatch:
     ids: list[Int64Array]
     row_start: Int64Array
     layout: BagLayout
+    sequences: dict[str, tuple[Float32Array, BoolArray]] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,9 +121,13 @@ class EmbeddingCollection(nn.Module):
         features: sparse feature names, in model order (F of them).
         tables: table name -> store (``EmbeddingTable`` or anything with that API).
         feature_tables: feature -> table name (defaults to the feature's own name).
-        pooling: feature -> ``sum`` or ``mean`` (default ``sum``).
+        pooling: feature -> ``sum``, ``mean`` or ``none`` (default ``sum``).
+            ``none`` features reach the model as padded sequences (see ``embed``).
+        max_lengths: feature -> keep at most the first this many ids of each of
+            its bags (the rest are not looked up); unset = no cap.
 
-    ``forward`` returns float32 (B, F, D); all tables must share one D.
+    ``forward`` returns float32 (B, F, D); ``embed`` also returns the unpooled
+    features. All tables must share one D.
     """
 
     def __init__(
@@ -106,6 +136,7 @@ class EmbeddingCollection(nn.Module):
         tables: Mapping[str, EmbeddingStore],
         feature_tables: Mapping[str, str] | None = None,
         pooling: Mapping[str, str] | None = None,
+        max_lengths: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__()
         self.features = list(features)
@@ -117,9 +148,16 @@ class EmbeddingCollection(nn.Module):
                 raise KeyError(f"feature {feature!r} reads table {table!r}, which does not exist")
             if self.pooling[feature] not in _POOLING_MODES:
                 raise ValueError(
-                    f"feature {feature!r}: pooling {self.pooling[feature]!r} cannot be stacked "
-                    f"into (B, F, D); use sum or mean"
+                    f"feature {feature!r}: unknown pooling {self.pooling[feature]!r}; "
+                    f"use one of {', '.join(_POOLING_MODES)}"
                 )
+        self.max_lengths = dict(max_lengths or {})
+        for feature, cap in self.max_lengths.items():
+            if feature not in self.feature_tables:
+                raise KeyError(f"max_lengths: {feature!r} is not a feature")
+            if cap < 1:
+                raise ValueError(f"max_lengths.{feature}: must be >= 1, got {cap}")
+        self.sequence_features = [f for f in self.features if self.pooling[f] == "none"]
         dims = {self.tables[t].dim for t in self.feature_tables.values()}
         if len(dims) > 1:
             raise ValueError(
@@ -138,7 +176,15 @@ class EmbeddingCollection(nn.Module):
         for g, members in enumerate(groups.values()):
             self._feature_group[members] = g
         self._mean = np.array([self.pooling[f] == "mean" for f in self.features], np.bool_)
-        self._pending: tuple[LookedUpBatch, torch.Tensor] | None = None
+        self._sequence_index = np.array(
+            [self.features.index(f) for f in self.sequence_features], np.int64
+        )
+        self._caps = [
+            (f, self.max_lengths[name])
+            for f, name in enumerate(self.features)
+            if name in self.max_lengths
+        ]
+        self._pending: tuple[LookedUpBatch, torch.Tensor, list[torch.Tensor]] | None = None
 
     def lookup(self, sparse: Mapping[str, JaggedIds], *, train: bool) -> LookedUpBatch:
         """Deduplicate, gather and pool. Numpy, numba (GIL released) and table
@@ -163,6 +209,17 @@ class EmbeddingCollection(nn.Module):
         bad = int(check_offsets(offsets, lengths, single))
         if bad >= 0:
             raise ValueError(f"feature {self.features[bad]!r}: offsets are not a CSR of its ids")
+        for f, cap in self._caps:
+            if not single[f] and int(np.diff(offsets[f]).max(initial=0)) > cap:
+                kept = np.empty(int(lengths[f]), np.int64)
+                ids_f = bags[f].values.astype(np.int64, copy=False)
+                offsets[f] = truncate_bags(ids_f, offsets[f], cap, kept)
+                lengths[f] = offsets[f, -1]
+                bags[f] = JaggedIds(values=kept[: lengths[f]], offsets=offsets[f])
+        # Unpooled features keep their own boundaries and pool as empty bags.
+        sequence_offsets = offsets[self._sequence_index]  # (S, B + 1), a copy
+        offsets[self._sequence_index] = 0
+        single[self._sequence_index] = False
 
         # Concatenate ids table by table; value_start[f] = where feature f's ids begin.
         order = self._concat_order
@@ -193,10 +250,23 @@ class EmbeddingCollection(nn.Module):
             row_base=row_start[self._feature_group],
             mean=self._mean,
             single=single,
+            sequence_index=self._sequence_index,
+            sequence_offsets=sequence_offsets,
         )
         pooled = np.empty((num_rows, len(self.features), self.dim), np.float32)
         pool_bags(rows, inverse, offsets, value_start, layout.row_base, self._mean, single, pooled)
-        return LookedUpBatch(num_rows, pooled, list(self._group_names), ids, row_start, layout)
+        sequences = {}
+        for s, f in enumerate(self._sequence_index.tolist()):
+            bounds = sequence_offsets[s]
+            length = max(1, int(np.diff(bounds).max(initial=0)))  # L >= 1: no empty blocks
+            padded = np.empty((num_rows, length, self.dim), np.float32)  # (B, L, D)
+            mask = np.empty((num_rows, length), np.bool_)  # (B, L)
+            start, base = int(value_start[f]), int(layout.row_base[f])
+            pad_sequences(rows, inverse, bounds, start, base, padded, mask)
+            sequences[self.features[f]] = (padded, mask)
+        return LookedUpBatch(
+            num_rows, pooled, list(self._group_names), ids, row_start, layout, sequences
+        )
 
     def _empty(self, num_rows: int) -> LookedUpBatch:
         none = np.zeros(0, np.int64)
@@ -209,14 +279,28 @@ class EmbeddingCollection(nn.Module):
         """Pooled embeddings float32 (B, F, D), sharing memory with ``batch.pooled``.
         In training mode it is a leaf that requires grad (so models must not
         modify it in place); ``gradients()`` turns its ``.grad`` into per-id
-        gradients for the tables."""
+        gradients for the tables. Unpooled features' slots hold zeros; use
+        ``embed`` to get their sequences."""
+        return self.embed(batch)[0]
+
+    def embed(self, batch: LookedUpBatch) -> tuple[torch.Tensor, dict[str, SequenceEmbedding]]:
+        """``forward``'s (B, F, D) block and, per ``pooling: none`` feature (model
+        order), its padded rows (B, L, D) and mask (B, L), sharing memory with
+        ``batch``. In training mode the padded rows are leaves that require grad
+        too, and ``gradients()`` adds their per-position gradients to the ids'."""
         pooled = torch.from_numpy(batch.pooled)  # (B, F, D), no copy
+        sequences = {
+            name: SequenceEmbedding(torch.from_numpy(values), torch.from_numpy(mask))
+            for name, (values, mask) in batch.sequences.items()
+        }
         if self.training and batch.tables:
             pooled.requires_grad_(True)
-            self._pending = (batch, pooled)
+            for sequence in sequences.values():
+                sequence.values.requires_grad_(True)
+            self._pending = (batch, pooled, [s.values for s in sequences.values()])
         else:
             self._pending = None
-        return pooled
+        return pooled, sequences
 
     def gradients(self) -> Sequence[SparseGradients]:
         """The sparse gradients of the last training ``forward``, after
@@ -230,9 +314,9 @@ class EmbeddingCollection(nn.Module):
         touches it again)."""
         if self._pending is None:
             return []
-        batch, pooled = self._pending
+        batch, pooled, sequences = self._pending
         self._pending = None
-        return StepGradients(batch, pooled.grad, self.dim)
+        return StepGradients(batch, pooled.grad, self.dim, [s.grad for s in sequences])
 
 
 class StepGradients(Sequence[SparseGradients]):
@@ -243,11 +327,20 @@ class StepGradients(Sequence[SparseGradients]):
         grad: float32 (B, F, D) the gradient of its pooled output, or ``None``
             (no gradient reached it: every table gets zeros).
         dim: D.
+        sequence_grads: per unpooled feature (``batch.sequences`` order), float32
+            (B, L, D) the gradient of its padded rows, or ``None``.
     """
 
-    def __init__(self, batch: LookedUpBatch, grad: torch.Tensor | None, dim: int) -> None:
+    def __init__(
+        self,
+        batch: LookedUpBatch,
+        grad: torch.Tensor | None,
+        dim: int,
+        sequence_grads: Sequence[torch.Tensor | None] = (),
+    ) -> None:
         self._batch = batch
         self._grad = grad
+        self._sequence_grads = list(sequence_grads)
         self._dim = dim
         self._parts: list[SparseGradients] | None = None
         self._lock = threading.Lock()
@@ -269,12 +362,26 @@ class StepGradients(Sequence[SparseGradients]):
                         layout.single,
                         grads,
                     )
+                layout = batch.layout
+                for s, grad in enumerate(self._sequence_grads):
+                    if grad is None:
+                        continue
+                    f = int(layout.sequence_index[s])
+                    scatter_sequence_grads(
+                        np.ascontiguousarray(grad.detach().numpy()),
+                        layout.inverse,
+                        layout.sequence_offsets[s],
+                        int(layout.value_start[f]),
+                        int(layout.row_base[f]),
+                        grads,
+                    )
                 start = batch.row_start
                 self._parts = [
                     SparseGradients(table, ids, grads[start[t] : start[t + 1]])
                     for t, (table, ids) in enumerate(zip(batch.tables, batch.ids, strict=True))
                 ]
-                self._grad = None  # free the (B, F, D) gradient
+                self._grad = None  # free the (B, F, D) and (B, L, D) gradients
+                self._sequence_grads = []
             return self._parts
 
     def __len__(self) -> int:

@@ -1,4 +1,5 @@
-"""Numba kernels of ``EmbeddingCollection``: dedup, pooling and its gradient.
+"""Numba kernels of ``EmbeddingCollection``: dedup, pooling, padding unpooled
+sequences (``pooling: none``) and their gradients.
 
 Shapes: ``B`` rows, ``F`` features, ``D`` dim, ``N`` ids in the batch (all
 features), ``G`` id groups (one per table), ``U`` unique ids over all groups.
@@ -196,3 +197,91 @@ def scatter_bag_grads(
                 r = base + inverse[j]
                 for d in range(dim):
                     out[r, d] += grad[b, f, d] * scale
+
+
+@njit(cache=True, nogil=True)
+def truncate_bags(
+    values: Int64Array, offsets: Int64Array, max_length: int, out_values: Int64Array
+) -> Int64Array:
+    """Keep the first ``max_length`` ids of every bag (the data layer's
+    ``sequence.max_length`` keeps the first items too).
+
+    Args:
+        values: int64 (N,) one feature's ids.
+        offsets: int64 (B + 1,) its bag boundaries (checked).
+        max_length: ids kept per bag (>= 1).
+        out_values: int64 (>= N,) out: the kept ids, bag after bag.
+
+    Returns:
+        int64 (B + 1,) the kept bags' boundaries into ``out_values``.
+    """
+    n_rows = offsets.size - 1
+    out_offsets = np.zeros(n_rows + 1, np.int64)
+    n = 0
+    for b in range(n_rows):
+        s = offsets[b]
+        e = min(offsets[b + 1], s + max_length)
+        for j in range(s, e):
+            out_values[n] = values[j]
+            n += 1
+        out_offsets[b + 1] = n
+    return out_offsets
+
+
+@njit(cache=True, nogil=True)
+def pad_sequences(
+    rows: Float32Array,
+    inverse: Int64Array,
+    offsets: Int64Array,
+    value_start: int,
+    row_base: int,
+    out: Float32Array,
+    mask: BoolArray,
+) -> None:
+    """One unpooled feature as a right-padded block: ``out[b, p]`` = the row of
+    the p-th id of bag b, zeros past the bag's end; ``mask[b, p]`` = p < bag size.
+
+    Args:
+        rows, inverse: as ``pool_bags``.
+        offsets: int64 (B + 1,) the feature's bag boundaries (bags <= L ids).
+        value_start: where the feature's ids start in ``inverse``.
+        row_base: where the feature's table starts in ``rows``.
+        out: float32 (B, L, D).
+        mask: bool (B, L).
+    """
+    n_rows, length, dim = out.shape
+    for b in range(n_rows):
+        s = value_start + offsets[b]
+        size = offsets[b + 1] - offsets[b]
+        for p in range(length):
+            if p < size:
+                r = row_base + inverse[s + p]
+                for d in range(dim):
+                    out[b, p, d] = rows[r, d]
+                mask[b, p] = True
+            else:
+                for d in range(dim):
+                    out[b, p, d] = 0.0
+                mask[b, p] = False
+
+
+@njit(cache=True, nogil=True)
+def scatter_sequence_grads(
+    grad: Float32Array,
+    inverse: Int64Array,
+    offsets: Int64Array,
+    value_start: int,
+    row_base: int,
+    out: Float32Array,
+) -> None:
+    """The gradient of ``pad_sequences``: adds ``grad[b, p]`` to the row of the
+    p-th id of bag b (padding positions hold no id and are skipped). Arguments as
+    ``pad_sequences``, ``grad`` float32 (B, L, D); ``out`` (U, D) is accumulated into."""
+    n_rows, length, dim = grad.shape
+    for b in range(n_rows):
+        s = value_start + offsets[b]
+        size = min(offsets[b + 1] - offsets[b], length)
+        for p in range(size):
+            r = row_base + inverse[s + p]
+            for d in range(dim):
+                out[r, d] += grad[b, p, d]

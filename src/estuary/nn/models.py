@@ -9,6 +9,13 @@ Every model takes the same inputs and returns logits::
 A user's own ``torch.nn.Module`` with this ``forward(dense, sparse)`` plugs in the
 same way (see ``examples/custom_model.py``). Models are found by name in
 ``MODELS``; ``build_model`` checks the constructor arguments from the job file.
+
+When some features have ``pooling: none``, the trainer calls
+``forward(dense, sparse, sequences)`` instead, with ``sequences`` feature ->
+``SequenceEmbedding`` (values (B, L, D), mask (B, L)) and zeros in those
+features' ``sparse`` slots. ``build_model`` then wraps the registered model in
+``SequencePooling`` (``estuary.nn.sequence_pooling``), which fills the slots
+with attention-pooled vectors, configured by ``params["sequence_pooling"]``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 from torch import nn
 
 from estuary.config.errors import ConfigError
+from estuary.nn.sequence_pooling import build_sequence_pooling
 
 
 def make_mlp(
@@ -225,9 +233,57 @@ def register_model(name: str, factory: ModelFactory) -> None:
 
 
 def build_model(
-    name: str, params: dict[str, Any], *, num_dense: int, num_sparse: int, embedding_dim: int
+    name: str,
+    params: dict[str, Any],
+    *,
+    num_dense: int,
+    num_sparse: int,
+    embedding_dim: int,
+    features: Sequence[str] = (),
+    sequence_features: Sequence[str] = (),
 ) -> nn.Module:
-    """Construct a registered model; unknown names and parameters name the field."""
+    """Construct a registered model; unknown names and parameters name the field.
+
+    Args:
+        features: the F sparse features in model order (needed with sequences).
+        sequence_features: the features with ``pooling: none``; when given, the
+            model is wrapped in ``SequencePooling`` (``forward(dense, sparse,
+            sequences)``), configured by ``params["sequence_pooling"]``.
+    """
+    params = dict(params)
+    sequence_pooling = params.pop("sequence_pooling", None)
+    if sequence_pooling is not None and not sequence_features:
+        raise ConfigError(
+            "model.params.sequence_pooling", "no sparse feature has a table with pooling: none"
+        )
+    if sequence_pooling is not None and not isinstance(sequence_pooling, dict):
+        raise ConfigError(
+            "model.params.sequence_pooling", "expected a mapping: feature -> {type: ...}"
+        )
+    model = _build_registered(name, params, num_dense, num_sparse, embedding_dim)
+    if not sequence_features:
+        return model
+    return build_sequence_pooling(
+        model,
+        features=features,
+        sequence_features=sequence_features,
+        embedding_dim=embedding_dim,
+        config=sequence_pooling,
+    )
+
+
+def accepts_sequences(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes a third positional argument (``sequences``)."""
+    params = list(inspect.signature(model.forward).parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional for p in params) >= 3
+
+
+def _build_registered(
+    name: str, params: dict[str, Any], num_dense: int, num_sparse: int, embedding_dim: int
+) -> nn.Module:
     factory = MODELS.get(name)
     if factory is None:
         raise ConfigError("model.type", f"unknown model {name!r}; known: {sorted(MODELS)}")

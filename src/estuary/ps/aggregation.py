@@ -73,6 +73,7 @@ class StepAggregator:
         self.applied = 0  # last applied step; steps are 1-based
         self.duplicates = 0  # pushes ignored because (step, rank) was already in
         self.waits = 0  # requests that had to wait for a step
+        self.max_behind = 0  # most steps a training lookup missed (see note_lookup)
 
     def push(self, step: int, rank: int, ids: Int64Array, grads: Float32Array) -> bool:
         """Buffer rank ``rank``'s gradients of ``step``; apply every step that became
@@ -145,6 +146,15 @@ class StepAggregator:
                     )
                 self._cond.wait(left)
             self._raise_if_failed()
+
+    def note_lookup(self, step: int) -> None:
+        """Instrumentation: a training lookup of ``step`` is about to read the
+        table; it sees every step up to ``applied`` (steps only land later), so it
+        misses ``step - 1 - applied`` updates at most."""
+        behind = step - 1 - self.applied
+        if behind > self.max_behind:
+            with self._cond:
+                self.max_behind = max(self.max_behind, behind)
 
     def missing_ranks(self, step: int) -> list[int]:
         """Ranks that have not pushed ``step`` yet (empty once applied)."""

@@ -7,8 +7,8 @@ Steps: a ``RemoteTable`` numbers its train lookups and its gradient pushes
 1, 2, 3, ... (both counters start at 0 when the table object is made). The
 lookup of step s may wait at the server for the staleness bound; push t
 carries (t, rank) so the server applies each step exactly once. Eval lookups,
-``state_dict`` and ``stats`` wait until every step this table pushed has been
-applied (read your writes).
+``state_dict``, ``delta_state_dict`` and ``stats`` wait until every step this
+table pushed has been applied (read your writes).
 """
 
 from __future__ import annotations
@@ -154,7 +154,8 @@ class PSClient:
 
     def server_stats(self) -> dict[str, dict[str, int]]:
         """Per table: ``applied`` (last applied step), ``duplicates`` (pushes
-        ignored), ``pending_steps``, ``waits`` (requests that waited for a step)."""
+        ignored), ``pending_steps``, ``waits`` (requests that waited for a step),
+        ``max_behind`` (most updates a training lookup missed: the staleness seen)."""
         return dict(self.call("server_stats")[0]["tables"])
 
     def shutdown(self) -> None:
@@ -272,6 +273,18 @@ class RemoteTable:
         """Replace the server-side table's state (see ``EmbeddingTable.load_state_dict``).
         Call it while no trainer is training."""
         self.client.call("load_state_dict", {"table": self.name}, dict(state))
+
+    def delta_state_dict(self) -> dict[str, np.ndarray]:
+        """Rows changed and ids evicted since the last mark (``EmbeddingTable.
+        delta_state_dict``), after every step this table pushed has been applied."""
+        _, out = self.client.call("delta_state_dict", {"table": self.name, "after": self.pushed})
+        return out
+
+    def apply_delta(self, delta: Mapping[str, np.ndarray]) -> None:
+        """Apply a delta on top of the server-side table's state (see
+        ``EmbeddingTable.apply_delta``; a wrong base raises ``PSError``). Call it
+        while no trainer is training."""
+        self.client.call("apply_delta", {"table": self.name}, dict(delta))
 
     def remove(self, ids: Int64Array) -> int:
         """Drop the rows of ``ids`` int64 (N,); returns how many existed."""

@@ -7,7 +7,8 @@ Shapes: ``N`` ids in a request, ``D`` a table's dim.
     trainer threads --(one connection each, pooled by PSClient)--> ParameterServer
         lookup(table, ids, train, step)   waits for the staleness bound, then gathers
         push(table, step, rank, ids, grads)  StepAggregator: all W ranks -> one step
-        state_dict / load_state_dict / stats / remove / wait / shutdown
+        state_dict / load_state_dict / delta_state_dict / apply_delta
+        stats / remove / wait / shutdown
 
 One thread per connection. Tables run their numba kernels with the GIL released
 and lock per shard, so lookups of different connections run side by side;
@@ -115,6 +116,8 @@ class ParameterServer:
             "server_stats": self._op_server_stats,
             "state_dict": self._op_state_dict,
             "load_state_dict": self._op_load_state_dict,
+            "delta_state_dict": self._op_delta_state_dict,
+            "apply_delta": self._op_apply_delta,
             "remove": self._op_remove,
             "shutdown": self._op_shutdown,
         }
@@ -259,6 +262,8 @@ class ParameterServer:
             need = max(need, self._int(header, "step") - 1 - self.config.staleness)
         if need > 0:
             steps.wait_applied(need, self.config.wait_timeout_s)
+        if train and step is not None:
+            steps.note_lookup(self._int(header, "step"))
         return {}, {"rows": table.lookup(ids, train=train)}
 
     def _op_push(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
@@ -293,6 +298,19 @@ class ParameterServer:
             table.load_state_dict(arrays)
         return {"rows": len(table)}, {}
 
+    def _op_delta_state_dict(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, steps = self._table(header)
+        steps.wait_applied(self._int(header, "after", 0), self.config.wait_timeout_s)
+        with steps.exclusive():  # no step lands halfway through the delta
+            delta = table.delta_state_dict()
+        return {"applied": steps.applied}, delta
+
+    def _op_apply_delta(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, steps = self._table(header)
+        with steps.exclusive():
+            table.apply_delta(arrays)  # ValueError (wrong base or chain) goes back to the caller
+        return {"rows": len(table)}, {}
+
     def _op_remove(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         table, steps = self._table(header)
         ids = self._array(arrays, "ids", np.int64, 1)
@@ -310,6 +328,7 @@ def _step_counters(steps: StepAggregator) -> dict[str, int]:
         "duplicates": steps.duplicates,
         "pending_steps": steps.pending_steps,
         "waits": steps.waits,
+        "max_behind": steps.max_behind,
     }
 
 

@@ -7,7 +7,7 @@ embedding tables on one parameter-server process that every trainer shares.
       ServerProcess ---- hosts every table; step t is applied once, when all W
       |                  ranks have pushed it (sum of their gradients per id)
       spawn W trainers, rank r:
-        init_process_group(gloo)          dense grads averaged by DDP
+        init_process_group(gloo | nccl)   dense grads averaged by DDP (nccl: CUDA models)
         rows of an epoch: perm[r::W]      same permutation on every rank
         lookup(step t) -> forward/backward -> dense step -> push(t, r, grads / W)
       rank 0: eval + checkpoint (tables pulled from the server) -> FitResult
@@ -43,14 +43,19 @@ from estuary.data import DataPart, TabularDataset
 from estuary.data.types import Batch, Int64Array
 from estuary.ps import HostedTable, PSClient, ServerConfig, ServerProcess
 from estuary.ps.server import Address
-from estuary.train.trainer import FitResult, Trainer
+from estuary.train.trainer import FitResult, Trainer, resolve_device
 
-BACKENDS = ("gloo",)  # "nccl" needs the dense model on the GPU, which Trainer does not do yet
+BACKENDS = ("gloo", "nccl")  # nccl: dense models on CUDA (``train.device``)
 
 
 class DistributedError(RuntimeError):
     """A trainer process of a multi-trainer run failed; the message names its rank
     and the error's last line (the full traceback is the ``__cause__``)."""
+
+
+def default_backend(job: JobSpec) -> str:
+    """``nccl`` when the job's dense model runs on CUDA, else ``gloo``."""
+    return "nccl" if resolve_device(job.train.device).type == "cuda" else "gloo"
 
 
 def table_plan(job: JobSpec) -> dict[str, HostedTable]:
@@ -140,7 +145,8 @@ class DistributedTrainer(Trainer):
         super().__init__(job, model, dataset=dataset, tables=self.remote_tables, rank=rank)
         if world_size > 1:
             # Construction broadcasts rank 0's parameters (a collective).
-            self.train_model = DistributedDataParallel(self.model)
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(self.model, device_ids=device_ids)
 
     def _epoch_batches(self, part: DataPart, epoch: int) -> Iterator[Batch]:
         train = self.job.train
@@ -169,6 +175,7 @@ class DistributedTrainer(Trainer):
             ps_applied_steps=min((s["applied"] for s in ps.values()), default=0),
             ps_duplicate_pushes=sum(s["duplicates"] for s in ps.values()),
             ps_waits=sum(s["waits"] for s in ps.values()),
+            ps_max_behind=max((s["max_behind"] for s in ps.values()), default=0),
         )
         return result
 
@@ -203,6 +210,8 @@ def _trainer_main(rank: int, launch: _Launch, results: Any) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
     if not launch.job.train.threads:
         torch.set_num_threads(launch.threads)  # W trainers share the machine's cores
+    if launch.backend == "nccl":  # one GPU per rank, round robin over the GPUs
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(
         launch.backend,
         init_method=launch.init_method,
@@ -237,7 +246,7 @@ def run_distributed(
     *,
     trainers: int | None = None,
     progress: bool | None = None,
-    backend: str = "gloo",
+    backend: str | None = None,
     ps_wait_timeout_s: float = 300.0,
     pg_timeout_s: float = 600.0,
     startup_timeout_s: float = 120.0,
@@ -249,7 +258,8 @@ def run_distributed(
         job: the job; ``train.batch_size`` is per trainer.
         trainers: W (default ``runtime.trainers``).
         progress: show rank 0's progress bar (only with W = 1; see ``fit``).
-        backend: torch.distributed backend for the dense all-reduce (``gloo``).
+        backend: torch.distributed backend for the dense all-reduce; default
+            ``default_backend(job)``: ``nccl`` for CUDA dense models, else ``gloo``.
         ps_wait_timeout_s: longest a request waits at the server for a step (a
             stuck or dead rank fails the run after this, not never).
         pg_timeout_s: timeout of the process group's collectives.
@@ -262,8 +272,11 @@ def run_distributed(
     world_size = job.runtime.trainers if trainers is None else trainers
     if world_size < 1:
         raise ValueError(f"trainers must be >= 1, got {world_size}")
+    backend = default_backend(job) if backend is None else backend
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "nccl" and resolve_device(job.train.device).type != "cuda":
+        raise ValueError("backend 'nccl' needs train.device 'cuda' (or 'auto' with CUDA present)")
     config = ServerConfig(
         table_plan(job),
         world_size=world_size,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,19 +38,20 @@ from estuary.config.errors import ConfigError
 from estuary.data.graph import Driver, Progress
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
 from estuary.metrics.progress import ProgressBar
-from estuary.train.checkpoint import list_checkpoints
+from estuary.train.checkpoint import prune_checkpoints
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
 if TYPE_CHECKING:
     from estuary.train.trainer import FitResult, Trainer
 
-__all__ = ["KEEP_CHECKPOINTS", "fit_streaming", "restored_progress"]
+__all__ = ["KEEP_CHECKPOINTS", "evaluate_stream", "fit_streaming", "restored_progress"]
 
 logger = logging.getLogger(__name__)
 
 KEEP_CHECKPOINTS = 2
-"""Checkpoints kept by a ``data.dataset`` run (the newest ones); older ones and
-partial ones left by a killed run are deleted after each checkpoint."""
+"""Checkpoints kept by a ``data.dataset`` run (the newest ones, plus the full
+checkpoint and deltas they are built on); older ones and partial ones left by a
+killed run are deleted after each checkpoint."""
 
 
 def restored_progress(trainer: Trainer) -> Progress:
@@ -87,11 +87,8 @@ def save_with_progress(trainer: Trainer, updater: SparseUpdater, progress: Progr
                 stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
         trainer.data_progress = progress.to_json()
         path = trainer.save_checkpoint()
-    for old in list_checkpoints(path.parent)[:-KEEP_CHECKPOINTS]:
-        if old != path:
-            shutil.rmtree(old, ignore_errors=True)
-    for partial in path.parent.glob("step-*.tmp-*"):  # left by a run killed mid-write
-        shutil.rmtree(partial, ignore_errors=True)
+    # Keeps the newest ones and every checkpoint their delta chains are built on.
+    prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
     return path
 
 
@@ -112,7 +109,7 @@ def fit_streaming(trainer: Trainer, *, progress: bool | None = None) -> FitResul
         hash_names=_hash_names(trainer),
         progress=state,
     )
-    updater = SparseUpdater(trainer.stores, job.train.mode, job.train.staleness)
+    updater = trainer.sparse_updater()
     every = job.output.checkpoint_every_steps
     write_final = job.output.checkpoint or every is not None
     checkpoint: Path | None = None
@@ -167,16 +164,45 @@ def fit_streaming(trainer: Trainer, *, progress: bool | None = None) -> FitResul
 
 def _evaluate(trainer: Trainer) -> tuple[EvalResult | None, int]:
     """Predict ``data.dataset.eval_stream`` (read once, in order); (None, 0) without one."""
-    job = trainer.job
-    spec = job.data.dataset
+    spec = trainer.job.data.dataset
     if spec is None or spec.eval_stream is None or trainer.rank != 0:
         return None, 0
+    result = evaluate_stream(trainer)
+    return result, result.rows
+
+
+def evaluate_stream(trainer: Trainer, stream: str | None = None) -> EvalResult:
+    """AUC / logloss of the trainer's model on one stream of ``data.dataset``, read
+    once, in plan order, unshuffled, from its first window (no data progress).
+
+    Args:
+        stream: the stream to predict; default ``data.dataset.eval_stream``, the
+            held-out stream a training run evaluates at its end.
+
+    Raises:
+        ConfigError: not a ``data.dataset`` job, no such stream, or no stream named
+            and no ``eval_stream`` set.
+    """
+    job = trainer.job
+    spec = job.data.dataset
+    if spec is None:
+        raise ConfigError("data.dataset", "evaluating a stream needs a data.dataset job")
+    name = stream if stream is not None else spec.eval_stream
+    if name is None:
+        raise ConfigError(
+            "data.dataset.eval_stream",
+            "not set: name the stream to evaluate (estuary eval --stream NAME) "
+            "or set data.dataset.eval_stream",
+        )
+    if name not in spec.streams:
+        known = ", ".join(spec.streams)
+        raise ConfigError("data.dataset.streams", f"no stream {name!r} (streams: {known})")
     driver = Driver(
         job.data,
         job.base_dir,
         batch_size=job.train.eval_batch_size,
         hash_names=_hash_names(trainer),
-        streams=[spec.eval_stream],
+        streams=[name],
         shuffle=False,
     )
     labels, probabilities = [], []
@@ -184,6 +210,5 @@ def _evaluate(trainer: Trainer) -> tuple[EvalResult | None, int]:
         probabilities.append(trainer.predict(batch))
         labels.append(batch.labels)
     if not labels:
-        return evaluate_predictions(np.zeros(0), np.zeros(0)), 0
-    y = np.concatenate(labels)
-    return evaluate_predictions(y, np.concatenate(probabilities)), int(y.shape[0])
+        return evaluate_predictions(np.zeros(0), np.zeros(0))
+    return evaluate_predictions(np.concatenate(labels), np.concatenate(probabilities))

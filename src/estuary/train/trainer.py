@@ -7,6 +7,7 @@ lookup -> forward -> backward -> dense step -> hand sparse gradients to the
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -26,9 +27,17 @@ from estuary.embedding import EmbeddingStore, EmbeddingTable
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
 from estuary.metrics.progress import ProgressBar
 from estuary.nn.embedding_collection import EmbeddingCollection, LookedUpBatch
-from estuary.nn.models import build_model
-from estuary.train.checkpoint import load_checkpoint, save_checkpoint
+from estuary.nn.models import accepts_sequences, build_model
+from estuary.nn.types import SequenceEmbedding, Sequences
+from estuary.train.checkpoint import (
+    ChainLink,
+    load_checkpoint,
+    plan_checkpoint,
+    read_link,
+    save_checkpoint,
+)
 from estuary.train.pipeline import Prefetcher, StageTimes
+from estuary.train.placement import Placement
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
 DENSE_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -45,6 +54,10 @@ class TableStore(EmbeddingStore, Protocol):
     def state_dict(self) -> dict[str, np.ndarray]: ...
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None: ...
+
+    def delta_state_dict(self) -> dict[str, np.ndarray]: ...
+
+    def apply_delta(self, delta: dict[str, np.ndarray]) -> None: ...
 
 
 @dataclass
@@ -108,6 +121,18 @@ class FitResult:
         return out
 
 
+def resolve_device(name: str) -> torch.device:
+    """``train.device`` -> a torch device: ``auto`` takes CUDA when present."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "train.device: 'cuda' requested but torch sees no CUDA device "
+            f"(torch {torch.__version__}, built with CUDA: {torch.version.cuda or 'no'})"
+        )
+    return torch.device(name)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
@@ -120,7 +145,9 @@ class Trainer:
     Args:
         job: the validated job spec.
         model: a ``torch.nn.Module`` with ``forward(dense (B, Dd), sparse (B, F, D))
-            -> logits (B,)``; ``None`` builds ``job.model.type`` from the registry.
+            -> logits (B,)`` (plus ``sequences``, feature -> ``SequenceEmbedding``,
+            when some feature has ``pooling: none``); ``None`` builds
+            ``job.model.type`` from the registry.
         dataset: an already loaded dataset (else read from ``job.data``).
         tables: table name -> an external table (e.g. a parameter server's
             ``RemoteTable``) instead of in-process ones; used as given, so it must
@@ -172,8 +199,19 @@ class Trainer:
             if tables is not None
             else {name: LockedStore(t) for name, t in self.tables.items()}
         )
+        # `pooling: none` leaves sequence features unpooled (the model gets them
+        # padded); a one-id feature's row is already unpooled and stays in (B, F, D).
         pooling = {f: job.table_spec(feature_tables[f]).pooling for f in self.features}
+        jagged = self.dataset.jagged
+        pooling = {f: "sum" if p == "none" and f not in jagged else p for f, p in pooling.items()}
         self.embeddings = EmbeddingCollection(self.features, self.stores, feature_tables, pooling)
+        sequence_features = self.embeddings.sequence_features
+        if model is not None and sequence_features and not accepts_sequences(model):
+            raise TypeError(
+                f"features {sequence_features} have pooling: none, so the model is called as "
+                f"forward(dense, sparse, sequences); accept the third argument or wrap the "
+                f"model in estuary.nn.SequencePooling"
+            )
 
         num_dense = len(self.dataset.dense_names)
         self.model = model or build_model(
@@ -182,7 +220,15 @@ class Trainer:
             num_dense=num_dense,
             num_sparse=len(self.features),
             embedding_dim=self.embeddings.dim,
+            features=self.features,
+            sequence_features=sequence_features,
         )
+        # The dense network runs on `device`; tables stay in host memory, looked-up
+        # rows go to the device and their gradients come back through autograd.
+        self.device = resolve_device(job.train.device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.model.to(self.device)
         self.train_model = self.model  # what steps call: a DDP wrapper with several trainers
         self.rank = rank
         opt = job.train.dense_optimizer
@@ -190,12 +236,16 @@ class Trainer:
             self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay
         )
         self.loss_fn = nn.BCEWithLogitsLoss()
+        self.bf16 = job.train.precision == "bf16"
         self.step = 0
         self.epoch = 0
         self.times = StageTimes()
         # data.dataset runs: rows trained (``estuary.data.graph.Progress`` JSON),
         # saved with and restored from checkpoints (train/streaming.py).
         self.data_progress: dict[str, Any] | None = None
+        # The checkpoint the tables were last saved to or restored from: the
+        # parent of the next delta checkpoint (``output.checkpoint_full_every``).
+        self.checkpoint_link: ChainLink | None = None
 
     # -- training ---------------------------------------------------------------
 
@@ -203,11 +253,11 @@ class Trainer:
         t0 = time.perf_counter()
         self.model.train()
         self.embeddings.train()
-        sparse = self.embeddings(looked_up)  # (B, F, D)
+        sparse, sequences = self.embeddings.embed(looked_up)  # (B, F, D), {f: (B, L, D)}
         dense = torch.from_numpy(batch.dense)  # (B, Dd)
         labels = torch.from_numpy(batch.labels)  # (B,)
-        logits = self.train_model(dense, sparse)
-        loss = self.loss_fn(logits, labels)
+        logits = self._forward(self.train_model, dense, sparse, sequences)
+        loss = self.loss_fn(logits, labels.to(self.device))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         t1 = time.perf_counter()
@@ -220,6 +270,38 @@ class Trainer:
         self.times.sparse_submit_s += t3 - t2
         self.times.steps += 1
         return float(loss.detach())
+
+    def _forward(
+        self, model: nn.Module, dense: torch.Tensor, sparse: torch.Tensor, sequences: Sequences
+    ) -> torch.Tensor:
+        """Logits float32 (B,) on ``self.device``, under bf16 autocast when asked.
+        ``sequences`` (the ``pooling: none`` features) is passed only when not empty."""
+        dense = dense.to(self.device, non_blocking=True)
+        sparse = sparse.to(self.device, non_blocking=True)
+        inputs: list[Any] = [dense, sparse]
+        if sequences:
+            moved = {
+                name: SequenceEmbedding(
+                    s.values.to(self.device, non_blocking=True),
+                    s.mask.to(self.device, non_blocking=True),
+                )
+                for name, s in sequences.items()
+            }
+            inputs.append(moved)
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if self.bf16
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            logits = model(*inputs)
+        return logits.float()
+
+    def sparse_updater(self) -> SparseUpdater:
+        """The ``SparseUpdater`` for ``train.mode`` / ``staleness`` / ``sparse_placement``."""
+        train = self.job.train
+        placement = None if train.sparse_placement == "auto" else Placement(train.sparse_placement)
+        return SparseUpdater(self.stores, train.mode, train.staleness, placement=placement)
 
     def _lookup_train(self, batch: Batch) -> LookedUpBatch:
         return self.embeddings.lookup(batch.sparse, train=True)
@@ -264,7 +346,7 @@ class Trainer:
         show = job.output.progress if progress is None else progress
         train_part, eval_part = self.dataset.split()
         train_rows_per_epoch = train_part.num_rows
-        updater = SparseUpdater(self.stores, job.train.mode, job.train.staleness)
+        updater = self.sparse_updater()
         rows_done = 0
         t_start = time.perf_counter()
         bar = ProgressBar(total=train_rows_per_epoch * job.train.epochs, enabled=show)
@@ -308,6 +390,8 @@ class Trainer:
                 "load_s": self.load_s,
                 "max_staleness_seen": updater.log.max_behind,
                 "sparse_placement": updater.placement.value,
+                "precision": job.train.precision,
+                "device": str(self.device),
                 "embedding_rows": sum(s.rows for s in stats.values()),
                 "embedding_bytes": sum(s.bytes for s in stats.values()),
                 "unknown_grads": sum(s.unknown_grads for s in stats.values()),
@@ -322,9 +406,9 @@ class Trainer:
         self.model.eval()
         self.embeddings.eval()
         looked_up = self.embeddings.lookup(batch.sparse, train=False)
-        sparse = self.embeddings(looked_up)
-        logits = self.model(torch.from_numpy(batch.dense), sparse)
-        return torch.sigmoid(logits).numpy()
+        sparse, sequences = self.embeddings.embed(looked_up)
+        logits = self._forward(self.model, torch.from_numpy(batch.dense), sparse, sequences)
+        return torch.sigmoid(logits).cpu().numpy()
 
     def evaluate(self, part: Any | None = None) -> EvalResult:
         """AUC / logloss on the eval split (or ``part``)."""
@@ -346,13 +430,29 @@ class Trainer:
         return self.job.resolve(self.job.output.dir) / "checkpoints"
 
     def save_checkpoint(self, root: Path | None = None) -> Path:
-        """Write model, dense optimizer and every table atomically."""
-        return save_checkpoint(
-            root or self.checkpoint_root(),
+        """Write model, dense optimizer and every table atomically: the tables in
+        full, or as a delta of the previous checkpoint (``plan_checkpoint``)."""
+        root = root or self.checkpoint_root()
+        plan = plan_checkpoint(
+            self.checkpoint_link,
+            root=root,
+            step=self.step,
+            full_every=self.job.output.checkpoint_full_every,
+        )
+        parent, tables = plan.parent, None
+        if parent is not None:  # a delta: rows changed since the parent
+            tables = {name: t.delta_state_dict() for name, t in self.tables.items()}
+            if not parent.accepts(tables):  # a table was marked since: write it full
+                parent, tables = None, None
+        if tables is None:  # full: every row (also marks the tables clean)
+            tables = {name: t.state_dict() for name, t in self.tables.items()}
+        path = save_checkpoint(
+            root,
             step=self.step,
             model=self.model,
             optimizer=self.optimizer,
-            tables={name: t.state_dict() for name, t in self.tables.items()},
+            tables=tables,
+            parent=parent,
             metadata={
                 "job": to_dict(self.job, resolve_paths=True),
                 "epoch": self.epoch,
@@ -361,6 +461,8 @@ class Trainer:
                 **({"data_progress": self.data_progress} if self.data_progress else {}),
             },
         )
+        self.checkpoint_link = read_link(path)
+        return path
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore model, dense optimizer and tables from ``path`` (a checkpoint
@@ -372,8 +474,8 @@ class Trainer:
         missing = set(self.tables) - set(ckpt.tables)
         if missing:
             raise ValueError(f"{ckpt.path}: checkpoint has no table for {sorted(missing)}")
-        for name, table in self.tables.items():
-            table.load_state_dict(ckpt.tables[name])
+        ckpt.restore_tables(self.tables)  # a delta: its full checkpoint, then each delta
+        self.checkpoint_link = ckpt.link
         self.step = int(ckpt.manifest["step"])
         self.epoch = int(ckpt.manifest["metadata"].get("epoch", 0))
         self.data_progress = ckpt.manifest["metadata"].get("data_progress")
