@@ -2,7 +2,7 @@
 
     estuary train JOB.yaml [--set dotted.key=value]... [--output DIR] [--profile] [--nproc W]
                   [--resume]
-    estuary eval  JOB.yaml --checkpoint PATH [--set dotted.key=value]...
+    estuary eval  JOB.yaml --checkpoint PATH [--stream NAME] [--set dotted.key=value]...
 
 Known errors (bad job file, bad data over the limit, bad checkpoint) print one
 ``error: ...`` line naming what and where, and exit with status 2.
@@ -57,6 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate a saved checkpoint on the job's eval split")
     common(ev)
     ev.add_argument("--checkpoint", type=Path, required=True, help="checkpoint or run folder")
+    ev.add_argument(
+        "--stream",
+        metavar="NAME",
+        help="data.dataset jobs: the stream to evaluate (default: data.dataset.eval_stream)",
+    )
 
     from estuary.data.synthetic import SYNTHETIC_FORMATS, SyntheticSpec, parse_hour
 
@@ -166,13 +171,20 @@ def _resume(trainer: Any, out_dir: Path) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from estuary.config import load_job
+    from estuary.config import ConfigError, load_job
     from estuary.train import Trainer
 
     job = load_job(args.job, args.overrides)
+    if args.stream is not None and job.data.dataset is None:
+        raise ConfigError("data.dataset", "--stream needs a data.dataset job")
     trainer = Trainer(job)
     trainer.load_checkpoint(args.checkpoint)
-    result = trainer.evaluate()
+    if job.data.dataset is not None:  # a held-out stream, read once in order
+        from estuary.train.streaming import evaluate_stream
+
+        result = evaluate_stream(trainer, args.stream)
+    else:  # the last data.eval_fraction of the rows, as in training
+        result = trainer.evaluate()
     print(f"eval AUC {result.auc:.4f}  logloss {result.logloss:.4f}  ({result.rows} eval rows)")
     print(
         json.dumps(

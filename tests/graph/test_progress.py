@@ -112,3 +112,15 @@ def test_a_resumed_driver_reads_only_untrained_rows(tmp_path: Path) -> None:
     }
     assert trained == written.good
     assert progress.tasks_committed == 3
+
+
+def test_windows_shorter_than_a_minute_have_distinct_task_ids() -> None:
+    start = 1_767_225_600  # 2026-01-01T00:00:00Z
+    ids = [Task(start + s, 0, "s", "live", start + s + 1).id for s in (0, 1, 59, 60, 61)]
+    assert ids == [
+        "s/live@2026010100",
+        "s/live@20260101000001",
+        "s/live@20260101000059",
+        "s/live@202601010001",
+        "s/live@20260101000101",
+    ]

@@ -1,6 +1,6 @@
 """Stream sources in a dataset (``type: stream``): exactly once under SIGKILL
-with a real Redis server, and a file source and a stream source read in plan
-order from one dataset.
+with a real Redis server and a real NATS JetStream server, and a file source
+and a stream source read in plan order from one dataset.
 
 The killed run is a child process (the same pattern as
 ``tests/graph/test_kill_resume.py``); the resume runs in this process.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -64,15 +65,15 @@ def rows(n: int, seed: int = 0) -> tuple[list[bytes], list[int]]:
     return payloads, good
 
 
-def stream_job(root: Path, name: str, url: str, key: str, seed: int) -> Path:
+def stream_job(
+    root: Path, name: str, stream: dict[str, Any], seed: int, window_s: int = 60
+) -> Path:
     source = {
         "name": "live",
         "type": "stream",
-        "window_s": 60,
+        "window_s": window_s,
         "stream": {
-            "kind": "redis",
-            "url": url,
-            "key": key,
+            **stream,
             "format": "csv",
             "columns": COLUMNS,
             "batch_max_messages": 25,
@@ -103,46 +104,38 @@ def stream_job(root: Path, name: str, url: str, key: str, seed: int) -> Path:
 
 
 def trained_rids(progress: Progress, offsets: list[str], rids: dict[str, int]) -> list[int]:
-    """The rid of every trained row of the progress ledger (a rid twice if trained twice)."""
+    """The rid of every trained row of the progress ledger (a rid twice if trained twice).
+
+    ``offsets``: every message's offset as text, in stream order; a split named
+    ``after X`` with X not among them starts at the first message."""
     position = {offset: i for i, offset in enumerate(offsets)}
     out = []
     for splits in progress.accounting().values():
         for name, ranges in splits.items():
             after, last, count = parse_split_name(name)
-            first = 0 if after == "0-0" else position[after] + 1
+            first = position[after] + 1 if after in position else 0
             assert position[last] == first + count - 1, name
             out += [rids[offsets[first + r - 1]] for a, b in ranges for r in range(a, b)]
     return out
 
 
-def test_split_names_round_trip() -> None:
-    assert parse_split_name(split_name("0-0", "17-3", 5)) == ("0-0", "17-3", 5)
-    assert parse_split_name(split_name(3, 4, 1)) == ("3", "4", 1)
-    with pytest.raises(ValueError):
-        parse_split_name("data/part-0.tsv")
-
-
-def test_redis_stream_sigkill_then_resume_trains_each_message_once(
-    redis_server: Server, tmp_path: Path
-) -> None:
-    import redis
-
-    key = "dataset-kill"
-    payloads, good = rows(ROWS)
-    client = redis.Redis.from_url(redis_server.url)
-    offsets = []
-    for i, payload in enumerate(payloads):  # WINDOWS minutes of broker time
-        offset = f"{START_MS + i * (WINDOWS * 60_000 // ROWS)}-{i}"
-        offsets.append(client.xadd(key, {"data": payload}, id=offset).decode())
-    client.close()
+def kill_then_resume(
+    root: Path,
+    job_path: Path,
+    offsets: list[str],
+    good: list[int],
+    kill_seed: int,
+    source: str = "s/live",
+) -> Progress:
+    """SIGKILL a training run of ``job_path`` at a seeded random step, resume it in
+    this process, and check the final checkpoint trained every good message of
+    ``source`` (``stream/source``, offsets in stream order) once; its progress."""
     rids = {offset: i for i, offset in enumerate(offsets)}
-
-    job_path = stream_job(tmp_path, "kill", redis_server.url, key, seed=0)
     steps = -(-len(good) // BATCH)
-    kill_at = int(np.random.default_rng(7).integers(EVERY + 2, steps - 2))
+    kill_at = int(np.random.default_rng(kill_seed).integers(EVERY + 2, steps - 2))
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["estuary.train", "torch._dynamo"])
-    scope = {"root": str(tmp_path), "job_path": str(job_path), "at": kill_at}
+    scope = {"root": str(root), "job_path": str(job_path), "at": kill_at}
     child = context.Process(target=exec, args=(CHILD, scope), daemon=True)
     child.start()
     child.join(timeout=120)
@@ -171,8 +164,56 @@ def test_redis_stream_sigkill_then_resume_trains_each_message_once(
     assert sorted(trained_rids(progress, offsets, rids)) == good
     assert progress.rows_trained == len(good)
     # Every window was committed: the last offset is the source's committed position.
-    assert progress.stream_offsets["s/live"]["offset"] == offsets[-1]
-    assert result.bad_rows == ROWS - len(good)
+    assert str(progress.stream_offsets[source]["offset"]) == offsets[-1]
+    assert result.bad_rows == len(offsets) - len(good)
+    return progress
+
+
+def test_split_names_round_trip() -> None:
+    assert parse_split_name(split_name("0-0", "17-3", 5)) == ("0-0", "17-3", 5)
+    assert parse_split_name(split_name(3, 4, 1)) == ("3", "4", 1)
+    with pytest.raises(ValueError):
+        parse_split_name("data/part-0.tsv")
+
+
+def test_redis_stream_sigkill_then_resume_trains_each_message_once(
+    redis_server: Server, tmp_path: Path
+) -> None:
+    import redis
+
+    key = "dataset-kill"
+    payloads, good = rows(ROWS)
+    client = redis.Redis.from_url(redis_server.url)
+    offsets = []
+    for i, payload in enumerate(payloads):  # WINDOWS minutes of broker time
+        offset = f"{START_MS + i * (WINDOWS * 60_000 // ROWS)}-{i}"
+        offsets.append(client.xadd(key, {"data": payload}, id=offset).decode())
+    client.close()
+    stream = {"kind": "redis", "url": redis_server.url, "key": key}
+    job_path = stream_job(tmp_path, "kill", stream, seed=0)
+    kill_then_resume(tmp_path, job_path, offsets, good, kill_seed=7)
+
+
+def test_nats_stream_sigkill_then_resume_trains_each_message_once(
+    nats_server: Server, tmp_path: Path
+) -> None:
+    """The same on JetStream: its broker time is the publish time, so the rows are
+    published in WINDOWS bursts one second apart, for WINDOWS 1-second windows."""
+    from estuary.data.streams import open_publisher
+
+    subject = "dataset-kill-nats"
+    payloads, good = rows(ROWS, seed=1)
+    publisher = open_publisher(f"{nats_server.url}/{subject}")
+    offsets: list[str] = []
+    burst = ROWS // WINDOWS
+    for w in range(WINDOWS):
+        if w:
+            time.sleep(1.0 - time.time() % 1.0 + 0.01)  # into the next whole second
+        offsets += [str(o) for o in publisher.publish(payloads[w * burst : (w + 1) * burst])]
+    publisher.close()
+    stream = {"kind": "nats", "url": nats_server.url, "subject": subject}
+    job_path = stream_job(tmp_path, "kill-nats", stream, seed=1, window_s=1)
+    kill_then_resume(tmp_path, job_path, offsets, good, kill_seed=8)
 
 
 def test_file_and_stream_sources_are_read_in_plan_order(tmp_path: Path) -> None:

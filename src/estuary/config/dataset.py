@@ -212,7 +212,9 @@ class JoinSpec:
     A left row (an impression) gets label 1 when a right row (a click) with the
     same ``key`` has a time in ``[t, t + wait_s]``, else 0; the label goes into
     ``data.schema.label``. A left window ``[s, e)`` waits until the right
-    partitions covering ``[s, e + wait_s)`` are ready.
+    partitions covering ``[s, e + wait_s)`` are ready; a right ``type: stream``
+    source until its messages stored before ``e + wait_s`` are all read. Either
+    side may be files or a stream.
 
     Args:
         left: the source whose rows are trained (its label column, if any, is replaced).
@@ -367,7 +369,7 @@ class DatasetSpec:
         executor: readers, retries, backpressure.
         shuffle: interleaving and buffer shuffle.
         eval_stream: a stream held out of training and read once, in order, for
-            evaluation at the end; ``null`` = no evaluation.
+            evaluation at the end (and by ``estuary eval``); ``null`` = no evaluation.
     """
 
     streams: dict[str, StreamSpec]

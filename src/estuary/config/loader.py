@@ -327,11 +327,6 @@ def _check_features(job: JobSpec, seen: Mapping[str, str]) -> None:
                 raise ConfigError(
                     f"{where}.columns", f"{column!r} is not a column{_suggest(column, known)}"
                 )
-        if feature.kind == "sequence" and job.data.dataset is not None:
-            raise ConfigError(
-                f"{where}.kind",
-                "sequence features are read by data.sources only (not data.dataset yet)",
-            )
 
 
 def _check_embedding(job: JobSpec) -> None:

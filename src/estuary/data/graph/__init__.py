@@ -5,7 +5,8 @@ time order, exactly once per ``Progress``.
                 waits until each window's partitions are ready
     Source      window -> splits (one per file, or Parquet row ranges) -> raw rows;
                 StreamSource: a broker stream, splits = offset ranges
-    Joiner      labels one source's rows from another's later events
+    Joiner      labels one source's rows from another's later events (files or
+                streams on either side; join_events.StreamEvents for a right stream)
     Sink        BatchSink -> Batches for a trainer; materialize -> Parquet
     Driver      dispatcher + executors (threads or processes) with bounded
                 queues, retries, task states; yields Batches

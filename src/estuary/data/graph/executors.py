@@ -33,7 +33,7 @@ from estuary.data.errors import BadDataError, DataError, DataFileError
 from estuary.data.formats import RawChunk
 from estuary.data.graph.progress import Ranges, ranges_contain
 from estuary.data.graph.types import SourceOperator, Split
-from estuary.data.types import Float32Array, Int64Array
+from estuary.data.types import Float32Array, Int64Array, JaggedIds
 
 __all__ = [
     "Block",
@@ -66,6 +66,7 @@ class Block:
         skipped_rows: good rows of the block's range left out as trained already
             (they count as read for the bad-row ratio, as they did in the run
             that trained them).
+        jagged: sequence feature -> its bags of the G rows (``RowDecoder.sequences``).
     """
 
     rows: Int64Array
@@ -76,6 +77,7 @@ class Block:
     bad_count: int
     bad_examples: list[BadRow] = field(default_factory=list)
     skipped_rows: int = 0
+    jagged: dict[str, JaggedIds] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -224,6 +226,7 @@ class SplitReader:
             bad_count=decoded.bad_count,
             bad_examples=decoded.bad_examples,
             skipped_rows=skipped,
+            jagged=decoded.jagged,
         )
 
 

@@ -14,6 +14,14 @@ parsed once (key hash, time) and kept for the next windows that need them.
 Left rows whose time is missing or not an integer are bad rows (they name the
 time column); the label goes into ``data.schema.label`` and is then decoded like
 any label, so ids equal ``TabularDataset``'s.
+
+Either side may be a live stream (``type: stream``). A left stream gives the
+tasks and splits of a ``StreamSource`` (windows of broker time, offset-range
+splits); a right stream is read by ``StreamEvents`` (``join_events.py``): a left
+window ``[s, e)`` takes the right messages stored in ``[s, e + wait_s)`` and is
+ready once those are all read. Both sides' offsets go into ``Progress`` with the
+left window, so a resumed run neither repeats nor loses a left row and labels
+the rest from the same right events.
 """
 
 from __future__ import annotations
@@ -22,44 +30,24 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from estuary.config.dataset import JoinSpec
 from estuary.data.badrows import BadRow
-from estuary.data.dense import OK, parse_numbers
 from estuary.data.formats import RawChunk
+from estuary.data.graph.join_events import EventIndex, StreamEvents, event_times, key_hashes
+from estuary.data.graph.progress import Progress
 from estuary.data.graph.sources import FileSource
+from estuary.data.graph.streams import StreamSource
 from estuary.data.graph.types import Readiness, Split, Task
-from estuary.data.hashing import hash_array
 from estuary.data.types import Int64Array
 
 __all__ = ["EventIndex", "Joiner", "label_within"]
 
-_KEY_SEED = 0x6A6F696E  # any fixed seed: keys are compared, never trained
-
-
-@dataclass(frozen=True)
-class EventIndex:
-    """Right-side events of one left window: key hashes and times (in ``time_unit``).
-
-    Args:
-        keys: int64 (E,).
-        times: int64 (E,).
-    """
-
-    keys: Int64Array
-    times: Int64Array
-
-    @classmethod
-    def concat(cls, parts: Sequence[EventIndex]) -> EventIndex:
-        if not parts:
-            return cls(np.zeros(0, np.int64), np.zeros(0, np.int64))
-        return cls(
-            np.concatenate([p.keys for p in parts]), np.concatenate([p.times for p in parts])
-        )
+JoinSide = FileSource | StreamSource
+"""A join's source: time-partitioned files or a live broker stream."""
 
 
 def label_within(keys: Int64Array, times: Int64Array, events: EventIndex, wait: int) -> np.ndarray:
@@ -96,14 +84,14 @@ class Joiner:
 
     Args:
         spec: the stream's ``join`` section.
-        left: the source whose rows are trained.
-        right: the source of events.
+        left: the source whose rows are trained (files or a stream).
+        right: the source of events (files or a stream).
         label: ``data.schema.label``: the column the label is written to.
         where: config path of the join, for errors.
     """
 
     def __init__(
-        self, spec: JoinSpec, left: FileSource, right: FileSource, label: str, where: str
+        self, spec: JoinSpec, left: JoinSide, right: JoinSide, label: str, where: str
     ) -> None:
         self.spec = spec
         self.left = left
@@ -115,8 +103,13 @@ class Joiner:
         self.open_ended = left.open_ended
         self.unit_per_s = 1000 if spec.time_unit == "ms" else 1
         self.wait = round(spec.wait_s * self.unit_per_s)  # in time_unit
-        # Right windows a left window needs, +2 for the overlap with the next one.
-        self._cache_size = math.ceil((left.step_s + spec.wait_s) / right.step_s) + 2
+        self.right_events = StreamEvents(right, spec) if isinstance(right, StreamSource) else None
+        self._progress: Progress | None = None
+        self._cache_size = 0
+        if isinstance(right, FileSource):
+            # Right windows a left window needs, +2 for the overlap with the next one.
+            left_step = left.step_s if isinstance(left, FileSource) else left.window_s
+            self._cache_size = math.ceil((left_step + spec.wait_s) / right.step_s) + 2
         self._cache: OrderedDict[Task, EventIndex] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -127,19 +120,37 @@ class Joiner:
         state = dict(self.__dict__)
         state["_lock"] = None
         state["_cache"] = OrderedDict()
+        state["_progress"] = None
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
+    def attach(self, progress: Progress) -> None:
+        """Resume both sides from ``progress`` (stream sides only; call before ``tasks``)."""
+        self._progress = progress
+        if isinstance(self.left, StreamSource):
+            self.left.attach(progress)
+        if self.right_events is not None:
+            self.right_events.attach(progress)
+
+    def close(self) -> None:
+        """Release the stream connections (idempotent)."""
+        if isinstance(self.left, StreamSource):
+            self.left.close()
+        if self.right_events is not None:
+            self.right_events.close()
+
     def tasks(self) -> Iterator[Task]:
         return self.left.tasks()
 
     def right_tasks(self, task: Task) -> list[Task]:
         """Right windows overlapping ``[task.start_s, task.end_s + wait_s)``, within the
-        right source's configured range."""
+        right source's configured range (a right stream has none: ``[]``)."""
         right = self.right
+        if not isinstance(right, FileSource):
+            return []
         step = right.step_s
         lo = max(right.start_s, right.start_s + (task.start_s - right.start_s) // step * step)
         hi = task.end_s + math.ceil(self.spec.wait_s)  # exclusive
@@ -153,6 +164,9 @@ class Joiner:
         left = self.left.check_ready(task)
         if not left.ready:
             return left
+        if self.right_events is not None:
+            return self.right_events.check_ready(task)
+        assert isinstance(self.right, FileSource)
         for needed in self.right_tasks(task):
             ready = self.right.check_ready(needed)
             if not ready.ready:
@@ -160,10 +174,19 @@ class Joiner:
         return Readiness(True)
 
     def splits(self, task: Task) -> list[Split]:
-        return self.left.splits(task)
+        splits = self.left.splits(task)
+        events = self.right_events
+        if events is not None and self._progress is not None:
+            # The right stream may resume after this once the window is committed.
+            position = events.position_before(task.end_s * 1000)
+            if position is not None:
+                self._progress.set_task_offset(task, position, source=events.name)
+        return splits
 
     def prepare(self, task: Task) -> EventIndex:
         """The right events a left window can match (parsed once per right window)."""
+        if self.right_events is not None:
+            return self.right_events.events(task)
         return EventIndex.concat([self._events(t) for t in self.right_tasks(task)])
 
     def read(
@@ -179,6 +202,7 @@ class Joiner:
     # -- internals ------------------------------------------------------------------
 
     def _events(self, task: Task) -> EventIndex:
+        assert isinstance(self.right, FileSource)
         with self._lock:
             cached = self._cache.get(task)
             if cached is not None:
@@ -188,8 +212,8 @@ class Joiner:
         parts = []
         for split in self.right.splits(task):
             for raw in self.right.read(split, columns, None, 2 << 20):
-                times, ok = self._times(raw.columns[self.spec.time_column])
-                keys = hash_array(raw.columns[self.spec.key], _KEY_SEED)
+                times, ok = event_times(raw.columns[self.spec.time_column])
+                keys = key_hashes(raw.columns[self.spec.key])
                 parts.append(EventIndex(keys[ok], times[ok]))
         index = EventIndex.concat(parts)
         with self._lock:
@@ -198,17 +222,10 @@ class Joiner:
                 self._cache.popitem(last=False)
         return index
 
-    @staticmethod
-    def _times(column: pa.Array) -> tuple[Int64Array, np.ndarray]:
-        """int64 (R,) times and bool (R,) whether each is a whole number."""
-        values, codes = parse_numbers(column)
-        ok = (codes == OK) & (np.floor(values) == values) & (np.abs(values) < 2.0**62)
-        return np.where(ok, values, 0).astype(np.int64), ok
-
     def _label(self, raw: RawChunk, events: EventIndex, wanted: list[str]) -> RawChunk:
         spec = self.spec
-        times, ok = self._times(raw.columns[spec.time_column])
-        keys = hash_array(raw.columns[spec.key], _KEY_SEED)
+        times, ok = event_times(raw.columns[spec.time_column])
+        keys = key_hashes(raw.columns[spec.key])
         hit = label_within(keys[ok], times[ok], events, self.wait)
         labels = np.full(raw.num_rows, b"0", dtype=object)
         labels[np.flatnonzero(ok)[hit]] = b"1"

@@ -22,7 +22,9 @@ JSON layout (``version`` 1)::
 ``streams`` holds, per stream source (``stream/source``), the last broker offset
 of the newest task at or below the watermark: every message up to it was
 trained, so a resumed run reads ``after:<offset>`` (tasks above the watermark
-keep their own splits, named by offset ranges, in ``tasks``).
+keep their own splits, named by offset ranges, in ``tasks``). A join's right
+stream is there too: its offset is the last message the remaining left windows
+cannot need, so a resumed run reads their events again (``joiner.py``).
 
 ``trained`` ranges are ``[first, stop)`` row numbers; ``rows`` (good rows of the
 split) is known once the split was read to its end. A task is committed when
@@ -161,7 +163,8 @@ class Progress:
         self._codes: dict[int, _Code] = {}
         self._next_code = 1
         self.stream_offsets: dict[str, dict[str, Any]] = {}  # "stream/source" -> offset, next
-        self._task_offsets: dict[str, Any] = {}  # task id -> its last offset (stream tasks)
+        # task id -> "stream/source" -> offset, recorded once the watermark passes the task
+        self._task_offsets: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
     # -- what to read ---------------------------------------------------------------
@@ -198,10 +201,14 @@ class Progress:
             ]
         return sorted(found, key=lambda item: item[0].key)
 
-    def set_task_offset(self, task: Task, offset: Any) -> None:
-        """A stream task's last offset: recorded as committed once the watermark passes it."""
+    def set_task_offset(self, task: Task, offset: Any, source: str | None = None) -> None:
+        """A stream offset reached with ``task``: its own source's last offset, or
+        (``source``: another source of its stream, a join's right side) the offset
+        that source may resume after. Becomes that source's committed position
+        once the watermark passes ``task``."""
         with self._lock:
-            self._task_offsets[task.id] = offset
+            key = f"{task.stream}/{source or task.source}"
+            self._task_offsets.setdefault(task.id, {})[key] = offset
 
     # -- events from the reader (in plan order) -------------------------------------
 
@@ -288,11 +295,8 @@ class Progress:
             head = self.tasks[self._order.popleft()]
             if self.watermark is None or head.task.key > self.watermark:
                 self.watermark = head.task.key
-            if head.task.id in self._task_offsets:
-                self.stream_offsets[f"{head.task.stream}/{head.task.source}"] = {
-                    "offset": self._task_offsets.pop(head.task.id),
-                    "next_start_s": head.task.end_s,
-                }
+            for key, offset in self._task_offsets.pop(head.task.id, {}).items():
+                self.stream_offsets[key] = {"offset": offset, "next_start_s": head.task.end_s}
         self._prune()
 
     def _prune(self) -> None:

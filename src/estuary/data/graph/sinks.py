@@ -116,12 +116,16 @@ class BatchSink:
         self.progress = progress
         decoder = RowDecoder(data.schema, hash_names)
         self.features = list(decoder.sparse)
+        self.sequences = list(decoder.sequences)  # several ids per row
+        self.order = list(decoder.features)  # model order of every sparse feature
         self.num_dense = len(decoder.dense)
         self.tracker = BadRowTracker(data.max_bad_row_ratio, data.report_bad_rows)
         self.batch_size = batch_size
         self.interleave = interleave
         self.rng = np.random.default_rng([seed, 0x5EED])  # PCG64 via SeedSequence
-        self.buffer = RowBuffer(self.num_dense, len(self.features), buffer_rows, self.rng)
+        self.buffer = RowBuffer(
+            self.num_dense, len(self.features), buffer_rows, self.rng, len(self.sequences)
+        )
         self.stop = stop
         self._listed: set[str] = set()
 
@@ -156,7 +160,8 @@ class BatchSink:
                         f"needs more than {ROW_BITS} bits: split the source finer"
                     )
                 row_ids = (np.int64(current.code) << ROW_BITS) | block.rows
-                self.buffer.add(block.labels, block.dense, block.ids, row_ids)
+                bags = [block.jagged[name] for name in self.sequences]
+                self.buffer.add(block.labels, block.dense, block.ids, row_ids, bags)
             while self.buffer.ready(self.batch_size):
                 yield self._batch()
         while len(self.buffer):
@@ -190,12 +195,14 @@ class BatchSink:
                     raise RuntimeError("the data driver was closed") from None
 
     def _batch(self) -> Batch:
-        labels, dense, ids, row_ids = self.buffer.take(self.batch_size)
+        labels, dense, ids, row_ids, bags = self.buffer.take(self.batch_size)
         columns = np.ascontiguousarray(ids.T)  # (F, B): each feature contiguous
+        sparse = {name: JaggedIds.single(columns[f]) for f, name in enumerate(self.features)}
+        sparse.update(zip(self.sequences, bags, strict=True))
         return Batch(
             labels=labels,
             dense=dense,
-            sparse={name: JaggedIds.single(columns[f]) for f, name in enumerate(self.features)},
+            sparse={name: sparse[name] for name in self.order},  # model order
             row_ids=row_ids,
         )
 

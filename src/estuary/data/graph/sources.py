@@ -8,7 +8,7 @@
 
 Source kinds are found by name (``register_source_type``); ``build_operators``
 turns a ``DatasetSpec`` into one operator per task-producing source (a joined
-stream gives one ``Joiner``).
+stream gives one ``Joiner``; either of its sides may be files or a stream).
 """
 
 from __future__ import annotations
@@ -210,6 +210,7 @@ def build_operators(
         streams: stream names to build.
     """
     from estuary.data.graph.joiner import Joiner  # joiner imports this module
+    from estuary.data.graph.streams import StreamSource  # so does streams
 
     until_s = None if spec.timer.until is None else parse_time(spec.timer.until, "until")
     operators: list[SourceOperator] = []
@@ -233,7 +234,12 @@ def build_operators(
             operators.extend(built.values())
             continue
         left, right = built[stream.join.left], built[stream.join.right]
-        if not isinstance(left, FileSource) or not isinstance(right, FileSource):
-            raise ConfigError(f"{where}.join", "joins need file sources")
+        for side, op in (("left", left), ("right", right)):
+            if not isinstance(op, FileSource | StreamSource):
+                raise ConfigError(
+                    f"{where}.join.{side}", f"joins take file or stream sources, not {op!r}"
+                )
+        assert isinstance(left, FileSource | StreamSource)
+        assert isinstance(right, FileSource | StreamSource)
         operators.append(Joiner(stream.join, left, right, label, f"{where}.join"))
     return operators

@@ -13,7 +13,9 @@ Readiness is polled every ``poll_interval_s``:
   fails with ``PartitionNotReadyError`` naming it (or is skipped with a warning,
   ``on_timeout: skip``); no timeout = wait for ever (logged once per partition);
 - an open-ended range: the run ends cleanly once the next partition has been
-  unready for ``idle_timeout_s`` (and never plans past ``until``).
+  unready for ``idle_timeout_s`` (and never plans past ``until``);
+- a join waiting for a right stream's late events (``Readiness.until_s``) is
+  neither idle nor timed out: it is ready once the clock passes ``until_s``.
 """
 
 from __future__ import annotations
@@ -108,7 +110,9 @@ class Timer:
             if readiness.ready:
                 return WaitOutcome.READY
             waited = self.clock() - first
-            if op.open_ended:
+            if readiness.until_s is not None:
+                pass  # a join's wait for late events: not idle, ready by until_s
+            elif op.open_ended:
                 idle = self.spec.idle_timeout_s
                 if idle is not None and waited >= idle:
                     logger.info(
@@ -130,7 +134,10 @@ class Timer:
                 logger.info("waiting for %s", readiness.waiting_for)
                 logged = True
             # Blocking wait: the poll interval, cut short at the timeout or when the run stops.
-            if stop.wait(self._next_poll_s(op.open_ended, waited)):
+            pause = self._next_poll_s(op.open_ended, waited)
+            if readiness.until_s is not None:
+                pause = self.spec.poll_interval_s
+            if stop.wait(pause):
                 return WaitOutcome.END
 
     def _next_poll_s(self, open_ended: bool, waited: float) -> float:

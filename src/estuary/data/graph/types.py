@@ -32,8 +32,12 @@ __all__ = [
 
 
 def format_window(start_s: int) -> str:
-    """``2026010113`` for the window starting 2026-01-01T13:00 UTC (minutes if any)."""
+    """``2026010113`` for the window starting 2026-01-01T13:00 UTC; minutes and
+    seconds are added when the start has them (``202601011305``,
+    ``20260101130507``), so windows shorter than a minute keep distinct ids."""
     when = datetime.fromtimestamp(start_s, UTC)
+    if when.second:
+        return when.strftime("%Y%m%d%H%M%S")
     return when.strftime("%Y%m%d%H%M" if when.minute else "%Y%m%d%H")
 
 
@@ -101,10 +105,14 @@ class Readiness:
         ready: every partition the task needs is complete.
         waiting_for: when not ready, what is missing (a partition folder and its
             marker), for messages.
+        until_s: when not ready only because a join waits for late events on a
+            stream: the wall-clock time (s since 1970) by which it will be ready.
+            The timer then keeps waiting rather than ending an open-ended run as idle.
     """
 
     ready: bool
     waiting_for: str = ""
+    until_s: float | None = None
 
 
 class TaskState(enum.Enum):
