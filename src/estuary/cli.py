@@ -110,7 +110,7 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from estuary.config import ConfigError, load_job, to_dict
+    from estuary.config import load_job, to_dict
     from estuary.train import Trainer
 
     overrides = list(args.overrides)
@@ -122,10 +122,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if job.runtime.trainers > 1:
         from estuary.train.distributed import run_distributed
 
-        if args.resume:
-            raise ConfigError("runtime.trainers", "--resume runs with one trainer for now")
-
-        result = run_distributed(job, progress=not args.no_progress and job.output.progress)
+        result = run_distributed(
+            job, progress=not args.no_progress and job.output.progress, resume=args.resume
+        )
     else:
         trainer = Trainer(job)
         if args.resume:

@@ -9,6 +9,7 @@ embedding tables on one parameter-server process that every trainer shares.
       spawn W trainers, rank r:
         init_process_group(gloo | nccl)   dense grads averaged by DDP (nccl: CUDA models)
         rows of an epoch: perm[r::W]      same permutation on every rank
+          (data.dataset: rank 0 reads, sends rank r its part of each step)
         lookup(step t) -> forward/backward -> dense step -> push(t, r, grads / W)
       rank 0: eval + checkpoint (tables pulled from the server) -> FitResult
 
@@ -28,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,9 +45,14 @@ from estuary.data import DataPart, TabularDataset
 from estuary.data.types import Batch, Int64Array
 from estuary.ps import HostedTable, PSClient, ServerConfig, ServerProcess
 from estuary.ps.server import Address
+from estuary.train.checkpoint import LATEST, load_checkpoint
+from estuary.train.streaming import fit_streaming
 from estuary.train.trainer import FitResult, Trainer, resolve_device
 
 BACKENDS = ("gloo", "nccl")  # nccl: dense models on CUDA (``train.device``)
+# How long a rank waits for rank 0's next data.dataset batch: as long as rank 0
+# may wait for data (readiness, idle streams); a failed rank 0 ends the run anyway.
+DATA_TIMEOUT = datetime.timedelta(days=7)
 
 
 class DistributedError(RuntimeError):
@@ -143,10 +150,15 @@ class DistributedTrainer(Trainer):
         self.world_size = world_size
         self.remote_tables = client.tables(rank=rank, grad_scale=1.0 / world_size)
         super().__init__(job, model, dataset=dataset, tables=self.remote_tables, rank=rank)
+        self.data_group: Any = None
         if world_size > 1:
             # Construction broadcasts rank 0's parameters (a collective).
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = DistributedDataParallel(self.model, device_ids=device_ids)
+            # data.dataset batches go from rank 0 to the others on their own gloo
+            # group (CPU tensors, never ordered against DDP's collectives). Its
+            # timeout is long: a rank waits as long as rank 0 waits for data.
+            self.data_group = dist.new_group(backend="gloo", timeout=DATA_TIMEOUT)
 
     def _epoch_batches(self, part: DataPart, epoch: int) -> Iterator[Batch]:
         train = self.job.train
@@ -160,16 +172,38 @@ class DistributedTrainer(Trainer):
             epoch=epoch,
         )
 
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore from ``path`` (as ``Trainer.load_checkpoint``): every rank its dense
+        model, optimizer, step and data progress; rank 0 also the tables, into the
+        parameter server. Every rank must call it, and none train before rank 0 is
+        done (``run_distributed`` puts a barrier after it)."""
+        if self.rank == 0:
+            super().load_checkpoint(path)
+            return
+        ckpt = load_checkpoint(path)  # reads the tables too (not restored here)
+        self.model.load_state_dict(ckpt.dense)
+        if ckpt.optimizer is not None:
+            self.optimizer.load_state_dict(ckpt.optimizer)
+        self.step = int(ckpt.manifest["step"])
+        self.epoch = int(ckpt.manifest["metadata"].get("epoch", 0))
+        self.data_progress = ckpt.manifest["metadata"].get("data_progress")
+
     def fit(self, *, progress: bool | None = None) -> FitResult:
         """Train this rank's share; rank 0 also evaluates and checkpoints. Figures
         in the result are for all ranks (every rank trains as many rows)."""
         # The bar would count one rank's rows against the whole run's total.
-        result = super().fit(progress=progress if self.world_size == 1 else False)
+        show = progress if self.world_size == 1 else False
+        if self.job.data.dataset is not None:  # rank 0 reads; counts are all ranks'
+            result = fit_streaming(
+                self, progress=show, world_size=self.world_size, group=self.data_group
+            )
+        else:
+            result = super().fit(progress=show)
+            result.train_rows *= self.world_size
+            result.samples_per_s *= self.world_size
         for table in self.remote_tables.values():
             table.wait_applied()  # Blocking wait: every rank's last step has landed.
         ps = self.client.server_stats()
-        result.train_rows *= self.world_size
-        result.samples_per_s *= self.world_size
         result.extra.update(
             trainers=self.world_size,
             ps_applied_steps=min((s["applied"] for s in ps.values()), default=0),
@@ -195,6 +229,7 @@ class _Launch:
     startup_timeout_s: float
     threads: int
     progress: bool
+    resume: bool
 
 
 def _loopback_interface() -> str | None:
@@ -227,6 +262,10 @@ def _trainer_main(rank: int, launch: _Launch, results: Any) -> None:
     )
     try:
         trainer = DistributedTrainer(launch.job, client, rank=rank, world_size=launch.world_size)
+        out = launch.job.resolve(launch.job.output.dir)
+        if launch.resume and (out / "checkpoints" / LATEST).is_file():
+            trainer.load_checkpoint(out)  # nothing writes a checkpoint before the barrier
+        dist.barrier()  # Blocking wait: rank 0 has loaded the tables into the server.
         result = trainer.fit(progress=launch.progress and rank == 0)
         if rank == 0:
             results.put(result)
@@ -250,6 +289,7 @@ def run_distributed(
     ps_wait_timeout_s: float = 300.0,
     pg_timeout_s: float = 600.0,
     startup_timeout_s: float = 120.0,
+    resume: bool = False,
 ) -> FitResult:
     """Train ``job`` with W trainer processes and one parameter server on this
     machine; returns rank 0's ``FitResult`` (rank 0 also writes the checkpoint).
@@ -264,6 +304,9 @@ def run_distributed(
             stuck or dead rank fails the run after this, not never).
         pg_timeout_s: timeout of the process group's collectives.
         startup_timeout_s: longest wait for the server to start.
+        resume: continue from the newest checkpoint in ``output.dir`` (if any):
+            every rank restores the dense model and optimizer, rank 0 the tables
+            (into the server) and the data progress (``estuary train --resume``).
 
     Raises:
         DistributedError: a trainer failed (its rank and error in the message).
@@ -300,6 +343,7 @@ def run_distributed(
                 startup_timeout_s=startup_timeout_s,
                 threads=max(1, (os.cpu_count() or 1) // world_size),
                 progress=bool(job.output.progress if progress is None else progress),
+                resume=resume,
             )
             results = torch_mp.get_context("spawn").SimpleQueue()
             context = torch_mp.start_processes(

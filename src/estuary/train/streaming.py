@@ -10,6 +10,12 @@ update); around it:
    updates are flushed and the checkpoint is written with the progress in its
    manifest (``data_progress``): model and rows trained are saved together.
 
+With W trainers (``DistributedTrainer``) only rank 0 runs the Driver, with
+batches of W x B rows; each step's batch is split into W parts, one per rank
+(``estuary.train.batch_scatter``), and rank 0 records the whole batch's rows
+after the step and writes the checkpoint. Progress and checkpoint are those of
+a one-trainer run with batch W x B, so a resume may use any W.
+
 Resume (``estuary train --resume`` or ``trainer.load_checkpoint(run_dir)``):
 the model, optimizer, tables and step come back from the checkpoint, the
 Driver skips committed tasks and every row already trained in the others.
@@ -30,7 +36,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +44,7 @@ from estuary.config.errors import ConfigError
 from estuary.data.graph import Driver, Progress
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
 from estuary.metrics.progress import ProgressBar
+from estuary.train.batch_scatter import BatchScatter, ShareLoss
 from estuary.train.checkpoint import prune_checkpoints
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
@@ -74,8 +81,6 @@ def _check(trainer: Trainer) -> None:
         raise ConfigError(
             "train.epochs", "must be 1 with data.dataset (streams are read once, in time order)"
         )
-    if job.runtime.trainers > 1:
-        raise ConfigError("runtime.trainers", "data.dataset runs with one trainer for now")
 
 
 def save_with_progress(trainer: Trainer, updater: SparseUpdater, progress: Progress) -> Path:
@@ -92,38 +97,67 @@ def save_with_progress(trainer: Trainer, updater: SparseUpdater, progress: Progr
     return path
 
 
-def fit_streaming(trainer: Trainer, *, progress: bool | None = None) -> FitResult:
-    """Train on ``data.dataset`` (see module docstring); returns the run's result."""
+def fit_streaming(
+    trainer: Trainer,
+    *,
+    progress: bool | None = None,
+    world_size: int = 1,
+    group: Any = None,
+) -> FitResult:
+    """Train on ``data.dataset`` (see module docstring); returns the run's result.
+
+    Args:
+        world_size: W trainers (``DistributedTrainer``): rank 0 reads, plans and
+            accounts for every row and hands each rank its part of each step
+            (``estuary.train.batch_scatter``); only rank 0 checkpoints.
+        group: with W > 1, the gloo process group that carries the batches.
+    """
     from estuary.train.trainer import FitResult
 
     _check(trainer)
     job = trainer.job
+    chief = trainer.rank == 0
     show = job.output.progress if progress is None else progress
     state = restored_progress(trainer)
     rows_before = state.rows_trained
-    driver = Driver(
-        job.data,
-        job.base_dir,
-        batch_size=job.train.batch_size,
-        seed=job.train.seed,
-        hash_names=_hash_names(trainer),
-        progress=state,
+    driver = None
+    if chief:  # the only reader and planner; a step is W x B rows
+        driver = Driver(
+            job.data,
+            job.base_dir,
+            batch_size=job.train.batch_size * world_size,
+            seed=job.train.seed,
+            hash_names=_hash_names(trainer),
+            progress=state,
+        )
+    feed = BatchScatter(
+        rank=trainer.rank,
+        world_size=world_size,
+        features=trainer.features,
+        num_dense=len(trainer.dataset.dense_names),
+        source=driver.batches() if driver is not None else None,
+        group=group,
     )
+    share_loss, mean_loss = ShareLoss(), trainer.loss_fn
+    if world_size > 1:
+        trainer.loss_fn = share_loss  # type: ignore[assignment]  # same call signature
     updater = trainer.sparse_updater()
-    every = job.output.checkpoint_every_steps
-    write_final = job.output.checkpoint or every is not None
+    every = job.output.checkpoint_every_steps if chief else None
+    write_final = chief and (job.output.checkpoint or every is not None)
     checkpoint: Path | None = None
     saved_step = trainer.step if trainer.data_progress is not None else None
     rows_done = 0
     t_start = time.perf_counter()
     bar = ProgressBar(total=0, enabled=show)
     try:
-        for batch, looked_up in trainer._steps(driver.batches(), updater):
+        for batch, looked_up in trainer._steps(feed.batches(), updater):
+            share = feed.next_share()  # this step's rows over all ranks
+            share_loss.scale = world_size / max(share.rows, 1)
             loss = trainer._train_step(batch, looked_up, updater)
             trainer.step += 1
-            state.record(batch.row_ids)  # committed with the next checkpoint
-            rows_done += batch.num_rows
-            bar.update(batch.num_rows, loss, 0)
+            state.record(share.row_ids)  # committed with the next checkpoint (rank 0)
+            rows_done += share.rows
+            bar.update(share.rows, loss, 0)
             if every is not None and trainer.step % every == 0:
                 checkpoint = save_with_progress(trainer, updater, state)
                 saved_step = trainer.step
@@ -131,9 +165,11 @@ def fit_streaming(trainer: Trainer, *, progress: bool | None = None) -> FitResul
         if write_final and trainer.step != saved_step:
             checkpoint = save_with_progress(trainer, updater, state)
     finally:
+        trainer.loss_fn = mean_loss
         updater.close()
         bar.close()
-        driver.close()
+        if driver is not None:
+            driver.close()
     train_wall_s = time.perf_counter() - t_start
     result, eval_rows = _evaluate(trainer)
     stats = {name: t.stats() for name, t in trainer.tables.items()}
@@ -141,7 +177,7 @@ def fit_streaming(trainer: Trainer, *, progress: bool | None = None) -> FitResul
         eval=result,
         train_rows=rows_done,
         eval_rows=eval_rows,
-        bad_rows=driver.bad_rows.count,
+        bad_rows=driver.bad_rows.count if driver is not None else 0,
         samples_per_s=rows_done / train_wall_s if train_wall_s > 0 else 0.0,
         wall_s=time.perf_counter() - t_start + trainer.load_s,
         mode=job.train.mode,
@@ -155,6 +191,7 @@ def fit_streaming(trainer: Trainer, *, progress: bool | None = None) -> FitResul
             "rows_committed_before": rows_before,
             "duplicate_rows": state.duplicate_rows,
             "tasks_committed": state.tasks_committed,
+            "batch_send_s": round(feed.send_s, 4),  # rank 0 handing parts to W - 1 ranks
             "embedding_rows": sum(s.rows for s in stats.values()),
             "embedding_bytes": sum(s.bytes for s in stats.values()),
             "unknown_grads": sum(s.unknown_grads for s in stats.values()),
