@@ -2,7 +2,7 @@
 
     python bench/ps.py [--json PATH] [--rows 1000000 10000000] [--dims 16 64]
                        [--batch 65536] [--batches 8] [--repeats 3] [--zipf-a 1.05]
-                       [--new-frac 0.1]
+                       [--new-frac 0.1] [--fresh]
 
 Single thread (NUMBA_NUM_THREADS / OMP threads set to 1 before imports). For
 each table size R and dim D: a shard (Adagrad, uniform init) is filled with R
@@ -10,22 +10,30 @@ random int64 ids in random order, then timed on ``--batches`` batches of
 ``--batch`` Zipf(a) draws over those ids, deduplicated per batch (as the data
 layer's CompactBatch delivers them). Figures are ids/s, best of ``--repeats``:
 
-  lookup         ``lookup(train=False)``, every id present
-  get_or_insert  ``lookup(train=True)`` on the batches with ``--new-frac`` of the
-                 ids replaced by never-seen ones (fresh every repeat)
+  lookup         ``lookup(train=False, out=buf)``, every id present
+  get_or_insert  ``lookup(train=True, out=buf)`` on the batches with ``--new-frac``
+                 of the ids replaced by never-seen ones (fresh every repeat):
+                 probe + insert, init of the new rows (weights and Adagrad
+                 state), stamps, and a copy of every id's (D,) row into ``buf``
   update         ``apply_gradients`` (Adagrad) on the batches
 beside, measured in the same run on the same rows:
   dict           a Python dict id -> slot + numpy rows doing the same get_or_insert
-                 (setdefault per id, uniform init of new rows, ``rows[slots]``)
+                 on the same batches: ``setdefault`` per id, uniform init of the
+                 new rows, then ``np.take(rows, slots, out=buf, mode="clip")``
+                 (that gather step is 3-5x faster than a fresh ``rows[slots]``)
   gather         numpy ``storage[slots]`` of the batch's full rows (weights + state)
   gather_scatter ``storage[slots]`` then ``storage[slots] = x``: the bytes an update
                  must move, the memory-bandwidth limit for ``update``
 and bytes per row (``stats().bytes / rows``) vs the ideal ``D * 4 * (1 + slots)``.
-Both tables are sized in advance and the rows new ids will take are touched
-before timing (steady state: no first-touch page faults on either side). Every
-lookup still returns a fresh array, as the API requires; on VMs its first touch
-can be half of a D=64 lookup (glibc: ``MALLOC_MMAP_THRESHOLD_`` /
-``MALLOC_TRIM_THRESHOLD_`` keep freed memory mapped).
+
+Both sides write each batch's rows into their own output buffer ``buf``
+(float32 (N, D), reused by every batch, as a trainer reuses its step buffer),
+so neither times the first-touch page faults of a fresh array, which on VMs
+can cost as much as the whole D=64 gather. ``--fresh`` also times both sides
+returning a fresh array per call (``fresh_get_or_insert_vs_dict``; it enlarges
+the pre-sized tables, so ``bytes_per_row`` grows too). Both tables are sized
+in advance and the rows new ids will take are touched before timing (steady
+state: no first-touch page faults on either side).
 
 ``--json PATH`` writes ``{"config", "figures", "ratios"}``; ratios are worst cases
 over the sizes: ``get_or_insert_vs_dict`` (min), ``update_time_over_gather_time``
@@ -83,15 +91,19 @@ class DictTable:
     def _init(self, n: int) -> np.ndarray:
         return self.rng.uniform(-self.scale, self.scale, (n, self.rows.shape[1])).astype(np.float32)
 
-    def get_or_insert(self, ids: Ids) -> np.ndarray:
-        """Rows of ``ids`` (N,) -> (N, D), inserting and initialising new ids."""
+    def get_or_insert(self, ids: Ids, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows of ``ids`` (N,) -> (N, D) (into ``out`` if given), inserting and
+        initialising new ids."""
         d = self.d
         before = len(d)
         sd = d.setdefault
         slots = np.array([sd(k, len(d)) for k in ids.tolist()], np.int64)
         if len(d) > before:
             self.rows[before : len(d)] = self._init(len(d) - before)
-        return self.rows[slots]
+        # np.take can write into ``out`` (rows[slots] cannot); mode="clip" (every
+        # slot is valid) writes there directly, "raise" buffers a copy (measured
+        # 1.4-1.8x slower).
+        return np.take(self.rows, slots, axis=0, out=out, mode="clip")
 
 
 def mixed_batches(
@@ -116,9 +128,12 @@ def bench_size(
     keys = np.unique(rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, rows + rows // 8))
     keys = rng.permutation(keys)[:rows].astype(np.int64)  # rank order = random slot order
     batches = zipf_batches(keys, args.zipf_a, args.batch, args.batches, rng)
+    # Fresh never-seen ids for every repeat of each get-or-insert variant.
     mixes = mixed_batches(batches, args.new_frac, args.repeats, rng)
+    fresh_mixes = mixed_batches(batches, args.new_frac, args.repeats if args.fresh else 0, rng)
     grads = [rng.normal(size=(b.size, dim)).astype(np.float32) for b in batches]
-    margin = int(1.2 * args.new_frac * sum(b.size for m in mixes for b in m)) + 1024
+    new_ids = sum(b.size for m in mixes + fresh_mixes for b in m)
+    margin = int(1.2 * args.new_frac * new_ids) + 1024
     spec = TableSpec(
         dim=dim,
         initializer=InitializerSpec("uniform"),
@@ -139,28 +154,48 @@ def bench_size(
     dict_table.rows[rows:] = 0
     storage = shard._storage.array
     slots = [shard._index.lookup(b) for b in batches]
+    # One output buffer per side, reused by every batch (as a trainer reuses its
+    # step buffer), mapped before timing.
+    most = max(b.size for m in mixes for b in m)
+    out_shard = np.zeros((most, dim), np.float32)
+    out_dict = np.zeros((most, dim), np.float32)
 
     def gather_scatter() -> None:
         for s in slots:
             storage[s] = storage[s]
 
-    runs: dict[str, Callable[[list[Ids]], object]] = {
-        "lookup": lambda _: [shard.lookup(b, train=False) for b in batches],
-        "gather": lambda _: [storage[s] for s in slots],
-        "get_or_insert": lambda mix: [shard.lookup(b, train=True) for b in mix],
-        "dict": lambda mix: [dict_table.get_or_insert(b) for b in mix],
-        "update": lambda _: [
+    Run = Callable[[list[Ids], list[Ids]], object]  # (mix, fresh_mix) -> anything
+    runs: dict[str, Run] = {
+        "lookup": lambda *_: [
+            shard.lookup(b, train=False, out=out_shard[: b.size]) for b in batches
+        ],
+        "gather": lambda *_: [storage[s] for s in slots],
+        "get_or_insert": lambda mix, _: [
+            shard.lookup(b, train=True, out=out_shard[: b.size]) for b in mix
+        ],
+        "dict": lambda mix, _: [dict_table.get_or_insert(b, out_dict[: b.size]) for b in mix],
+        "update": lambda *_: [
             shard.apply_gradients(b, g) for b, g in zip(batches, grads, strict=True)
         ],
-        "gather_scatter": lambda _: gather_scatter(),
+        "gather_scatter": lambda *_: gather_scatter(),
     }
+    if args.fresh:
+        runs["get_or_insert_fresh"] = lambda _, mix: [shard.lookup(b, train=True) for b in mix]
+        runs["dict_fresh"] = lambda _, mix: [dict_table.get_or_insert(b) for b in mix]
     best = dict.fromkeys(runs, float("inf"))
-    for mix in mixes:
+    for mix, fresh_mix in zip(mixes, fresh_mixes or mixes, strict=True):
         for name, run in runs.items():
             t0 = time.perf_counter()
-            run(mix)
+            run(mix, fresh_mix)
             best[name] = min(best[name], time.perf_counter() - t0)
     n_ids, n_mixed = sum(b.size for b in batches), sum(b.size for b in mixes[0])
+    fresh = {}
+    if args.fresh:
+        fresh = {
+            "get_or_insert_fresh_ids_per_s": n_mixed / best["get_or_insert_fresh"],
+            "dict_fresh_get_or_insert_ids_per_s": n_mixed / best["dict_fresh"],
+            "fresh_get_or_insert_vs_dict": best["dict_fresh"] / best["get_or_insert_fresh"],
+        }
     return {
         "lookup_ids_per_s": n_ids / best["lookup"],
         "get_or_insert_ids_per_s": n_mixed / best["get_or_insert"],
@@ -170,6 +205,7 @@ def bench_size(
         "gather_scatter_rows_per_s": n_ids / best["gather_scatter"],
         "update_time_over_gather_time": best["update"] / best["gather_scatter"],
         "get_or_insert_vs_dict": best["dict"] / best["get_or_insert"],
+        **fresh,
         "bytes_per_row": stats.bytes / stats.rows,
         "ideal_bytes_per_row": float(dim * 4 * (1 + len(shard._optimizer.state_names))),
         "ids_per_batch": n_ids / len(batches),
@@ -188,6 +224,11 @@ def main() -> None:
     parser.add_argument("--zipf-a", type=float, default=1.05)
     parser.add_argument("--new-frac", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="also time get-or-insert into a fresh output array per call (both sides)",
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
 
@@ -216,7 +257,8 @@ def main() -> None:
     )
     head = (
         f"{'rows':>10} {'D':>3} {'ids/batch':>9} | {'lookup':>8} {'gather':>8} | "
-        f"{'get_or_ins':>10} {'dict':>8} {'x dict':>7} | {'update':>8} {'gath+scat':>9} "
+        f"{'get_or_ins':>10} {'dict':>8} {'x dict':>7} | "
+        f"{'update':>8} {'gath+scat':>9} "
         f"{'t/limit':>7} | {'B/row':>6} {'ideal':>6}"
     )
     print(head)
@@ -233,6 +275,13 @@ def main() -> None:
             f"{r['bytes_per_row']:>6.0f} {r['ideal_bytes_per_row']:>6.0f}"
         )
     print("rates in ids (rows) per second; t/limit = update time / gather+scatter time")
+    for rows, dim, r in table if args.fresh else []:
+        print(
+            f"fresh output arrays, {rows:,} x {dim}: get_or_insert "
+            f"{r['get_or_insert_fresh_ids_per_s'] / 1e6:.1f}M, dict "
+            f"{r['dict_fresh_get_or_insert_ids_per_s'] / 1e6:.2f}M, "
+            f"{r['fresh_get_or_insert_vs_dict']:.1f}x"
+        )
     print("worst cases: " + ", ".join(f"{k}={v:.2f}" for k, v in ratios.items()))
     print(f"total {time.perf_counter() - t_start:.0f} s")
     if args.json:

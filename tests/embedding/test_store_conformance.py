@@ -72,6 +72,45 @@ def test_lookup_returns_fresh_float32_arrays(make: Factory) -> None:
     np.testing.assert_array_equal(store.lookup(ODD_IDS, train=True), before)
 
 
+def test_lookup_into_out_writes_the_same_rows_as_a_fresh_array(make: Factory) -> None:
+    # Two stores with the same seed: one allocates, one writes into a reused
+    # buffer (a row slice of a bigger one), through inserts, duplicates and misses.
+    fresh, reused = _store(make), _store(make)
+    buffer = np.full((3 * ODD_IDS.size, DIM), np.nan, np.float32)
+    dup_new = np.array([7, 7, 8, 7, 8], np.int64)  # new ids, repeated in one batch
+    calls = [
+        (ODD_IDS, True),
+        (dup_new, True),
+        (np.concatenate([ODD_IDS, [1234, -99]]), False),  # two ids without a row
+        (np.concatenate([ODD_IDS[::-1], dup_new, [555]]), True),
+    ]
+    for ids, train in calls:
+        out = buffer[2 : 2 + ids.size]
+        got = reused.lookup(ids, train=train, out=out)
+        assert got is out
+        np.testing.assert_array_equal(got, fresh.lookup(ids, train=train))
+    assert np.isnan(buffer[:2]).all()  # nothing written outside ``out``
+    assert fresh.stats() == reused.stats()
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (np.zeros((ODD_IDS.size, DIM), np.float64), "float64"),
+        (np.zeros((ODD_IDS.size + 1, DIM), np.float32), rf"\({ODD_IDS.size + 1}, {DIM}\)"),
+        (np.zeros((ODD_IDS.size, 2 * DIM), np.float32)[:, :DIM], "c_contiguous=False"),
+        (np.zeros((ODD_IDS.size, DIM), np.float32).T.copy().T, "c_contiguous=False"),
+        (np.broadcast_to(np.float32(0), (ODD_IDS.size, DIM)), "writeable=False"),
+        ([[0.0] * DIM] * ODD_IDS.size, "list"),
+    ],
+)
+def test_lookup_rejects_an_out_it_cannot_write_into(make: Factory, bad: object, why: str) -> None:
+    store = _store(make)
+    with pytest.raises(ValueError, match=rf"shape \({ODD_IDS.size}, {DIM}\), got .*{why}"):
+        store.lookup(ODD_IDS, train=True, out=bad)  # type: ignore[arg-type]
+    assert len(store) == 0  # checked before anything is inserted
+
+
 def test_rows_survive_storage_growth(make: Factory) -> None:
     store = _store(make)  # 4 rows pre-allocated
     first = store.lookup(ODD_IDS, train=True)

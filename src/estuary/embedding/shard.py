@@ -49,7 +49,7 @@ from estuary.embedding.hash_index import HashIndex
 from estuary.embedding.hashing import as_ids, table_seed
 from estuary.embedding.initializers import make_initializer
 from estuary.embedding.optimizers import make_optimizer
-from estuary.embedding.storage import UNKNOWN_ROW, RowStorage
+from estuary.embedding.storage import UNKNOWN_ROW, RowStorage, rows_out
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 
 __all__ = ["IDS", "PENDING_COUNTS", "PENDING_IDS", "UNKNOWN_PREFIX", "WEIGHTS", "EmbeddingShard"]
@@ -140,38 +140,55 @@ class EmbeddingShard:
 
     # -- lookups and updates -------------------------------------------------
 
-    def lookup(self, ids: Int64Array, *, train: bool) -> Float32Array:
-        """Rows of ``ids`` int64 (N,) -> fresh float32 (N, D).
+    def lookup(
+        self, ids: Int64Array, *, train: bool, out: Float32Array | None = None
+    ) -> Float32Array:
+        """Rows of ``ids`` int64 (N,) -> float32 (N, D): ``out`` if given, else fresh.
 
         ``train=True`` inserts new ids that pass admission (initialised by the
         table's initializer), evicting first if the capacity would be passed;
         ids that do not pass read the unknown row. It stamps every row it
         touches. ``train=False`` never inserts nor stamps.
+
+        ``out``: a writeable C-contiguous float32 (N, D) to write the rows into
+        (e.g. one buffer reused across steps); ``ValueError`` otherwise.
         """
         ids = as_ids(ids)
+        out = rows_out(out, ids.size, self.dim)
         with self._lock:
             if not train:
                 rows = self._index.lookup(ids)
                 hits = int(np.count_nonzero(rows >= 0))
+                self._storage.gather(rows, self.dim, out)  # rows < 0 read UNKNOWN_ROW
             else:
                 now = self._clock.tick()
                 now_s = self._time_fn() if self._policy.keep_time else 0.0
-                touch = self._storage.touch(now, now_s)
                 if self._single_pass:
-                    rows, new_at = self._index.get_or_insert_new(ids, touch)
-                    if new_at.size:
-                        self._insert_rows(rows[new_at], ids[new_at], now, now_s)
-                    hits = ids.size - new_at.size
+                    hits = self._get_or_insert(ids, out, now, now_s)
                 else:
-                    rows = self._index.lookup(ids, touch)
+                    rows = self._index.lookup(ids, self._storage.touch(now, now_s))
                     missing = rows < 0
                     hits = ids.size - int(np.count_nonzero(missing))
                     if hits < ids.size:
                         self._admit(ids, rows, missing, now, now_s)
+                    self._storage.gather(rows, self.dim, out)
                 self._age_if_due(ids.size)
             self._lookups += ids.size
             self._hits += hits
-            return self._storage.gather(rows, self.dim)  # rows < 0 read UNKNOWN_ROW
+            return out
+
+    def _get_or_insert(self, ids: Int64Array, out: Float32Array, now: int, now_s: float) -> int:
+        # Every id gets a row: one probe pass (inserting, touching the rows it
+        # finds), the new rows initialised, one gather pass. Returns the hits.
+        # Measured against it (1M-10M rows, D 16/64): touching in the gather pass
+        # instead (stamps prefetched with the rows) is ~5% faster at D=16 but
+        # ~12% slower at D=64, where the gather is bound by memory throughput;
+        # one fused probe+gather pass is ~10% faster at D=16, ~15% slower at D=64.
+        rows, new_at = self._index.get_or_insert_new(ids, self._storage.touch(now, now_s))
+        if new_at.size:
+            self._insert_rows(rows[new_at], ids[new_at], now, now_s)
+        self._storage.gather(rows, self.dim, out)
+        return ids.size - new_at.size
 
     def _admit(
         self, ids: Int64Array, rows: Int64Array, missing: np.ndarray, now: int, now_s: float

@@ -27,6 +27,7 @@ from estuary.config.spec import TableSpec
 from estuary.embedding.delta import DeltaChain, is_full, merge_states, split_state
 from estuary.embedding.hashing import as_ids, route
 from estuary.embedding.shard import EmbeddingShard
+from estuary.embedding.storage import rows_out
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 
 State = dict[str, np.ndarray]
@@ -88,16 +89,19 @@ class EmbeddingTable:
         """Ids holding their own row, over all shards."""
         return sum(len(s) for s in self.shards)
 
-    def lookup(self, ids: Int64Array, *, train: bool) -> Float32Array:
-        """Rows of ``ids`` int64 (N,) -> fresh float32 (N, D), in input order.
+    def lookup(
+        self, ids: Int64Array, *, train: bool, out: Float32Array | None = None
+    ) -> Float32Array:
+        """Rows of ``ids`` int64 (N,) -> float32 (N, D) in input order: ``out`` if
+        given, else fresh.
 
-        See ``EmbeddingShard.lookup`` for ``train``.
+        See ``EmbeddingShard.lookup`` for ``train`` and ``out``.
         """
         if len(self.shards) == 1:
-            return self.shards[0].lookup(ids, train=train)
+            return self.shards[0].lookup(ids, train=train, out=out)
         ids = as_ids(ids)
+        out = rows_out(out, ids.size, self.dim)
         order, offsets = route(ids, len(self.shards))
-        out = np.empty((ids.size, self.dim), np.float32)
         for k, shard in enumerate(self.shards):
             sel = order[offsets[k] : offsets[k + 1]]
             if sel.size:
