@@ -16,12 +16,14 @@ Every row gets at most one reason, from the first failing field in this order:
 label, dense columns (schema order), transformed sparse columns (schema order),
 derived features (declaration order).
 Checks are vectorised per column; reasons are rendered only for the few rows
-that will be reported.
+that will be reported. A delimited-text chunk (``tokenize.TextColumns``) is read
+in place: numbers parsed and values hashed from the block's field spans, row by
+row in one pass each, without building Arrow arrays (same results).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,11 +33,19 @@ import pyarrow.compute as pc
 from estuary.config.errors import ConfigError
 from estuary.config.spec import SchemaSpec
 from estuary.data.badrows import BadRow
-from estuary.data.dense import DENSE_TRANSFORMS, NOT_A_NUMBER, NOT_FINITE, OK, parse_numbers
+from estuary.data.dense import (
+    DENSE_TRANSFORMS,
+    NOT_A_NUMBER,
+    NOT_FINITE,
+    OK,
+    parse_number_spans,
+    parse_numbers,
+)
 from estuary.data.features import compile_features
+from estuary.data.formats.tokenize import TextColumns
 from estuary.data.formats.types import RawChunk
 from estuary.data.formats.values import to_text
-from estuary.data.hashing import feature_seed, hash_array
+from estuary.data.hashing import feature_seed, hash_array, hash_spans
 from estuary.data.transforms import resolve_transforms
 from estuary.data.types import Float32Array, Int64Array, JaggedIds
 
@@ -123,34 +133,55 @@ class RowDecoder:
         cols = chunk.columns
         field = np.full(n, -1, dtype=np.int32)  # index into `fields` of the first bad field
         code = np.zeros(n, dtype=np.uint8)
-        fields: list[tuple[str, pa.Array, str]] = []  # (name, raw values, transform words)
+        # (name, raw values or None for ``cols[name]``, transform words)
+        fields: list[tuple[str, pa.Array | None, str]] = []
 
-        def flag(name: str, raw: pa.Array, mask: np.ndarray, reason: int, words: str = "") -> None:
+        def flag(
+            name: str, raw: pa.Array | None, mask: np.ndarray, reason: int, words: str = ""
+        ) -> None:
             new = mask & (field < 0)
             if new.any():
                 field[new] = len(fields)
                 code[new] = reason
             fields.append((name, raw, words))
 
-        raw = cols[self.label]
-        values, codes = parse_numbers(raw)
-        flag(self.label, raw, (codes != OK) | ((values != 0.0) & (values != 1.0)), _LABEL)
+        numbers = self._numbers(cols)
+        values, codes = numbers(self.label)
+        flag(self.label, None, (codes != OK) | ((values != 0.0) & (values != 1.0)), _LABEL)
         labels = values.astype(np.float32)
 
         dense = np.empty((n, len(self.dense)), dtype=np.float32)  # (R, Dd)
         for j, name in enumerate(self.dense):
-            raw = cols[name]
-            values, codes = parse_numbers(raw)
-            flag(name, raw, codes == NOT_A_NUMBER, _NAN)
-            flag(name, raw, codes == NOT_FINITE, _NONFINITE)
+            values, codes = numbers(name)
+            flag(name, None, codes == NOT_A_NUMBER, _NAN)
+            flag(name, None, codes == NOT_FINITE, _NONFINITE)
             out = self.dense_transform(values)
-            flag(name, raw, ~np.isfinite(out), _OVERFLOW)
+            flag(name, None, ~np.isfinite(out), _OVERFLOW)
             dense[:, j] = out
 
         # (R, F): row-major so a shuffled batch gathers whole rows (one cache line
         # or so per row) instead of F scattered reads per row.
         ids = np.empty((n, len(self.sparse)), dtype=np.int64)
+        in_place: set[int] = set()  # features hashed straight from a text block's spans
+        if isinstance(cols, TextColumns):
+            hashed = [
+                f
+                for f, name in enumerate(self.sparse[: len(self.seeds)])
+                if name not in self.transforms
+            ]
+            hash_spans(
+                cols.data,
+                cols.starts,
+                cols.ends,
+                [cols.index[self.sparse[f]] for f in hashed],
+                [self.seeds[f] for f in hashed],
+                ids,
+                hashed,
+            )
+            in_place = set(hashed)
         for f, name in enumerate(self.sparse[: len(self.seeds)]):
+            if f in in_place:
+                continue
             values = cols[name]
             transform = self.transforms.get(name)
             if transform is not None:
@@ -192,13 +223,27 @@ class RowDecoder:
             jagged=jagged,
         )
 
+    def _numbers(
+        self, cols: Mapping[str, pa.Array]
+    ) -> Callable[[str], tuple[np.ndarray, np.ndarray]]:
+        """name -> ``parse_numbers(cols[name])`` for the label and dense columns; a
+        text block's are parsed in place, all in one pass, before the first call."""
+        if not isinstance(cols, TextColumns):
+            return lambda name: parse_numbers(cols[name])
+        names = [self.label, *self.dense]
+        values, codes = parse_number_spans(
+            cols.data, cols.starts, cols.ends, [cols.index[c] for c in names]
+        )  # (1 + Dd, R) each
+        row = {c: j for j, c in enumerate(names)}
+        return lambda name: (values[row[name]], codes[row[name]])
+
     @staticmethod
     def _examples(
         chunk: RawChunk,
         bad_rows: np.ndarray,
         field: np.ndarray,
         code: np.ndarray,
-        fields: list[tuple[str, pa.Array, str]],
+        fields: list[tuple[str, pa.Array | None, str]],
         limit: int,
     ) -> list[BadRow]:
         """The first ``limit`` bad rows of the chunk (reader's and ours) in line order."""
@@ -207,6 +252,8 @@ class RowDecoder:
         ours = []
         for row in bad_rows[:limit]:
             name, raw, words = fields[field[row]]
+            if raw is None:
+                raw = chunk.columns[name]  # a text block's column is built here, if at all
             reason = words or _REASONS[int(code[row])]
             ours.append(
                 BadRow(

@@ -33,6 +33,7 @@ __all__ = [
     "NOT_A_NUMBER",
     "NOT_FINITE",
     "OK",
+    "parse_number_spans",
     "parse_numbers",
 ]
 
@@ -67,77 +68,118 @@ def _is_special(data: np.ndarray, p: int, end: int) -> bool:
     return False
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _parse_one(data: np.ndarray, p: int, end: int) -> tuple[float, int]:
+    """(value, code) of the text data[p:end]; value 0.0 unless the code is OK."""
+    if p == end:
+        return 0.0, MISSING
+    negative = False
+    c = data[p]
+    if c == 43 or c == 45:  # '+' '-'
+        negative = c == 45
+        p += 1
+    after_sign = p
+    mantissa = 0
+    digits = 0
+    exp10 = 0
+    slow = False
+    while p < end and 48 <= data[p] <= 57:
+        if mantissa < 100_000_000_000_000_000:
+            mantissa = mantissa * 10 + int(data[p] - 48)
+        else:
+            slow = True  # too many digits for int64; Python finishes it
+        digits += 1
+        p += 1
+    if p < end and data[p] == 46:  # '.'
+        p += 1
+        while p < end and 48 <= data[p] <= 57:
+            if mantissa < 100_000_000_000_000_000:
+                mantissa = mantissa * 10 + int(data[p] - 48)
+                exp10 -= 1
+            else:
+                slow = True
+            digits += 1
+            p += 1
+    if digits == 0:
+        return 0.0, NOT_FINITE if _is_special(data, after_sign, end) else NOT_A_NUMBER
+    if p < end and (data[p] == 101 or data[p] == 69):  # 'e' 'E'
+        p += 1
+        exp_negative = False
+        if p < end and (data[p] == 43 or data[p] == 45):
+            exp_negative = data[p] == 45
+            p += 1
+        exp_digits = 0
+        exponent = 0
+        while p < end and 48 <= data[p] <= 57:
+            if exponent < 100_000:
+                exponent = exponent * 10 + int(data[p] - 48)
+            exp_digits += 1
+            p += 1
+        if exp_digits == 0:
+            return 0.0, NOT_A_NUMBER
+        exp10 += -exponent if exp_negative else exponent
+    if p != end:
+        return 0.0, NOT_A_NUMBER
+    if slow or mantissa > _MAX_EXACT or exp10 > 22 or exp10 < -22:
+        return 0.0, _SLOW
+    value = float(mantissa)
+    if exp10 > 0:
+        value *= _POW10[exp10]
+    elif exp10 < 0:
+        value /= _POW10[-exp10]
+    return (-value if negative else value), OK
+
+
 @numba.njit(cache=True, nogil=True)
 def _parse_numbers(
     offsets: np.ndarray, data: np.ndarray, values: np.ndarray, codes: np.ndarray
 ) -> None:
     for i in range(values.shape[0]):
-        p = offsets[i]
-        end = offsets[i + 1]
-        values[i] = 0.0
-        if p == end:
-            codes[i] = MISSING
-            continue
-        negative = False
-        c = data[p]
-        if c == 43 or c == 45:  # '+' '-'
-            negative = c == 45
-            p += 1
-        after_sign = p
-        mantissa = 0
-        digits = 0
-        exp10 = 0
-        slow = False
-        while p < end and 48 <= data[p] <= 57:
-            if mantissa < 100_000_000_000_000_000:
-                mantissa = mantissa * 10 + int(data[p] - 48)
-            else:
-                slow = True  # too many digits for int64; Python finishes it
-            digits += 1
-            p += 1
-        if p < end and data[p] == 46:  # '.'
-            p += 1
-            while p < end and 48 <= data[p] <= 57:
-                if mantissa < 100_000_000_000_000_000:
-                    mantissa = mantissa * 10 + int(data[p] - 48)
-                    exp10 -= 1
-                else:
-                    slow = True
-                digits += 1
-                p += 1
-        if digits == 0:
-            codes[i] = NOT_FINITE if _is_special(data, after_sign, end) else NOT_A_NUMBER
-            continue
-        if p < end and (data[p] == 101 or data[p] == 69):  # 'e' 'E'
-            p += 1
-            exp_negative = False
-            if p < end and (data[p] == 43 or data[p] == 45):
-                exp_negative = data[p] == 45
-                p += 1
-            exp_digits = 0
-            exponent = 0
-            while p < end and 48 <= data[p] <= 57:
-                if exponent < 100_000:
-                    exponent = exponent * 10 + int(data[p] - 48)
-                exp_digits += 1
-                p += 1
-            if exp_digits == 0:
-                codes[i] = NOT_A_NUMBER
-                continue
-            exp10 += -exponent if exp_negative else exponent
-        if p != end:
-            codes[i] = NOT_A_NUMBER
-            continue
-        if slow or mantissa > _MAX_EXACT or exp10 > 22 or exp10 < -22:
-            codes[i] = _SLOW
-            continue
-        value = float(mantissa)
-        if exp10 > 0:
-            value *= _POW10[exp10]
-        elif exp10 < 0:
-            value /= _POW10[-exp10]
-        values[i] = -value if negative else value
-        codes[i] = OK
+        values[i], codes[i] = _parse_one(data, offsets[i], offsets[i + 1])
+
+
+@numba.njit(cache=True, nogil=True)
+def _parse_spans(
+    data: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    columns: np.ndarray,
+    values: np.ndarray,
+    codes: np.ndarray,
+) -> None:
+    # Row by row: the spans (R, K) and the text are read front to back once.
+    for i in range(starts.shape[0]):
+        for j in range(columns.shape[0]):
+            k = columns[j]
+            values[j, i], codes[j, i] = _parse_one(data, starts[i, k], ends[i, k])
+
+
+def parse_number_spans(
+    data: np.ndarray, starts: np.ndarray, ends: np.ndarray, columns: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``parse_numbers`` of C columns of text fields read in place (a delimited-text
+    block, see ``formats.tokenize``): field (i, k) is ``data[starts[i, k]:ends[i, k]]``.
+
+    Args:
+        data: uint8 (nbytes,) the text.
+        starts: int32 (R, K) first byte of each field; ``ends``: one past its last.
+        columns: the C span columns to parse.
+
+    Returns:
+        values: float64 (C, R), row j for ``columns[j]``; 0.0 where not ``OK``.
+        codes: uint8 (C, R), as ``parse_numbers``.
+    """
+    n = starts.shape[0]
+    values = np.empty((len(columns), n), dtype=np.float64)
+    codes = np.empty((len(columns), n), dtype=np.uint8)
+    _parse_spans(data, starts, ends, np.asarray(columns, dtype=np.int64), values, codes)
+    for j, i in zip(*np.nonzero(codes == _SLOW), strict=True):  # rare, as in parse_numbers
+        k = columns[j]
+        value = float(data[starts[i, k] : ends[i, k]].tobytes())
+        finite = np.isfinite(value)
+        values[j, i] = value if finite else 0.0
+        codes[j, i] = OK if finite else NOT_FINITE
+    return values, codes
 
 
 def parse_numbers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -5,8 +5,10 @@ tsv) here; ``jsonl`` reuses the decompression, blocks and parse pool
 Pipeline for one file::
 
     file -> decompress (pyarrow stream, C++) -> blocks of whole lines (~2 MB)
-         -> pyarrow.csv.read_csv per block, serial inside the block, blocks on a
-            thread pool -> RawChunk (binary columns + physical line numbers)
+         -> per block, blocks on a thread pool: the numba tokenizer
+            (``tokenize``, unquoted blocks: field spans, no copies) or
+            pyarrow.csv.read_csv (quoted values), serial inside the block
+         -> RawChunk (binary columns + physical line numbers)
 
 Why blocks of our own instead of one ``read_csv`` call: pyarrow's
 ``invalid_row_handler`` only reports a row's line number when parsing is
@@ -38,6 +40,7 @@ import pyarrow.csv as pacsv
 from estuary.config.errors import ConfigError
 from estuary.data.badrows import BadRow
 from estuary.data.errors import DataFileError
+from estuary.data.formats.tokenize import split_block
 from estuary.data.formats.types import RawChunk, ReadRequest
 from estuary.data.formats.values import one_array
 
@@ -178,6 +181,17 @@ class _BlockParser:
         self.request = request
         self.names = names
         self.parse_options = dict(delimiter=dialect.delimiter, quote_char=dialect.quote_char)
+        # The numba tokenizer (``tokenize``) reads blocks without quoting: always
+        # for an unquoted dialect, else blocks that hold no quote character.
+        self.quote = dialect.quote_char.encode() if dialect.quote_char else None
+        self.delimiter = dialect.delimiter
+        self.fast = (
+            len(dialect.delimiter) == 1
+            and dialect.delimiter.isascii()
+            and dialect.delimiter not in "\r\n"
+        )
+        slot = {c: k for k, c in enumerate(request.columns)}
+        self.slots = np.array([slot.get(name, -1) for name in names], dtype=np.int64)
         # Binary, not string: no UTF-8 validation cost, and invalid UTF-8 in a
         # categorical is hashed as bytes instead of failing the whole block.
         self.convert = pacsv.ConvertOptions(
@@ -187,6 +201,33 @@ class _BlockParser:
 
     def __call__(self, block: bytes, first_line: int, lines: int) -> RawChunk:
         """Parse ``block`` (``lines`` physical lines, the first being ``first_line``)."""
+        if self.fast and (self.quote is None or self.quote not in block):
+            chunk = self._split(block, first_line, lines)
+            if chunk is not None:
+                return chunk
+        return self._parse(block, first_line, lines)
+
+    def _split(self, block: bytes, first_line: int, lines: int) -> RawChunk | None:
+        """The numba tokenizer's reading of an unquoted block; ``None``: use pyarrow."""
+        split = split_block(block, self.delimiter, self.slots, list(self.request.columns), lines)
+        if split is None:
+            return None
+        expected = len(self.names)
+        invalid = [
+            BadRow(
+                self.request.display, first_line + line, f"expected {expected} fields, found {n}"
+            )
+            for line, n in zip(split.bad_lines.tolist(), split.bad_fields.tolist(), strict=True)
+        ]
+        return RawChunk(
+            file=self.request.display,
+            columns=split.columns,
+            line_numbers=split.good_lines + first_line,
+            invalid=invalid,
+        )
+
+    def _parse(self, block: bytes, first_line: int, lines: int) -> RawChunk:
+        """pyarrow's reading of a block (quoted values, and the tokenizer's fallbacks)."""
         rejected: list[tuple[int, int]] = []  # (number among non-blank lines, fields)
 
         def on_invalid(row: pacsv.InvalidRow) -> str:

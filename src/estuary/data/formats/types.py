@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -27,6 +27,8 @@ class RawChunk:
             text (each distinct value parsed and hashed once) or an ``int64``
             array standing for its decimal text (see ``formats.values.to_raw``).
             A missing value is empty or null; the decoder treats both alike.
+            A mapping, not always a dict: the delimited-text readers hand a
+            ``tokenize.TextColumns``, which builds each array when first read.
         line_numbers: int64 (R,) 1-based physical line of each row in the
             decompressed file (header and blank lines included); for formats
             without lines (Parquet) the 1-based row number in the file.
@@ -35,7 +37,7 @@ class RawChunk:
     """
 
     file: str
-    columns: dict[str, pa.Array]
+    columns: Mapping[str, pa.Array]
     line_numbers: Int64Array
     invalid: list[BadRow]
 

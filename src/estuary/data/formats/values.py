@@ -81,8 +81,11 @@ def to_raw(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     if pa.types.is_dictionary(kind):
         dictionary = to_text(values.dictionary)
         if 2 * len(dictionary) <= len(values):
-            return pa.DictionaryArray.from_arrays(values.indices, dictionary)
+            # The indices are the reader's own: valid, so not checked again (an O(R) pass).
+            return pa.DictionaryArray.from_arrays(values.indices, dictionary, safe=False)
         return dictionary.take(values.indices)
+    if pa.types.is_int64(kind):
+        return values
     if pa.types.is_integer(kind) and not pa.types.is_uint64(kind):
         return values.cast(pa.int64())
     if pa.types.is_floating(kind):
