@@ -9,7 +9,9 @@ on the same split (the example job's: the last 10% of rows, in time order,
 evaluate), the same inputs and the same number of epochs, once per seed:
 
   DLRM    estuary (``train.mode: sync``), estuary_hybrid (``hybrid``, staleness
-          4), estuary_async; pytorch and torchrec (``bench/quality_refs.py``)
+          4), estuary_async; the same two with ``train.sparse_placement:
+          background`` (estuary_hybrid_bg, estuary_async_bg); pytorch and
+          torchrec (``bench/quality_refs.py``)
   DeepFM  estuary; pytorch and deepctr (deepctr-torch's own ``DeepFM``)
 
 Estuary runs are the example job files (``examples/{dataset}.yaml`` for DLRM,
@@ -33,7 +35,7 @@ Reported (mean over seeds): AUC and logloss per contender, and
                          like sync) and background threads forced
                          (estuary_hybrid_bg), where updates land up to 4 steps
                          late (floor: |gap| <= 0.002)
-  async_minus_sync_auc   the same for async (policy placement)
+  async_minus_sync_auc   the same for async (estuary_async, estuary_async_bg)
 
 Everything runs in this process, one run after another (``--threads`` torch
 threads): about 16 minutes for the full run on 2 shared cores, 4 with
@@ -45,14 +47,12 @@ reported as unavailable.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,18 +69,23 @@ CONTENDERS = {
         "estuary_hybrid",
         "estuary_hybrid_bg",
         "estuary_async",
+        "estuary_async_bg",
         "pytorch",
         "torchrec",
     ),
     "deepfm": ("estuary", "pytorch", "deepctr"),
 }
-QUICK_SKIPS = ("estuary_async", "estuary_hybrid_bg")
+QUICK_SKIPS = ("estuary_async", "estuary_hybrid_bg", "estuary_async_bg")
 ESTUARY_MODES = {
     "estuary": "sync",
     "estuary_hybrid": "hybrid",
     "estuary_hybrid_bg": "hybrid",
     "estuary_async": "async",
+    "estuary_async_bg": "async",
 }
+# Contenders whose sparse work runs on background threads whatever the placement
+# policy picks (on 2 busy cores it picks inline, where hybrid/async train like sync).
+FORCED_BACKGROUND = ("estuary_hybrid_bg", "estuary_async_bg")
 STALENESS = 4
 REFERENCE_MODULES = {"torchrec": ("fbgemm_gpu", "torchrec"), "deepctr": ("deepctr_torch",)}
 # The pytorch and torchrec references' table lr (Adagrad, the same math in both):
@@ -109,22 +114,6 @@ def available(contender: str) -> bool:
         except Exception:  # an ImportError, or a broken build raising anything else
             return False
     return True
-
-
-@contextlib.contextmanager
-def forced_background(force: bool) -> Iterator[None]:
-    """Hybrid's sparse updates on background threads whatever the placement policy
-    picks (on 2 busy cores it picks inline, where hybrid trains like sync)."""
-    from estuary.train import sparse_updates
-    from estuary.train.placement import Placement
-
-    original = sparse_updates.placement_for
-    if force:
-        sparse_updates.placement_for = lambda tables, mode: Placement.BACKGROUND  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        sparse_updates.placement_for = original
 
 
 class Runner:
@@ -163,11 +152,12 @@ class Runner:
         ]
         if contender in ESTUARY_MODES:
             overrides += [f"train.mode={ESTUARY_MODES[contender]}", f"train.staleness={STALENESS}"]
+        if contender in FORCED_BACKGROUND:
+            overrides.append("train.sparse_placement=background")
         job = self.job(dataset, model, contender, overrides)
         data = self.dataset(dataset, job)
         if contender in ESTUARY_MODES:
-            with forced_background(contender == "estuary_hybrid_bg"):
-                result = Trainer(job, dataset=data).fit(progress=False)
+            result = Trainer(job, dataset=data).fit(progress=False)
             note = ""
             if contender != "estuary":
                 note = (
@@ -258,7 +248,12 @@ def gaps(results: dict[tuple[str, str, str], list[quality_refs.Metrics]]) -> dic
     """The headline figures; per (dataset, model) and worst case."""
     out: dict[str, Any] = {"per_model": {}}
     worst: float | None = None
-    mode_gaps: dict[str, dict[str, float]] = {"hybrid": {}, "hybrid_bg": {}, "async": {}}
+    mode_gaps: dict[str, dict[str, float]] = {
+        "hybrid": {},
+        "hybrid_bg": {},
+        "async": {},
+        "async_bg": {},
+    }
     cells = sorted({(d, m) for d, m, _ in results})
     for dataset, model in cells:
         ours = results.get((dataset, model, "estuary"))
@@ -281,7 +276,7 @@ def gaps(results: dict[tuple[str, str, str], list[quality_refs.Metrics]]) -> dic
     # Hybrid: the larger |gap| of the policy's placement and forced background threads.
     hybrid = [*mode_gaps["hybrid"].values(), *mode_gaps["hybrid_bg"].values()]
     out["hybrid_minus_sync_auc"] = max(hybrid, key=abs) if hybrid else None
-    async_ = list(mode_gaps["async"].values())
+    async_ = [*mode_gaps["async"].values(), *mode_gaps["async_bg"].values()]
     out["async_minus_sync_auc"] = max(async_, key=abs) if async_ else None
     return out
 
