@@ -2,7 +2,7 @@
 
     python bench/ps.py [--json PATH] [--rows 1000000 10000000] [--dims 16 64]
                        [--batch 65536] [--batches 8] [--repeats 3] [--zipf-a 1.05]
-                       [--new-frac 0.1] [--fresh]
+                       [--new-frac 0.1] [--fresh] [--dict-of-rows]
 
 Single thread (NUMBA_NUM_THREADS / OMP threads set to 1 before imports). For
 each table size R and dim D: a shard (Adagrad, uniform init) is filled with R
@@ -21,6 +21,12 @@ beside, measured in the same run on the same rows:
                  on the same batches: ``setdefault`` per id, uniform init of the
                  new rows, then ``np.take(rows, slots, out=buf, mode="clip")``
                  (that gather step is 3-5x faster than a fresh ``rows[slots]``)
+  dict_of_rows   (``--dict-of-rows``) the literal "Python-dict table": a dict
+                 id -> its own float32 (D,) numpy row; per id ``get``, a fresh
+                 uniform row for a new id, ``buf[i] = row``. Slower than ``dict``
+                 (a Python-level copy per id), so ``dict`` is the headline baseline
+                 and this one is reported beside it
+                 (``get_or_insert_vs_dict_of_rows``)
   gather         numpy ``storage[slots]`` of the batch's full rows (weights + state)
   gather_scatter ``storage[slots]`` then ``storage[slots] = x``: the bytes an update
                  must move, the memory-bandwidth limit for ``update``
@@ -74,6 +80,28 @@ def zipf_batches(
         ranks = np.minimum(np.searchsorted(cdf, rng.random(draws)), keys.size - 1)
         out.append(rng.permutation(np.unique(keys[ranks])))
     return out
+
+
+class DictOfRows:
+    """The literal Python-dict table: id -> its own (D,) row array."""
+
+    def __init__(self, keys: Ids, dim: int, rng: np.random.Generator) -> None:
+        self.dim, self.rng, self.scale = dim, rng, 1.0 / np.sqrt(dim)
+        self.d: dict[int, np.ndarray] = {}
+        for start in range(0, keys.size, _FILL_CHUNK):
+            chunk = keys[start : start + _FILL_CHUNK]
+            init = rng.uniform(-self.scale, self.scale, (chunk.size, dim)).astype(np.float32)
+            self.d.update(zip(chunk.tolist(), init, strict=True))
+
+    def get_or_insert(self, ids: Ids, out: np.ndarray) -> np.ndarray:
+        d, get = self.d, self.d.get
+        for i, key in enumerate(ids.tolist()):
+            row = get(key)
+            if row is None:
+                row = self.rng.uniform(-self.scale, self.scale, self.dim).astype(np.float32)
+                d[key] = row
+            out[i] = row
+        return out
 
 
 class DictTable:
@@ -179,6 +207,11 @@ def bench_size(
         ],
         "gather_scatter": lambda *_: gather_scatter(),
     }
+    if args.dict_of_rows:
+        rows_table = DictOfRows(keys, dim, rng)
+        runs["dict_of_rows"] = lambda mix, _: [
+            rows_table.get_or_insert(b, out_dict[: b.size]) for b in mix
+        ]
     if args.fresh:
         runs["get_or_insert_fresh"] = lambda _, mix: [shard.lookup(b, train=True) for b in mix]
         runs["dict_fresh"] = lambda _, mix: [dict_table.get_or_insert(b) for b in mix]
@@ -196,6 +229,9 @@ def bench_size(
             "dict_fresh_get_or_insert_ids_per_s": n_mixed / best["dict_fresh"],
             "fresh_get_or_insert_vs_dict": best["dict_fresh"] / best["get_or_insert_fresh"],
         }
+    if args.dict_of_rows:
+        fresh["dict_of_rows_get_or_insert_ids_per_s"] = n_mixed / best["dict_of_rows"]
+        fresh["get_or_insert_vs_dict_of_rows"] = best["dict_of_rows"] / best["get_or_insert"]
     return {
         "lookup_ids_per_s": n_ids / best["lookup"],
         "get_or_insert_ids_per_s": n_mixed / best["get_or_insert"],
@@ -228,6 +264,11 @@ def main() -> None:
         "--fresh",
         action="store_true",
         help="also time get-or-insert into a fresh output array per call (both sides)",
+    )
+    parser.add_argument(
+        "--dict-of-rows",
+        action="store_true",
+        help="also time the literal dict id -> row array table (more memory and time)",
     )
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
@@ -282,6 +323,16 @@ def main() -> None:
             f"{r['dict_fresh_get_or_insert_ids_per_s'] / 1e6:.2f}M, "
             f"{r['fresh_get_or_insert_vs_dict']:.1f}x"
         )
+    if args.dict_of_rows:
+        ratios["get_or_insert_vs_dict_of_rows"] = min(
+            r["get_or_insert_vs_dict_of_rows"] for _, _, r in table
+        )
+        for rows, dim, r in table:
+            print(
+                f"dict of row arrays, {rows:,} x {dim}: "
+                f"{r['dict_of_rows_get_or_insert_ids_per_s'] / 1e6:.2f}M ids/s, "
+                f"get_or_insert is {r['get_or_insert_vs_dict_of_rows']:.1f}x"
+            )
     print("worst cases: " + ", ".join(f"{k}={v:.2f}" for k, v in ratios.items()))
     print(f"total {time.perf_counter() - t_start:.0f} s")
     if args.json:
