@@ -2,6 +2,8 @@
 torch's own EmbeddingBag on the same rows."""
 
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,13 +27,17 @@ class DictStore:
         rng = np.random.default_rng(abs(i) % (2**32))
         return rng.standard_normal(self.dim).astype(np.float32)
 
-    def lookup(self, ids: np.ndarray, *, train: bool) -> np.ndarray:
+    def lookup(self, ids: np.ndarray, *, train: bool, out: np.ndarray | None = None) -> np.ndarray:
         self.lookups.append(ids.copy())
-        return (
+        rows = (
             np.stack([self.row(int(i)) for i in ids])
             if len(ids)
             else np.zeros((0, self.dim), np.float32)
         )
+        if out is None:
+            return rows
+        out[:] = rows
+        return out
 
     def apply_gradients(self, ids: np.ndarray, grads: np.ndarray) -> None:
         self.applied.append((ids.copy(), grads.copy()))
@@ -188,3 +194,60 @@ def test_gradients_resolve_once_on_any_thread_and_zero_when_unused() -> None:
     (unused,) = coll.gradients()
     np.testing.assert_array_equal(unused.grads, np.zeros((1, 2), np.float32))
     assert coll.gradients() == []  # handed out once
+
+
+class Batcher:
+    """A ``MultiTableStore`` over DictStores: records its calls, then delegates."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []  # tables per lookup_many
+
+    def lookup_many(
+        self,
+        stores: Sequence[Any],
+        ids: Sequence[np.ndarray],
+        *,
+        train: bool,
+        out: Sequence[np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
+        self.calls.append(len(stores))
+        outs = out if out is not None else [None] * len(stores)
+        return [s.lookup(i, train=train, out=o) for s, i, o in zip(stores, ids, outs, strict=True)]
+
+    def apply_gradients_many(self, stores: Any, ids: Any, grads: Any) -> None:
+        raise AssertionError("not used by the collection")
+
+
+class BatchedDictStore(DictStore):
+    def __init__(self, dim: int, multi_store: Batcher) -> None:
+        super().__init__(dim)
+        self.multi_store = multi_store
+        self.outs: list[np.ndarray | None] = []
+
+    def lookup(self, ids: np.ndarray, *, train: bool, out: np.ndarray | None = None) -> np.ndarray:
+        self.outs.append(out)
+        return super().lookup(ids, train=train, out=out)
+
+
+def test_tables_behind_one_multi_store_are_looked_up_in_one_call_into_one_block() -> None:
+    shared, other = Batcher(), Batcher()
+    stores = {"a": BatchedDictStore(3, shared), "b": BatchedDictStore(3, shared)}
+    bags = {
+        "a": JaggedIds.single(np.array([5, 1, 5], np.int64)),
+        "b": JaggedIds(np.array([2, 9, 9, 4], np.int64), np.array([0, 1, 1, 4], np.int64)),
+    }
+    coll = EmbeddingCollection(["a", "b"], stores)
+    looked = coll.lookup(bags, train=True)
+    assert shared.calls == [2]  # one call for both tables
+    # Each table wrote into its slice of one (U, D) block: a then b, back to back.
+    out_a, out_b = stores["a"].outs[0], stores["b"].outs[0]
+    assert out_a is not None and out_b is not None and out_a.base is out_b.base
+    assert out_a.shape == (2, 3) and out_b.shape == (3, 3)
+    # The same as fresh per-table lookups (no multi store in common).
+    plain = {"a": BatchedDictStore(3, shared), "b": BatchedDictStore(3, other)}
+    reference = EmbeddingCollection(["a", "b"], plain).lookup(bags, train=True)
+    assert shared.calls == [2] and other.calls == []  # called one by one
+    np.testing.assert_array_equal(looked.pooled, reference.pooled)
+    np.testing.assert_array_equal(
+        looked.pooled[:, 0], np.stack([stores["a"].row(i) for i in (5, 1, 5)])
+    )

@@ -10,6 +10,7 @@ its own process.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,12 +62,17 @@ class EmbeddingStore(Protocol):
     @property
     def dim(self) -> int: ...
 
-    def lookup(self, ids: Int64Array, *, train: bool) -> Float32Array:
-        """Rows for ``ids`` -> float32 (N, D), a fresh array.
+    def lookup(
+        self, ids: Int64Array, *, train: bool, out: Float32Array | None = None
+    ) -> Float32Array:
+        """Rows for ``ids`` -> float32 (N, D): ``out`` if given, else a fresh array.
 
         ``train=True`` inserts new ids (subject to admission; non-admitted ids read
         the shared unknown row). ``train=False`` never inserts: unknown ids read the
         unknown row (zeros unless it was trained by non-admitted ids).
+
+        ``out``: a writeable C-contiguous float32 (N, D) to write the rows into
+        (e.g. a table's slice of a batch's (U, D) block); ``ValueError`` otherwise.
         """
         ...
 
@@ -77,3 +83,48 @@ class EmbeddingStore(Protocol):
         ...
 
     def stats(self) -> TableStats: ...
+
+
+class MultiTableStore(Protocol):
+    """One endpoint serving several tables, whose calls for all of them travel as
+    one (a parameter server: one round trip per step instead of one per table).
+
+    A store it serves names it in its ``multi_store`` attribute (see
+    ``shared_multi_store``). ``stores`` are such stores; ``ids[i]``, ``out[i]`` and
+    ``grads[i]`` belong to ``stores[i]``. Each store still behaves exactly as if
+    called on its own (same rows, same step, same errors, naming the table).
+    """
+
+    def lookup_many(
+        self,
+        stores: Sequence[EmbeddingStore],
+        ids: Sequence[Int64Array],
+        *,
+        train: bool,
+        out: Sequence[Float32Array] | None = None,
+    ) -> list[Float32Array]:
+        """``stores[i].lookup(ids[i], train=train, out=out[i])`` for every i, in one
+        call -> each store's float32 (N_i, D_i) rows (``out[i]`` when given)."""
+        ...
+
+    def apply_gradients_many(
+        self,
+        stores: Sequence[EmbeddingStore],
+        ids: Sequence[Int64Array],
+        grads: Sequence[Float32Array],
+    ) -> None:
+        """``stores[i].apply_gradients(ids[i], grads[i])`` for every i, in one call."""
+        ...
+
+
+def shared_multi_store(stores: Iterable[object]) -> MultiTableStore | None:
+    """The ``MultiTableStore`` that serves every one of ``stores`` (each store's
+    ``multi_store`` attribute, one and the same object), else ``None`` (some store
+    has none, or they differ): the caller then calls the stores one by one."""
+    found: MultiTableStore | None = None
+    for store in stores:
+        multi = getattr(store, "multi_store", None)
+        if multi is None or (found is not None and multi is not found):
+            return None
+        found = multi
+    return found

@@ -9,8 +9,10 @@ One training step touches the tables twice::
     gradients()        --> per table (unique ids, grads summed per id) -> tables
 
 ``lookup`` deduplicates ids per table in one pass over all features (features
-that share a table are deduplicated together), gathers each unique id's row once
-and pools every bag itself (``estuary.nn.kernels``). So torch sees one (B, F, D)
+that share a table are deduplicated together), gathers each unique id's row once,
+straight into the table's slice of one (U, D) block (tables served by one
+``MultiTableStore``, e.g. a parameter server, in one call), and pools every bag
+itself (``estuary.nn.kernels``). So torch sees one (B, F, D)
 leaf, and its gradient is scattered back to the unique ids in one kernel: no
 per-feature torch ops on the step's critical path.
 
@@ -34,7 +36,7 @@ import torch
 from torch import nn
 
 from estuary.data.types import Float32Array, Int64Array, JaggedIds
-from estuary.embedding.types import EmbeddingStore
+from estuary.embedding.types import EmbeddingStore, shared_multi_store
 from estuary.nn.kernels import (
     BoolArray,
     check_offsets,
@@ -235,13 +237,16 @@ class EmbeddingCollection(nn.Module):
         row_start = np.zeros(len(self._group_names) + 1, np.int64)
         np.cumsum(counts, out=row_start[1:])
         rows = np.empty((int(row_start[-1]), self.dim), np.float32)  # (U, D)
-        ids: list[Int64Array] = []
-        for g, table in enumerate(self._group_names):
-            table_ids = unique[group_bounds[g] : group_bounds[g] + counts[g]]
-            rows[row_start[g] : row_start[g + 1]] = self.tables[table].lookup(
-                table_ids, train=train
-            )
-            ids.append(table_ids)
+        # Each table writes its unique ids' rows straight into its slice of the block.
+        ids = [unique[group_bounds[g] : group_bounds[g] + counts[g]] for g in range(len(counts))]
+        slices = [rows[row_start[g] : row_start[g + 1]] for g in range(len(counts))]
+        stores = [self.tables[table] for table in self._group_names]
+        multi = shared_multi_store(stores) if len(stores) > 1 else None
+        if multi is not None:  # e.g. parameter-server tables: one request for all tables
+            multi.lookup_many(stores, ids, train=train, out=slices)
+        else:
+            for store, table_ids, out in zip(stores, ids, slices, strict=True):
+                store.lookup(table_ids, train=train, out=out)
 
         layout = BagLayout(
             inverse=inverse,

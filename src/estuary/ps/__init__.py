@@ -5,6 +5,9 @@
     tables = client.tables(rank=0, grad_scale=0.5)   # name -> RemoteTable
     rows = tables["C1"].lookup(ids, train=True)        # step 1 (may wait: staleness)
     tables["C1"].apply_gradients(ids, grads)           # push of step 1, rank 0
+    # Every table of a step in one request (what the trainer does):
+    rows_c1, rows_c2 = client.lookup_many([tables["C1"], tables["C2"]], [ids1, ids2], train=True)
+    client.apply_gradients_many([tables["C1"], tables["C2"]], [ids1, ids2], [grads1, grads2])
 
 Each step's pushes from all ``world_size`` ranks are summed per id and applied
 as one optimizer step, exactly once (``StepAggregator``). See docs/distributed.md.

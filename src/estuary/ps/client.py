@@ -9,13 +9,20 @@ lookup of step s may wait at the server for the staleness bound; push t
 carries (t, rank) so the server applies each step exactly once. Eval lookups,
 ``state_dict``, ``delta_state_dict`` and ``stats`` wait until every step this
 table pushed has been applied (read your writes).
+
+Batching: ``PSClient`` is the ``MultiTableStore`` of its tables. ``lookup_many``
+and ``apply_gradients_many`` send every table's ids (gradients) of a step in ONE
+request (``lookup_many`` / ``push_many`` ops) instead of one per table; each
+table keeps its own step counter, staleness wait and exactly-once push, so the
+rows and tables are the same as with per-table calls.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection
@@ -24,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from estuary.embedding.hashing import as_ids
-from estuary.embedding.types import Float32Array, Int64Array, TableStats
+from estuary.embedding.storage import rows_out
+from estuary.embedding.types import EmbeddingStore, Float32Array, Int64Array, TableStats
 from estuary.ps.protocol import Arrays, Header, recv_message, send_message, set_nodelay
 from estuary.ps.server import Address
 from estuary.ps.types import ProtocolError, PSConnectionError, PSError, PSTimeoutError
@@ -152,6 +160,151 @@ class PSClient:
             for name, dim in dims.items()
         }
 
+    def lookup_many(
+        self,
+        stores: Sequence[EmbeddingStore],
+        ids: Sequence[Int64Array],
+        *,
+        train: bool,
+        out: Sequence[Float32Array] | None = None,
+        steps: Sequence[int] | None = None,
+    ) -> list[Float32Array]:
+        """Every table's ``lookup`` in one request -> per table float32 (N_i, D_i).
+
+        Args:
+            stores: ``RemoteTable``s of this client, each at most once.
+            ids: per table, int64 (N_i,).
+            train: as ``RemoteTable.lookup``; each train lookup is its table's
+                next step (or ``steps[i]``) and may wait for the staleness bound.
+            out: per table, a writeable C-contiguous float32 (N_i, D_i) the rows
+                are copied into (and returned).
+
+        Raises:
+            PSError: as the per-table lookups, naming the table that failed.
+        """
+        tables = self._own(stores, "lookup_many")
+        id_arrays = [as_ids(i) for i in ids]
+        if len(id_arrays) != len(tables) or (out is not None and len(out) != len(tables)):
+            raise ValueError(
+                f"lookup_many: need ids (and out) for each of the {len(tables)} tables"
+            )
+        if not tables:
+            return []
+        dest: list[Float32Array | None] = [None] * len(tables)
+        if out is not None:  # checked before the request: a bad buffer costs no step
+            dest = [
+                rows_out(o, a.size, t.dim) for o, t, a in zip(out, tables, id_arrays, strict=True)
+            ]
+        fields: dict[str, Any] = {
+            "tables": [t.name for t in tables],
+            "train": train,
+            "counts": [a.size for a in id_arrays],
+        }
+        if train:
+            fields["steps"] = (
+                [t._next_lookup_step() for t in tables]
+                if steps is None
+                else [int(s) for s in steps]
+            )
+        else:
+            fields["after"] = [t.pushed for t in tables]
+        _, reply = self.call("lookup_many", fields, {"ids": _concat_ids(id_arrays)})
+        flat = reply["rows"]  # float32 (sum of N_i D_i,): table by table
+        sizes = [a.size * t.dim for t, a in zip(tables, id_arrays, strict=True)]
+        if flat.ndim != 1 or flat.size != sum(sizes) or flat.dtype != np.float32:
+            raise ProtocolError(
+                f"lookup_many: reply 'rows' is {flat.dtype} {flat.shape}, "
+                f"expected float32 ({sum(sizes)},)"
+            )
+        result: list[Float32Array] = []
+        start = 0
+        for table, ids_t, size, into in zip(tables, id_arrays, sizes, dest, strict=True):
+            rows = flat[start : start + size].reshape(ids_t.size, table.dim)  # a view
+            start += size
+            if into is not None:
+                np.copyto(into, rows)
+                rows = into
+            result.append(rows)
+        return result
+
+    def apply_gradients_many(
+        self,
+        stores: Sequence[EmbeddingStore],
+        ids: Sequence[Int64Array],
+        grads: Sequence[Float32Array],
+    ) -> None:
+        """Every table's ``apply_gradients`` (its next push) in one request.
+
+        ``stores``: ``RemoteTable``s of this client, each at most once; ``ids[i]``
+        int64 (N_i,), ``grads[i]`` float32 (N_i, D_i)."""
+        tables = self._own(stores, "apply_gradients_many")
+        with contextlib.ExitStack() as stack:
+            # Pushes of one table go out in step order; lock in a fixed order (no deadlock).
+            for table in sorted(tables, key=id):
+                stack.enter_context(table._push_lock)
+            self.push_many(tables, [t._push_step + 1 for t in tables], ids, grads)
+            for table in tables:
+                table._push_step += 1
+
+    def push_many(
+        self,
+        stores: Sequence[EmbeddingStore],
+        steps: Sequence[int],
+        ids: Sequence[Int64Array],
+        grads: Sequence[Float32Array],
+    ) -> list[bool]:
+        """Each table's ``push(steps[i], ids[i], grads[i])`` in one request; per
+        table ``False`` where the server already had that (step, rank) (a retry).
+
+        Tables are pushed in order; if table i fails (its error names it), tables
+        before it were pushed: retrying the whole call is safe (they are
+        duplicates, ignored)."""
+        tables = self._own(stores, "push_many")
+        id_arrays = [as_ids(i) for i in ids]
+        if not len(id_arrays) == len(grads) == len(steps) == len(tables):
+            raise ValueError(
+                f"push_many: need steps, ids and grads for each of {len(tables)} tables"
+            )
+        if not tables:
+            return []
+        flat = np.empty(
+            sum(a.size * t.dim for t, a in zip(tables, id_arrays, strict=True)), np.float32
+        )
+        start = 0
+        for table, ids_t, grads_t in zip(tables, id_arrays, grads, strict=True):
+            grads_t = np.asarray(grads_t, dtype=np.float32)
+            if grads_t.shape != (ids_t.size, table.dim):
+                raise ValueError(
+                    f"table {table.name!r}: grads must have shape ({ids_t.size}, {table.dim}), "
+                    f"got {grads_t.shape}"
+                )
+            into = flat[start : start + grads_t.size].reshape(grads_t.shape)
+            np.multiply(grads_t, np.float32(table.grad_scale), out=into)  # one pass: copy + scale
+            start += grads_t.size
+        header, _ = self.call(
+            "push_many",
+            {
+                "tables": [t.name for t in tables],
+                "steps": [int(s) for s in steps],
+                "ranks": [t.rank for t in tables],
+                "counts": [a.size for a in id_arrays],
+            },
+            {"ids": _concat_ids(id_arrays), "grads": flat},
+        )
+        for table, step in zip(tables, steps, strict=True):
+            table.pushed = max(table.pushed, int(step))
+        return [not duplicate for duplicate in header["duplicate"]]
+
+    def _own(self, stores: Sequence[EmbeddingStore], op: str) -> list[RemoteTable]:
+        tables: list[RemoteTable] = []
+        for store in stores:
+            if not isinstance(store, RemoteTable) or store.client is not self:
+                raise ValueError(f"{op}: {store!r} is not a table of this parameter server client")
+            if any(store is seen for seen in tables):
+                raise ValueError(f"{op}: {store!r} is listed twice")
+            tables.append(store)
+        return tables
+
     def server_stats(self) -> dict[str, dict[str, int]]:
         """Per table: ``applied`` (last applied step), ``duplicates`` (pushes
         ignored), ``pending_steps``, ``waits`` (requests that waited for a step),
@@ -192,7 +345,9 @@ class RemoteTable:
         self.rank = rank
         self.grad_scale = grad_scale
         self._dim = dim
-        self._lock = threading.Lock()
+        # Two locks: a push in flight must not hold up the next step's lookup.
+        self._lookup_lock = threading.Lock()
+        self._push_lock = threading.Lock()
         self._lookup_step = 0  # train lookups so far
         self._push_step = 0  # pushes so far
         self.pushed = 0  # the last step whose push the server acknowledged
@@ -209,28 +364,48 @@ class RemoteTable:
         """Ids holding their own row at the server."""
         return self.stats().rows
 
-    def lookup(self, ids: Int64Array, *, train: bool, step: int | None = None) -> Float32Array:
-        """Rows of ``ids`` int64 (N,) -> fresh float32 (N, D).
+    @property
+    def multi_store(self) -> PSClient:
+        """The ``MultiTableStore`` that batches this table's calls with other tables
+        of the same server (``shared_multi_store``)."""
+        return self.client
+
+    def _next_lookup_step(self) -> int:
+        with self._lookup_lock:
+            self._lookup_step += 1
+            return self._lookup_step
+
+    def lookup(
+        self,
+        ids: Int64Array,
+        *,
+        train: bool,
+        step: int | None = None,
+        out: Float32Array | None = None,
+    ) -> Float32Array:
+        """Rows of ``ids`` int64 (N,) -> float32 (N, D): ``out`` if given (the reply
+        is copied into it), else fresh.
 
         A train lookup is step ``step`` (default: the next step of this table) and
         may wait for the staleness bound; an eval lookup waits until this table's
         pushes have been applied.
         """
+        ids = as_ids(ids)
+        dest = None if out is None else rows_out(out, ids.size, self._dim)
         fields: dict[str, Any] = {"table": self.name, "train": train}
         if train:
-            with self._lock:
-                if step is None:
-                    self._lookup_step += 1
-                    step = self._lookup_step
-            fields["step"] = step
+            fields["step"] = self._next_lookup_step() if step is None else step
         else:
             fields["after"] = self.pushed
-        _, out = self.client.call("lookup", fields, {"ids": as_ids(ids)})
-        return out["rows"]
+        _, reply = self.client.call("lookup", fields, {"ids": ids})
+        if dest is None:
+            return reply["rows"]
+        np.copyto(dest, reply["rows"])
+        return dest
 
     def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
         """Push ``grads`` float32 (N, D) for ``ids`` int64 (N,) as this table's next step."""
-        with self._lock:  # pushes of one table go out in step order
+        with self._push_lock:  # pushes of one table go out in step order
             self.push(self._push_step + 1, ids, grads)
             self._push_step += 1
 
@@ -290,3 +465,7 @@ class RemoteTable:
         """Drop the rows of ``ids`` int64 (N,); returns how many existed."""
         header, _ = self.client.call("remove", {"table": self.name}, {"ids": as_ids(ids)})
         return int(header["removed"])
+
+
+def _concat_ids(arrays: Sequence[Int64Array]) -> Int64Array:
+    return np.concatenate(arrays) if arrays else np.empty(0, np.int64)

@@ -7,6 +7,7 @@ Shapes: ``N`` ids in a request, ``D`` a table's dim.
     trainer threads --(one connection each, pooled by PSClient)--> ParameterServer
         lookup(table, ids, train, step)   waits for the staleness bound, then gathers
         push(table, step, rank, ids, grads)  StepAggregator: all W ranks -> one step
+        lookup_many / push_many           the same for every table of a step, one request
         state_dict / load_state_dict / delta_state_dict / apply_delta
         stats / remove / wait / shutdown
 
@@ -30,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
@@ -44,7 +45,7 @@ from estuary.ps.types import ProtocolError, PSError, PSTimeoutError, ServerConfi
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: lookup_many, push_many
 Address = str | tuple[str, int]
 Handler = Callable[[Header, Arrays], tuple[Header, Arrays]]
 
@@ -111,6 +112,8 @@ class ParameterServer:
             "hello": self._op_hello,
             "lookup": self._op_lookup,
             "push": self._op_push,
+            "lookup_many": self._op_lookup_many,
+            "push_many": self._op_push_many,
             "wait": self._op_wait,
             "stats": self._op_stats,
             "server_stats": self._op_server_stats,
@@ -222,7 +225,9 @@ class ParameterServer:
     # -- request fields ----------------------------------------------------------
 
     def _table(self, header: Header) -> tuple[EmbeddingTable, StepAggregator]:
-        name = header.get("table")
+        return self._named_table(header.get("table"))
+
+    def _named_table(self, name: Any) -> tuple[EmbeddingTable, StepAggregator]:
         if not isinstance(name, str) or name not in self.tables:
             raise PSError(f"unknown table {name!r}; this server hosts {sorted(self.tables)}")
         return self.tables[name], self.steps[name]
@@ -233,6 +238,35 @@ class ParameterServer:
         if not isinstance(value, int) or isinstance(value, bool):
             raise PSError(f"field {key!r} must be an int, got {value!r}")
         return value
+
+    @staticmethod
+    def _ints(header: Header, key: str, count: int) -> list[int]:
+        values = header.get(key)
+        if (
+            not isinstance(values, list)
+            or len(values) != count
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        ):
+            raise PSError(f"field {key!r} must be a list of {count} ints, got {values!r}")
+        return values
+
+    def _batch(self, header: Header, arrays: Arrays) -> list[_Part]:
+        """A batched request's tables, each with its slice of the ``ids`` array
+        (``counts[i]`` ids per table, concatenated in ``tables`` order)."""
+        names = header.get("tables")
+        if not isinstance(names, list) or not names:
+            raise PSError(f"field 'tables' must be a non-empty list of names, got {names!r}")
+        counts = self._ints(header, "counts", len(names))
+        ids = self._array(arrays, "ids", np.int64, 1)
+        if any(n < 0 for n in counts) or sum(counts) != ids.size:
+            raise PSError(f"field 'counts' {counts} does not split the {ids.size} ids")
+        parts: list[_Part] = []
+        start = 0
+        for name, count in zip(names, counts, strict=True):
+            table, steps = self._named_table(name)
+            parts.append(_Part(name, table, steps, ids[start : start + count]))
+            start += count
+        return parts
 
     @staticmethod
     def _array(arrays: Arrays, key: str, dtype: type, ndim: int) -> np.ndarray:
@@ -252,19 +286,51 @@ class ParameterServer:
             "staleness": self.config.staleness,
         }, {}
 
+    def _before_lookup(
+        self, steps: StepAggregator, *, train: bool, step: int | None, after: int
+    ) -> None:
+        """The read barrier of one table's lookup: a train lookup of ``step`` waits
+        for step ``step - 1 - staleness``; any lookup for step ``after``."""
+        need = after
+        if train and step is not None and self.config.staleness is not None:
+            need = max(need, step - 1 - self.config.staleness)
+        if need > 0:
+            # Blocking wait: the staleness barrier (other ranks' pushes release it).
+            steps.wait_applied(need, self.config.wait_timeout_s)
+        if train and step is not None:
+            steps.note_lookup(step)
+
     def _op_lookup(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         table, steps = self._table(header)
         ids = self._array(arrays, "ids", np.int64, 1)
         train = bool(header.get("train", False))
-        need = self._int(header, "after", 0)
-        step = header.get("step")
-        if train and step is not None and self.config.staleness is not None:
-            need = max(need, self._int(header, "step") - 1 - self.config.staleness)
-        if need > 0:
-            steps.wait_applied(need, self.config.wait_timeout_s)
-        if train and step is not None:
-            steps.note_lookup(self._int(header, "step"))
+        step = self._int(header, "step") if header.get("step") is not None else None
+        self._before_lookup(steps, train=train, step=step, after=self._int(header, "after", 0))
         return {}, {"rows": table.lookup(ids, train=train)}
+
+    def _op_lookup_many(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        # Every field is checked before any table is touched (a train lookup inserts).
+        parts = self._batch(header, arrays)
+        train = bool(header.get("train", False))
+        count = len(parts)
+        steps = self._ints(header, "steps", count) if header.get("steps") is not None else None
+        after = self._ints(header, "after", count) if header.get("after") is not None else None
+        rows = np.empty(sum(p.ids.size * p.table.dim for p in parts), np.float32)
+        start = 0
+        for i, part in enumerate(parts):
+            size = part.ids.size * part.table.dim
+            with _naming(part.name):
+                self._before_lookup(
+                    part.steps,
+                    train=train,
+                    step=None if steps is None else steps[i],
+                    after=0 if after is None else after[i],
+                )
+                # Straight into the reply: table by table, (N_i, D_i) each.
+                out = rows[start : start + size].reshape(part.ids.size, part.table.dim)
+                part.table.lookup(part.ids, train=train, out=out)
+            start += size
+        return {}, {"rows": rows}
 
     def _op_push(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         _, steps = self._table(header)
@@ -272,6 +338,34 @@ class ParameterServer:
         grads = self._array(arrays, "grads", np.float32, 2)
         accepted = steps.push(self._int(header, "step"), self._int(header, "rank"), ids, grads)
         return {"duplicate": not accepted, "applied": steps.applied}, {}
+
+    def _op_push_many(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        parts = self._batch(header, arrays)
+        steps = self._ints(header, "steps", len(parts))
+        ranks = self._ints(header, "ranks", len(parts))
+        grads = self._array(arrays, "grads", np.float32, 1)  # table by table, (N_i, D_i) each
+        need = sum(p.ids.size * p.table.dim for p in parts)
+        if grads.size != need:
+            raise PSError(f"array 'grads' has {grads.size} values; the tables' ids need {need}")
+        for part, step, rank in zip(parts, steps, ranks, strict=True):
+            if step < 1 or not 0 <= rank < self.config.world_size:
+                raise PSError(
+                    f"table {part.name!r}: step {step} (must be >= 1) or rank {rank} "
+                    f"(must be in [0, {self.config.world_size})) is out of range"
+                )
+        # Tables are pushed in order; should table i fail, earlier tables were
+        # pushed, and a retry of the request is safe (their pushes are duplicates).
+        duplicate, applied = [], []
+        start = 0
+        for part, step, rank in zip(parts, steps, ranks, strict=True):
+            size = part.ids.size * part.table.dim
+            part_grads = grads[start : start + size].reshape(part.ids.size, part.table.dim)
+            start += size
+            with _naming(part.name):
+                accepted = part.steps.push(step, rank, part.ids, part_grads)
+            duplicate.append(not accepted)
+            applied.append(part.steps.applied)
+        return {"duplicate": duplicate, "applied": applied}, {}
 
     def _op_wait(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         _, steps = self._table(header)
@@ -320,6 +414,31 @@ class ParameterServer:
 
     def _op_shutdown(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         return {}, {}  # the connection thread stops the server after replying
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One table of a batched request: its name, table, aggregator and ids (N_i,)."""
+
+    name: str
+    table: EmbeddingTable
+    steps: StepAggregator
+    ids: np.ndarray
+
+
+@contextlib.contextmanager
+def _naming(table: str) -> Iterator[None]:
+    """Errors raised in the block name ``table`` (a batched request serves many)."""
+    try:
+        yield
+    except PSError as exc:
+        if f"table {table!r}" in str(exc):
+            raise
+        raise type(exc)(f"table {table!r}: {exc}") from exc
+    except Exception as exc:
+        if not isinstance(exc, ValueError | KeyError | TypeError):
+            logger.exception("parameter server: table %r failed", table)
+        raise PSError(f"table {table!r}: {type(exc).__name__}: {exc}") from exc
 
 
 def _step_counters(steps: StepAggregator) -> dict[str, int]:

@@ -24,7 +24,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from estuary.embedding import EmbeddingShard, EmbeddingTable
-from estuary.embedding.types import EmbeddingStore, Float32Array, Int64Array, TableStats
+from estuary.embedding.types import (
+    EmbeddingStore,
+    Float32Array,
+    Int64Array,
+    TableStats,
+    shared_multi_store,
+)
 from estuary.nn.embedding_collection import SparseGradients
 from estuary.train.placement import Placement, choose_placement
 
@@ -42,9 +48,11 @@ class LockedStore:
     def dim(self) -> int:
         return self.inner.dim
 
-    def lookup(self, ids: Int64Array, *, train: bool) -> Float32Array:
+    def lookup(
+        self, ids: Int64Array, *, train: bool, out: Float32Array | None = None
+    ) -> Float32Array:
         with self.lock:
-            return self.inner.lookup(ids, train=train)
+            return self.inner.lookup(ids, train=train, out=out)
 
     def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
         with self.lock:
@@ -174,8 +182,13 @@ class SparseUpdater:
                 self._thread = None
 
     def _apply(self, grads: Sequence[SparseGradients]) -> None:
-        for g in grads:
-            self.tables[g.table].apply_gradients(g.ids, g.grads)
+        stores = [self.tables[g.table] for g in grads]
+        multi = shared_multi_store(stores) if len(stores) > 1 else None
+        if multi is not None:  # e.g. parameter-server tables: one request for the step
+            multi.apply_gradients_many(stores, [g.ids for g in grads], [g.grads for g in grads])
+            return
+        for store, g in zip(stores, grads, strict=True):
+            store.apply_gradients(g.ids, g.grads)
 
     def _run(self) -> None:
         while True:
