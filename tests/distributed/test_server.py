@@ -65,6 +65,16 @@ def test_hello_lists_tables_and_settings(client: PSClient) -> None:
     assert (hello["world_size"], hello["staleness"]) == (2, 0)
 
 
+def test_a_server_of_another_protocol_version_is_refused(
+    client: PSClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from estuary.ps import client as client_module
+
+    monkeypatch.setattr(client_module, "PROTOCOL_VERSION", 1)
+    with pytest.raises(PSError, match=r"speaks protocol 2, this client 1"):
+        client.hello()
+
+
 @pytest.mark.parametrize("table", ["t", "u"])  # one shard, three shards
 def test_two_ranks_overlapping_ids_equal_one_step_of_the_summed_gradients(
     client: PSClient, table: str

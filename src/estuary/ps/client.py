@@ -34,7 +34,7 @@ from estuary.embedding.hashing import as_ids
 from estuary.embedding.storage import rows_out
 from estuary.embedding.types import EmbeddingStore, Float32Array, Int64Array, TableStats
 from estuary.ps.protocol import Arrays, Header, recv_message, send_message, set_nodelay
-from estuary.ps.server import Address
+from estuary.ps.server import PROTOCOL_VERSION, Address
 from estuary.ps.types import ProtocolError, PSConnectionError, PSError, PSTimeoutError
 
 _ERRORS: dict[str, type[PSError]] = {"timeout": PSTimeoutError, "protocol": ProtocolError}
@@ -142,8 +142,18 @@ class PSClient:
         return header, out
 
     def hello(self) -> Header:
-        """Server facts: ``tables`` (name -> dim), ``world_size``, ``staleness``."""
-        return self.call("hello")[0]
+        """Server facts: ``tables`` (name -> dim), ``world_size``, ``staleness``.
+
+        Raises:
+            PSError: the server speaks another protocol version (another Estuary).
+        """
+        header = self.call("hello")[0]
+        if header.get("protocol") != PROTOCOL_VERSION:
+            raise PSError(
+                f"parameter server speaks protocol {header.get('protocol')!r}, this client "
+                f"{PROTOCOL_VERSION}: run the same Estuary version on both sides"
+            )
+        return header
 
     def table(self, name: str, *, rank: int = 0, grad_scale: float = 1.0) -> RemoteTable:
         """A ``RemoteTable`` for ``name`` (see ``RemoteTable`` for the arguments)."""
