@@ -119,6 +119,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         overrides.append(f"runtime.trainers={args.nproc}")
     job = load_job(args.job, overrides)
+    if job.output.metrics_port is not None:
+        from estuary.metrics.training import show_metrics_url
+
+        show_metrics_url()
     if job.runtime.trainers > 1:
         from estuary.train.distributed import run_distributed
 
@@ -160,7 +164,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _resume(trainer: Any, out_dir: Path) -> None:
-    from estuary.train.checkpoint import LATEST
+    from estuary.train.checkpoint_chain import LATEST
 
     if not (out_dir / "checkpoints" / LATEST).is_file():
         print(f"--resume: no checkpoint in {out_dir}; starting fresh", file=sys.stderr)

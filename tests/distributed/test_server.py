@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from estuary.config.spec import AdmissionSpec
 from estuary.embedding import EmbeddingTable
 from estuary.ps import (
     HostedTable,
@@ -251,3 +252,21 @@ def test_server_process_serves_and_a_dead_server_fails_fast() -> None:
         table.lookup(ids, train=False)
     assert time.monotonic() - start < 5
     client.close()
+
+
+def test_admission_counting_can_be_switched_off_at_the_server() -> None:
+    """Later epochs re-read rows already counted: the trainer switches counting
+    off on remote tables too, so a second sighting there admits nothing."""
+    spec = replace(SPEC, admission=AdmissionSpec(min_count=2))
+    with serving(ServerConfig({"t": HostedTable(spec, SEED)}, world_size=1, staleness=None)) as srv:
+        client = PSClient(srv.address, srv.authkey, timeout_s=30)
+        table = client.table("t")
+        ids = np.array([5, 6], np.int64)
+        table.lookup(ids, train=True)  # first sighting: counted, not admitted
+        table.set_admission_counting(False)
+        table.lookup(ids, train=True)  # not counted: still not admitted
+        assert table.stats().admissions == 0
+        table.set_admission_counting(True)
+        table.lookup(ids, train=True)  # second counted sighting: admitted
+        assert table.stats().admissions == 2
+        client.close()

@@ -22,7 +22,7 @@ import yaml
 from estuary.config import load_job
 from estuary.data.graph import Progress
 from estuary.train import Trainer, load_checkpoint
-from estuary.train.checkpoint import LATEST, list_checkpoints
+from estuary.train.checkpoint_chain import LATEST, list_checkpoints
 
 from .conftest import COLUMNS, PATTERN, SCHEMA, Written, write_hours
 

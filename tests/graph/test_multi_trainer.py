@@ -32,7 +32,7 @@ from estuary.config import load_job
 from estuary.data.graph import Progress
 from estuary.train import Trainer, load_checkpoint
 from estuary.train.batch_scatter import split_rows
-from estuary.train.checkpoint import LATEST
+from estuary.train.checkpoint_chain import LATEST
 from estuary.train.distributed import run_distributed
 
 from .conftest import COLUMNS, PATTERN, SCHEMA, Written, hour_dir, write_hours

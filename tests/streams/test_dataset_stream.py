@@ -25,7 +25,7 @@ from estuary.data.graph import Driver, Progress
 from estuary.data.graph.streams import parse_split_name, split_name
 from estuary.data.streams.memory import memory_stream
 from estuary.train import Trainer, load_checkpoint
-from estuary.train.checkpoint import LATEST
+from estuary.train.checkpoint_chain import LATEST
 
 from .conftest import Server
 

@@ -9,13 +9,12 @@ import torch
 
 from estuary.config import ConfigError
 from estuary.config.spec import OutputSpec
-from estuary.train.checkpoint import (
+from estuary.train.checkpoint import load_checkpoint, save_checkpoint
+from estuary.train.checkpoint_chain import (
     CheckpointError,
     CheckpointKind,
     list_checkpoints,
-    load_checkpoint,
     resolve_checkpoint,
-    save_checkpoint,
 )
 
 

@@ -29,15 +29,14 @@ from estuary.config.spec import (
 )
 from estuary.embedding import EmbeddingStore, EmbeddingTable
 from estuary.ps import HostedTable, PSClient, RemoteTable, ServerConfig, serving
-from estuary.train.checkpoint import (
+from estuary.train.checkpoint import load_checkpoint, save_checkpoint
+from estuary.train.checkpoint_chain import (
     LATEST,
     CheckpointError,
     CheckpointKind,
     list_checkpoints,
-    load_checkpoint,
     prune_checkpoints,
     read_link,
-    save_checkpoint,
 )
 
 DIM = 4

@@ -18,7 +18,8 @@ import yaml
 from estuary.cli import main
 from estuary.config import load_job
 from estuary.train import Trainer
-from estuary.train.checkpoint import CheckpointKind, list_checkpoints, load_checkpoint
+from estuary.train.checkpoint import load_checkpoint
+from estuary.train.checkpoint_chain import CheckpointKind, list_checkpoints
 
 State = dict[str, np.ndarray]
 COLUMNS = ["label", "I1", "I2", "C1", "C2"]

@@ -423,6 +423,10 @@ class OutputSpec:
             snapshot; the ones between are deltas (table rows changed and ids
             evicted since the previous checkpoint; dense model and optimizer in
             full). ``1`` = every checkpoint is full.
+        metrics_port: serve Prometheus metrics at ``http://HOST:PORT/metrics``
+            while training (rank 0 of a multi-trainer run); ``0`` picks a free
+            port (logged); ``null`` = off.
+        metrics_host: interface the metrics endpoint binds (``0.0.0.0`` = all).
     """
 
     dir: str = "runs/default"
@@ -430,12 +434,18 @@ class OutputSpec:
     progress: bool = True
     checkpoint_every_steps: int | None = None
     checkpoint_full_every: int = 1
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def validate(self, path: str) -> None:
         if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
             raise ConfigError(f"{path}.checkpoint_every_steps", "must be >= 1")
         if self.checkpoint_full_every < 1:
             raise ConfigError(f"{path}.checkpoint_full_every", "must be >= 1")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"{path}.metrics_port", "must be in [0, 65535] (0 = a free port)")
+        if not self.metrics_host.strip():
+            raise ConfigError(f"{path}.metrics_host", "must not be empty")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ as one optimizer step, exactly once (``StepAggregator``). See docs/distributed.m
 
 from estuary.ps.aggregation import StepAggregator, sum_by_id
 from estuary.ps.client import PSClient, RemoteTable
-from estuary.ps.server import ParameterServer, ServerProcess, serving
+from estuary.ps.process import ServerProcess
+from estuary.ps.server import ParameterServer, serving
 from estuary.ps.types import (
     HostedTable,
     ProtocolError,

@@ -33,9 +33,15 @@ import numpy as np
 from estuary.embedding.hashing import as_ids
 from estuary.embedding.storage import rows_out
 from estuary.embedding.types import EmbeddingStore, Float32Array, Int64Array, TableStats
-from estuary.ps.protocol import Arrays, Header, recv_message, send_message, set_nodelay
-from estuary.ps.server import PROTOCOL_VERSION, Address
-from estuary.ps.types import ProtocolError, PSConnectionError, PSError, PSTimeoutError
+from estuary.ps.protocol import (
+    PROTOCOL_VERSION,
+    Arrays,
+    Header,
+    recv_message,
+    send_message,
+    set_nodelay,
+)
+from estuary.ps.types import Address, ProtocolError, PSConnectionError, PSError, PSTimeoutError
 
 _ERRORS: dict[str, type[PSError]] = {"timeout": PSTimeoutError, "protocol": ProtocolError}
 _STATS_FIELDS = {f.name for f in fields(TableStats)}
@@ -475,6 +481,12 @@ class RemoteTable:
         """Drop the rows of ``ids`` int64 (N,); returns how many existed."""
         header, _ = self.client.call("remove", {"table": self.name}, {"ids": as_ids(ids)})
         return int(header["removed"])
+
+    def set_admission_counting(self, enabled: bool) -> None:
+        """Whether train lookups count sightings of ids not admitted yet (the
+        trainer turns it off after the first epoch; idempotent, so every rank may
+        call it)."""
+        self.client.call("set_admission_counting", {"table": self.name, "enabled": enabled})
 
 
 def _concat_ids(arrays: Sequence[Int64Array]) -> Int64Array:

@@ -29,6 +29,7 @@ import numpy as np
 
 from estuary.ps.types import ProtocolError
 
+PROTOCOL_VERSION = 2  # 2: lookup_many, push_many
 MAX_HEADER_BYTES = 1 << 20
 MAX_ARRAY_BYTES = 1 << 34  # 16 GiB per message: a bound, not an expectation
 # Little-endian (or byte-order-free) numeric dtypes only, by their ``dtype.str``.

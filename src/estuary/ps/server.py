@@ -16,20 +16,19 @@ and lock per shard, so lookups of different connections run side by side;
 a table's optimizer steps are serialised by its ``StepAggregator``.
 
 Operations are found by name in ``ParameterServer._ops`` (no if/elif on ``op``).
+This module serves in-process (``start()``, ``serving``); ``estuary.ps.process``
+runs a server in its own process (``ServerProcess``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import multiprocessing
 import os
 import shutil
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing import AuthenticationError
@@ -40,13 +39,19 @@ import numpy as np
 
 from estuary.embedding.table import EmbeddingTable
 from estuary.ps.aggregation import StepAggregator
-from estuary.ps.protocol import Arrays, Header, recv_message, send_message, set_nodelay, wake_reader
-from estuary.ps.types import ProtocolError, PSError, PSTimeoutError, ServerConfig
+from estuary.ps.protocol import (
+    PROTOCOL_VERSION,
+    Arrays,
+    Header,
+    recv_message,
+    send_message,
+    set_nodelay,
+    wake_reader,
+)
+from estuary.ps.types import Address, ProtocolError, PSError, PSTimeoutError, ServerConfig
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 2  # 2: lookup_many, push_many
-Address = str | tuple[str, int]
 Handler = Callable[[Header, Arrays], tuple[Header, Arrays]]
 
 # Reply ``kind`` of each error type (the client raises the matching class).
@@ -122,6 +127,7 @@ class ParameterServer:
             "delta_state_dict": self._op_delta_state_dict,
             "apply_delta": self._op_apply_delta,
             "remove": self._op_remove,
+            "set_admission_counting": self._op_set_admission_counting,
             "shutdown": self._op_shutdown,
         }
 
@@ -412,6 +418,11 @@ class ParameterServer:
             removed = table.remove(ids)
         return {"removed": removed}, {}
 
+    def _op_set_admission_counting(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, _ = self._table(header)
+        table.set_admission_counting(bool(header.get("enabled", True)))
+        return {}, {}
+
     def _op_shutdown(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         return {}, {}  # the connection thread stops the server after replying
 
@@ -449,148 +460,6 @@ def _step_counters(steps: StepAggregator) -> dict[str, int]:
         "waits": steps.waits,
         "max_behind": steps.max_behind,
     }
-
-
-# -- a server in its own process ---------------------------------------------------
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    # An orphaned server would wait in accept() forever: leave with the parent.
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-
-def _server_main(
-    config: ServerConfig, address: Address | None, authkey: bytes, ready: Connection
-) -> None:
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    try:
-        server = ParameterServer(config, address=address, authkey=authkey)
-    except BaseException as exc:
-        ready.send_bytes(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
-        raise
-    ready.send_bytes(json.dumps({"address": server.address}).encode())
-    ready.close()
-    server.serve_forever()
-
-
-class ServerProcess:
-    """A ``ParameterServer`` in its own spawned process.
-
-    Args:
-        config: what the server hosts.
-        address: as for ``ParameterServer`` (default: a fresh AF_UNIX socket whose
-            folder this object owns).
-        startup_timeout_s: longest wait for the process to build its tables.
-        wait: block until the server is ready. With ``False`` (and a known
-            address) callers may start clients at once (``PSClient`` retries its
-            first connect) and call ``wait_ready()`` later: the server's start-up
-            (~1-5 s, mostly imports) overlaps theirs.
-
-    Use as a context manager or call ``stop()``. The process exits by itself if
-    its parent dies.
-    """
-
-    def __init__(
-        self,
-        config: ServerConfig,
-        *,
-        address: Address | None = None,
-        startup_timeout_s: float = 120.0,
-        wait: bool = True,
-    ) -> None:
-        config.validate()
-        self.config = config
-        self.authkey = os.urandom(32)
-        self.startup_timeout_s = startup_timeout_s
-        self._folder: str | None = None
-        if address is None:
-            address, self._folder = default_address()
-        elif not wait and not isinstance(address, str) and address[1] == 0:
-            raise ValueError("wait=False needs a fixed address (TCP port 0 is known only later)")
-        self.address: Address = address
-        ctx = multiprocessing.get_context("spawn")
-        self._ready, writer = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(
-            target=_server_main,
-            args=(config, address, self.authkey, writer),
-            name="estuary-ps",
-            daemon=True,
-        )
-        self._process.start()
-        writer.close()
-        self._started = False
-        if wait:
-            self.wait_ready()
-
-    def wait_ready(self) -> None:
-        """Block until the server listens (or raise why it never will)."""
-        if self._started:
-            return
-        try:
-            # Blocking wait: the child imports, builds its tables, reports its address.
-            if not self._ready.poll(self.startup_timeout_s):
-                raise PSTimeoutError(
-                    f"parameter server process not ready within {self.startup_timeout_s:g} s"
-                )
-            try:
-                message = json.loads(self._ready.recv_bytes())
-            except EOFError:
-                self._process.join(timeout=5)
-                raise PSError(
-                    f"parameter server process exited (code {self._process.exitcode}) "
-                    "before it was ready"
-                ) from None
-            if "error" in message:
-                raise PSError(f"parameter server failed to start: {message['error']}")
-        except BaseException:
-            self._kill()
-            raise
-        finally:
-            self._ready.close()
-        raw = message["address"]
-        self.address = raw if isinstance(raw, str) else (str(raw[0]), int(raw[1]))
-        self._started = True
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
-
-    def is_alive(self) -> bool:
-        return self._process.is_alive()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Ask the server to shut down; terminate it if it does not within ``timeout_s``."""
-        if self._started and self._process.is_alive():
-            from estuary.ps.client import PSClient
-
-            with contextlib.suppress(PSError):
-                client = PSClient(self.address, self.authkey, timeout_s=timeout_s)
-                try:
-                    client.shutdown()
-                finally:
-                    client.close()
-            self._process.join(timeout=timeout_s)
-        self._kill()
-
-    def _kill(self) -> None:
-        if self._process.is_alive():
-            self._process.terminate()
-            self._process.join(timeout=5)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
-
-    def __enter__(self) -> ServerProcess:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 @contextlib.contextmanager

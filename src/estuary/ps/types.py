@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 
 from estuary.config.spec import TableSpec
 
+# Where a server listens: an AF_UNIX socket path or a TCP (host, port).
+Address = str | tuple[str, int]
+
 
 @dataclass(frozen=True)
 class HostedTable:

@@ -26,6 +26,9 @@ place; ``latest`` (a one-line text file, itself replaced atomically) names the
 newest complete checkpoint. Loading never runs code (no pickle): a corrupt,
 partial or missing link raises ``CheckpointError`` naming the file, and every
 checkpoint not built on it still loads.
+
+This module writes and loads the files; ``estuary.train.checkpoint_chain`` holds
+the manifest format, chain links, full-vs-delta planning, finding and pruning.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,25 +51,23 @@ from safetensors.torch import load_file as load_torch
 from safetensors.torch import save_file as save_torch
 
 from estuary.embedding.delta import BASE, LINEAGE, VERSION
-
-FORMAT = "estuary-checkpoint"
-FORMAT_VERSION = 2  # 2 added kind/parent/chain (deltas); 1 (full only) still loads
-READABLE_VERSIONS = (1, 2)
-LATEST = "latest"
-MANIFEST = "manifest.json"
+from estuary.train.checkpoint_chain import (
+    FORMAT,
+    FORMAT_VERSION,
+    LATEST,
+    MANIFEST,
+    ChainLink,
+    CheckpointError,
+    CheckpointKind,
+    chain_of,
+    checkpoint_name,
+    kind_of,
+    read_manifest,
+    resolve_checkpoint,
+    table_file,
+)
 
 State = dict[str, np.ndarray]
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, partial or corrupt; the message names the file."""
-
-
-class CheckpointKind(StrEnum):
-    """What a checkpoint's table files hold."""
-
-    FULL = "full"  # every row: loads on its own
-    DELTA = "delta"  # changes since ``parent``: loads after its chain
 
 
 class RestorableTable(Protocol):
@@ -76,87 +76,6 @@ class RestorableTable(Protocol):
     def load_state_dict(self, state: State) -> None: ...
 
     def apply_delta(self, delta: State) -> None: ...
-
-
-@dataclass(frozen=True)
-class ChainLink:
-    """A written or loaded checkpoint, as the parent of the next delta.
-
-    Args:
-        path: the checkpoint folder.
-        chain: folder names from the chain's full checkpoint to this one.
-        versions: table -> (lineage, version) of its state here (only tables
-            whose state carried ``delta.lineage``/``delta.version``).
-    """
-
-    path: Path
-    chain: tuple[str, ...]
-    versions: dict[str, tuple[int, int]]
-
-    @classmethod
-    def from_manifest(cls, path: Path, manifest: Mapping[str, Any]) -> ChainLink:
-        """The link of the checkpoint in ``path`` with this (parsed) manifest."""
-        versions = {
-            name: (int(v["lineage"]), int(v["version"]))
-            for name, v in manifest.get("table_versions", {}).items()
-        }
-        return cls(path, tuple(_chain_of(path, manifest)), versions)
-
-    def accepts(self, deltas: Mapping[str, Mapping[str, np.ndarray]]) -> bool:
-        """Whether ``deltas`` (table -> ``delta_state_dict()``) apply on top of this
-        checkpoint: same tables, each taken against the version saved here. False
-        when something marked a table in between (an extra ``state_dict()``, a
-        failed write), so the caller writes a full checkpoint instead."""
-        if set(deltas) != set(self.versions):
-            return False
-        return all(
-            BASE in d
-            and LINEAGE in d
-            and (int(d[LINEAGE][0]), int(d[BASE][0])) == self.versions[name]
-            for name, d in deltas.items()
-        )
-
-
-@dataclass(frozen=True)
-class CheckpointPlan:
-    """What the next checkpoint is (``plan_checkpoint``'s decision).
-
-    Args:
-        kind: full or delta.
-        parent: the checkpoint a delta is taken against (``None`` for full).
-        reason: why, for logs.
-    """
-
-    kind: CheckpointKind
-    parent: ChainLink | None = None
-    reason: str = ""
-
-
-def checkpoint_name(step: int) -> str:
-    """The folder name of the checkpoint at ``step``."""
-    return f"step-{step:09d}"
-
-
-def plan_checkpoint(
-    last: ChainLink | None, *, root: Path, step: int, full_every: int
-) -> CheckpointPlan:
-    """Full or delta: a delta of ``last`` (the checkpoint the tables were last
-    saved to or restored from) while its chain is shorter than ``full_every``,
-    it lies in ``root`` with its whole chain, and the new one would not replace it."""
-    full = CheckpointKind.FULL
-    if full_every <= 1:
-        return CheckpointPlan(full, reason="output.checkpoint_full_every is 1")
-    if last is None:
-        return CheckpointPlan(full, reason="no previous checkpoint of these tables")
-    if len(last.chain) >= full_every:
-        return CheckpointPlan(full, reason=f"chain reached {full_every} checkpoints")
-    if last.path.parent.resolve() != Path(root).resolve():
-        return CheckpointPlan(full, reason=f"previous checkpoint is not in {root}")
-    if last.path.name == checkpoint_name(step):
-        return CheckpointPlan(full, reason="it would replace its own parent")
-    if not all((last.path.parent / name / MANIFEST).is_file() for name in last.chain):
-        return CheckpointPlan(full, reason="part of the previous chain was deleted")
-    return CheckpointPlan(CheckpointKind.DELTA, last, "")
 
 
 @dataclass
@@ -212,7 +131,7 @@ class Checkpoint:
     @property
     def kind(self) -> CheckpointKind:
         """Full or delta (a version 1 checkpoint is full)."""
-        return _kind_of(self.manifest)
+        return kind_of(self.manifest)
 
     @property
     def link(self) -> ChainLink:
@@ -228,7 +147,7 @@ class Checkpoint:
                 try:
                     table.apply_delta(delta[name])
                 except ValueError as exc:
-                    raise CheckpointError(f"{_table_file(folder, name)}: {exc}") from exc
+                    raise CheckpointError(f"{table_file(folder, name)}: {exc}") from exc
 
 
 def _sha256(path: Path) -> str:
@@ -253,21 +172,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _table_file(folder: Path, name: str) -> Path:
-    return folder / "tables" / f"{name}.safetensors"
-
-
-def _kind_of(manifest: Mapping[str, Any]) -> CheckpointKind:
-    return CheckpointKind(manifest.get("kind", CheckpointKind.FULL.value))
-
-
-def _chain_of(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
-    chain = manifest.get("chain", [folder.name])  # version 1: always full
-    if not isinstance(chain, list) or not chain or not all(isinstance(n, str) for n in chain):
-        raise CheckpointError(f"{folder / MANIFEST}: 'chain' must be a non-empty list of names")
-    return chain
 
 
 def _optimizer_to_flat(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -351,7 +255,7 @@ def save_checkpoint(
         files.append(tmp / "optimizer.safetensors")
 
     for table_name, table_state in tables.items():
-        path = _table_file(tmp, table_name)
+        path = table_file(tmp, table_name)
         save_numpy({k: np.ascontiguousarray(v) for k, v in table_state.items()}, str(path))
         files.append(path)
 
@@ -389,85 +293,6 @@ def save_checkpoint(
     return final
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint folder from ``path``: the folder itself, or the ``latest``
-    one under a checkpoints root or a run's output folder."""
-    path = Path(path)
-    for candidate in (path, path / "checkpoints"):
-        if (candidate / MANIFEST).is_file():
-            return candidate
-        latest = candidate / LATEST
-        if latest.is_file():
-            return candidate / latest.read_text().strip()
-    raise CheckpointError(f"{path}: no checkpoint here (no {MANIFEST} and no '{LATEST}' file)")
-
-
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete-looking checkpoint folders under ``root``, oldest first."""
-    if not root.is_dir():
-        return []
-    return sorted(
-        p
-        for p in root.iterdir()
-        if p.is_dir() and ".tmp-" not in p.name and p.name.startswith("step-")
-    )
-
-
-def prune_checkpoints(root: Path, *, keep: int, newest: Path | None = None) -> list[Path]:
-    """Delete old checkpoints: all but the ``keep`` newest (and ``newest``), except
-    the full checkpoints and deltas a kept one is built on; also the partial
-    ``*.tmp-*`` folders of killed writers. Returns the folders deleted.
-
-    A kept checkpoint whose manifest cannot be read may depend on anything: then
-    no complete checkpoint is deleted.
-    """
-    folders = list_checkpoints(root)
-    kept = {*folders[-keep:], *([newest] if newest is not None else [])} if keep > 0 else set()
-    needed = {p.name for p in kept}
-    for folder in kept:
-        try:
-            needed.update(_chain_of(folder, _read_manifest(folder)))
-        except CheckpointError:
-            needed.update(p.name for p in folders)
-    gone = [p for p in folders if p.name not in needed]
-    for old in gone:
-        shutil.rmtree(old, ignore_errors=True)
-    for partial in root.glob("step-*.tmp-*"):  # left by a run killed mid-write
-        shutil.rmtree(partial, ignore_errors=True)
-    return gone
-
-
-def _read_manifest(folder: Path) -> dict[str, Any]:
-    manifest_path = folder / MANIFEST
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{manifest_path}: missing (partial checkpoint?)") from exc
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{manifest_path}: not valid JSON ({exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{manifest_path}: not an {FORMAT} manifest")
-    if manifest.get("version") not in READABLE_VERSIONS:
-        raise CheckpointError(
-            f"{manifest_path}: format version {manifest.get('version')} is not supported "
-            f"(this Estuary reads {', '.join(map(str, READABLE_VERSIONS))})"
-        )
-    missing = [k for k in ("step", "tables", "files") if k not in manifest]
-    if missing:
-        raise CheckpointError(f"{manifest_path}: no {', '.join(missing)} (partial checkpoint?)")
-    try:
-        _kind_of(manifest)
-    except ValueError as exc:
-        raise CheckpointError(f"{manifest_path}: unknown kind {manifest.get('kind')!r}") from exc
-    return manifest
-
-
-def read_link(folder: Path) -> ChainLink:
-    """The checkpoint in ``folder`` as the parent of the next delta (reads only
-    its manifest; ``load_checkpoint`` verifies the files)."""
-    return ChainLink.from_manifest(folder, _read_manifest(folder))
-
-
 def _verify_files(folder: Path, manifest: Mapping[str, Any]) -> None:
     for rel, info in manifest["files"].items():
         file = folder / rel
@@ -498,10 +323,10 @@ def _check_link(
     parent: Path, parent_manifest: Mapping[str, Any], child: Path, manifest: Mapping[str, Any]
 ) -> None:
     """Raise unless ``child`` is a delta of exactly the state saved in ``parent``."""
-    chain = _chain_of(child, manifest)
-    if _chain_of(parent, parent_manifest) != chain[:-1]:
+    chain = chain_of(child, manifest)
+    if chain_of(parent, parent_manifest) != chain[:-1]:
         raise CheckpointError(
-            f"{parent / MANIFEST}: chain {_chain_of(parent, parent_manifest)} is not the "
+            f"{parent / MANIFEST}: chain {chain_of(parent, parent_manifest)} is not the "
             f"start of {child.name}'s {chain} (was {parent.name} rewritten?)"
         )
     if sorted(parent_manifest["tables"]) != sorted(manifest["tables"]):
@@ -511,7 +336,7 @@ def _check_link(
         saved = have.get(name, {})
         if (info.get("lineage"), info.get("base")) != (saved.get("lineage"), saved.get("version")):
             raise CheckpointError(
-                f"{_table_file(child, name)}: a delta on version {info.get('base')} of chain "
+                f"{table_file(child, name)}: a delta on version {info.get('base')} of chain "
                 f"{info.get('lineage')}, but {parent.name} saved version {saved.get('version')} "
                 f"of chain {saved.get('lineage')} (was {parent.name} rewritten?)"
             )
@@ -525,7 +350,7 @@ def _read_tensors(file: Path) -> State:
 
 
 def _load_tables(folder: Path, names: list[str]) -> dict[str, State]:
-    return {name: _read_tensors(_table_file(folder, name)) for name in names}
+    return {name: _read_tensors(table_file(folder, name)) for name in names}
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -533,15 +358,15 @@ def load_checkpoint(path: Path) -> Checkpoint:
     for a delta, its whole chain. Raises ``CheckpointError`` naming the first
     missing, partial or corrupt file before any state is returned."""
     folder = resolve_checkpoint(path)
-    manifest = _read_manifest(folder)
+    manifest = read_manifest(folder)
     _verify_files(folder, manifest)
     links = [(folder, manifest)]  # target first, walking back to the full one
-    while _kind_of(links[-1][1]) is CheckpointKind.DELTA:
+    while kind_of(links[-1][1]) is CheckpointKind.DELTA:
         child, child_manifest = links[-1]
-        if len(_chain_of(child, child_manifest)) < 2:
+        if len(chain_of(child, child_manifest)) < 2:
             raise CheckpointError(f"{child / MANIFEST}: a delta whose chain has no parent")
         parent = _parent_of(child, child_manifest)
-        parent_manifest = _read_manifest(parent)
+        parent_manifest = read_manifest(parent)
         _check_link(parent, parent_manifest, child, child_manifest)
         _verify_files(parent, parent_manifest)
         links.append((parent, parent_manifest))

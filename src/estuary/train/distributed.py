@@ -44,8 +44,9 @@ from estuary.config.spec import TrainSpec
 from estuary.data import DataPart, TabularDataset
 from estuary.data.types import Batch, Int64Array
 from estuary.ps import HostedTable, PSClient, ServerConfig, ServerProcess
-from estuary.ps.server import Address
-from estuary.train.checkpoint import LATEST, load_checkpoint
+from estuary.ps.types import Address
+from estuary.train.checkpoint import load_checkpoint
+from estuary.train.checkpoint_chain import LATEST
 from estuary.train.streaming import fit_streaming
 from estuary.train.trainer import FitResult, Trainer, resolve_device
 
@@ -245,6 +246,10 @@ def _trainer_main(rank: int, launch: _Launch, results: Any) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
     if not launch.job.train.threads:
         torch.set_num_threads(launch.threads)  # W trainers share the machine's cores
+    if rank == 0 and launch.job.output.metrics_port is not None:
+        from estuary.metrics.training import show_metrics_url
+
+        show_metrics_url()  # rank 0 serves the metrics; its port line reaches stderr
     if launch.backend == "nccl":  # one GPU per rank, round robin over the GPUs
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(

@@ -45,7 +45,7 @@ from estuary.data.graph import Driver, Progress
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
 from estuary.metrics.progress import ProgressBar
 from estuary.train.batch_scatter import BatchScatter, ShareLoss
-from estuary.train.checkpoint import prune_checkpoints
+from estuary.train.checkpoint_chain import prune_checkpoints
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ def save_with_progress(trainer: Trainer, updater: SparseUpdater, progress: Progr
         path = trainer.save_checkpoint()
     # Keeps the newest ones and every checkpoint their delta chains are built on.
     prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
+    trainer.metrics.checkpointed(trainer.step)
     return path
 
 
@@ -112,6 +113,13 @@ def fit_streaming(
             (``estuary.train.batch_scatter``); only rank 0 checkpoints.
         group: with W > 1, the gloo process group that carries the batches.
     """
+    with trainer.metrics.serving():  # /metrics while training (output.metrics_port)
+        return _fit_streaming(trainer, progress=progress, world_size=world_size, group=group)
+
+
+def _fit_streaming(
+    trainer: Trainer, *, progress: bool | None, world_size: int, group: Any
+) -> FitResult:
     from estuary.train.trainer import FitResult
 
     _check(trainer)
@@ -158,6 +166,9 @@ def fit_streaming(
             state.record(share.row_ids)  # committed with the next checkpoint (rank 0)
             rows_done += share.rows
             bar.update(share.rows, loss, 0)
+            if trainer.metrics.step(trainer.step, share.rows, loss):
+                bad_rows = driver.bad_rows.count if driver is not None else 0
+                trainer._refresh_metrics(updater, bad_rows=bad_rows)
             if every is not None and trainer.step % every == 0:
                 checkpoint = save_with_progress(trainer, updater, state)
                 saved_step = trainer.step
@@ -171,14 +182,20 @@ def fit_streaming(
         if driver is not None:
             driver.close()
     train_wall_s = time.perf_counter() - t_start
+    samples_per_s = rows_done / train_wall_s if train_wall_s > 0 else 0.0
     result, eval_rows = _evaluate(trainer)
+    if result is not None:
+        trainer.metrics.evaluated(result)
     stats = {name: t.stats() for name, t in trainer.tables.items()}
+    bad_rows = driver.bad_rows.count if driver is not None else 0
+    trainer.metrics.refresh(stats, staleness_max=updater.log.max_behind, bad_rows=bad_rows)
+    trainer.metrics.trained(samples_per_s)
     return FitResult(
         eval=result,
         train_rows=rows_done,
         eval_rows=eval_rows,
-        bad_rows=driver.bad_rows.count if driver is not None else 0,
-        samples_per_s=rows_done / train_wall_s if train_wall_s > 0 else 0.0,
+        bad_rows=bad_rows,
+        samples_per_s=samples_per_s,
         wall_s=time.perf_counter() - t_start + trainer.load_s,
         mode=job.train.mode,
         checkpoint=checkpoint,

@@ -26,16 +26,12 @@ from estuary.data.types import Batch
 from estuary.embedding import EmbeddingStore, EmbeddingTable
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
 from estuary.metrics.progress import ProgressBar
+from estuary.metrics.training import TrainingMetrics
 from estuary.nn.embedding_collection import EmbeddingCollection, LookedUpBatch
 from estuary.nn.models import accepts_sequences, build_model
 from estuary.nn.types import SequenceEmbedding, Sequences
-from estuary.train.checkpoint import (
-    ChainLink,
-    load_checkpoint,
-    plan_checkpoint,
-    read_link,
-    save_checkpoint,
-)
+from estuary.train.checkpoint import load_checkpoint, save_checkpoint
+from estuary.train.checkpoint_chain import ChainLink, plan_checkpoint, read_link
 from estuary.train.pipeline import Prefetcher, StageTimes
 from estuary.train.placement import Placement
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
@@ -156,6 +152,8 @@ class Trainer:
             and writes the checkpoint.
     """
 
+    world_size = 1  # trainers in the run (``DistributedTrainer``: W)
+
     def __init__(
         self,
         job: JobSpec,
@@ -231,6 +229,13 @@ class Trainer:
         self.model.to(self.device)
         self.train_model = self.model  # what steps call: a DDP wrapper with several trainers
         self.rank = rank
+        # Prometheus metrics (``output.metrics_port``); rank 0 serves them.
+        self.metrics = TrainingMetrics(
+            port=job.output.metrics_port if rank == 0 else None,
+            host=job.output.metrics_host,
+            job=job.name,
+            mode=job.train.mode,
+        )
         opt = job.train.dense_optimizer
         self.optimizer = DENSE_OPTIMIZERS[opt.name](
             self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay
@@ -336,13 +341,25 @@ class Trainer:
             part, train.batch_size, shuffle=train.shuffle, seed=train.seed, epoch=epoch
         )
 
-    def fit(self, *, progress: bool | None = None) -> FitResult:
-        """Train for ``train.epochs``, evaluate, checkpoint, return the result."""
-        job = self.job
-        if job.data.dataset is not None:  # streams through the task graph
-            from estuary.train.streaming import fit_streaming
+    def _refresh_metrics(self, updater: SparseUpdater, *, bad_rows: int) -> None:
+        """Table stats, staleness and bad rows to ``self.metrics``; called every
+        ``metrics.refresh_s`` seconds, as stats take each table's lock."""
+        stats = {name: t.stats() for name, t in self.tables.items()}
+        self.metrics.refresh(stats, staleness_max=updater.log.max_behind, bad_rows=bad_rows)
 
-            return fit_streaming(self, progress=progress)
+    def fit(self, *, progress: bool | None = None) -> FitResult:
+        """Train for ``train.epochs``, evaluate, checkpoint, return the result;
+        serves ``/metrics`` meanwhile when ``output.metrics_port`` is set."""
+        with self.metrics.serving():  # the port is released when fit returns
+            if self.job.data.dataset is not None:  # streams through the task graph
+                from estuary.train.streaming import fit_streaming
+
+                return fit_streaming(self, progress=progress)
+            return self._fit_sources(progress=progress)
+
+    def _fit_sources(self, *, progress: bool | None) -> FitResult:
+        """``fit`` for ``data.sources`` jobs: epochs over the loaded dataset."""
+        job = self.job
         show = job.output.progress if progress is None else progress
         train_part, eval_part = self.dataset.split()
         train_rows_per_epoch = train_part.num_rows
@@ -353,32 +370,44 @@ class Trainer:
         try:
             for epoch in range(self.epoch, job.train.epochs):
                 self.epoch = epoch
-                # Later epochs re-read rows already counted for admission.
+                # Later epochs re-read rows already counted for admission (tables
+                # on a parameter server too: every rank may switch it, idempotently).
                 for table in self.tables.values():
-                    if isinstance(table, EmbeddingTable):
-                        table.set_admission_counting(epoch == 0)
+                    switch = getattr(table, "set_admission_counting", None)
+                    if switch is not None:  # EmbeddingTable, RemoteTable
+                        switch(epoch == 0)
                 batches = self._epoch_batches(train_part, epoch)
                 for batch, looked_up in self._steps(batches, updater):
                     loss = self._train_step(batch, looked_up, updater)
                     self.step += 1
                     rows_done += batch.num_rows
                     bar.update(batch.num_rows, loss, epoch)
+                    if self.metrics.step(self.step, batch.num_rows * self.world_size, loss):
+                        self._refresh_metrics(updater, bad_rows=self.dataset.bad_rows.count)
                 self.epoch = epoch + 1
             updater.flush()
         finally:
             updater.close()
             bar.close()
         train_wall_s = time.perf_counter() - t_start
+        samples_per_s = rows_done / train_wall_s if train_wall_s > 0 else 0.0
         chief = self.rank == 0  # one trainer evaluates and checkpoints
         result = self.evaluate(eval_part) if eval_part.num_rows and chief else None
+        if result is not None:
+            self.metrics.evaluated(result)
         checkpoint = self.save_checkpoint() if job.output.checkpoint and chief else None
+        if checkpoint is not None:
+            self.metrics.checkpointed(self.step)
         stats = {name: t.stats() for name, t in self.tables.items()}
+        bad_rows = self.dataset.bad_rows.count
+        self.metrics.refresh(stats, staleness_max=updater.log.max_behind, bad_rows=bad_rows)
+        self.metrics.trained(samples_per_s * self.world_size)
         return FitResult(
             eval=result,
             train_rows=rows_done,
             eval_rows=eval_part.num_rows,
-            bad_rows=self.dataset.bad_rows.count,
-            samples_per_s=rows_done / train_wall_s if train_wall_s > 0 else 0.0,
+            bad_rows=bad_rows,
+            samples_per_s=samples_per_s,
             wall_s=time.perf_counter() - t_start + self.load_s,
             mode=job.train.mode,
             checkpoint=checkpoint,
