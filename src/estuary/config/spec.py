@@ -417,8 +417,9 @@ class OutputSpec:
             resolve against the job file.
         checkpoint: write a checkpoint at the end of training.
         progress: show a progress bar.
-        checkpoint_every_steps: also checkpoint every this many steps (model and
-            data progress together; ``data.dataset`` jobs only); ``null`` = off.
+        checkpoint_every_steps: also checkpoint every this many steps (model,
+            tables and data position together: a ``data.dataset`` run's progress,
+            a ``data.sources`` run's epoch and step in it); ``null`` = off.
         checkpoint_full_every: every this many checkpoints in a chain is a full
             snapshot; the ones between are deltas (table rows changed and ids
             evicted since the previous checkpoint; dense model and optimizer in

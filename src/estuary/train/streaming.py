@@ -32,7 +32,6 @@ their initial values either way, but admission counts may see them twice.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from pathlib import Path
@@ -45,20 +44,14 @@ from estuary.data.graph import Driver, Progress
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
 from estuary.metrics.progress import ProgressBar
 from estuary.train.batch_scatter import BatchScatter, ShareLoss
-from estuary.train.checkpoint_chain import prune_checkpoints
-from estuary.train.sparse_updates import LockedStore, SparseUpdater
+from estuary.train.sparse_updates import SparseUpdater
 
 if TYPE_CHECKING:
     from estuary.train.trainer import FitResult, Trainer
 
-__all__ = ["KEEP_CHECKPOINTS", "evaluate_stream", "fit_streaming", "restored_progress"]
+__all__ = ["evaluate_stream", "fit_streaming", "restored_progress"]
 
 logger = logging.getLogger(__name__)
-
-KEEP_CHECKPOINTS = 2
-"""Checkpoints kept by a ``data.dataset`` run (the newest ones, plus the full
-checkpoint and deltas they are built on); older ones and partial ones left by a
-killed run are deleted after each checkpoint."""
 
 
 def restored_progress(trainer: Trainer) -> Progress:
@@ -85,17 +78,8 @@ def _check(trainer: Trainer) -> None:
 
 def save_with_progress(trainer: Trainer, updater: SparseUpdater, progress: Progress) -> Path:
     """Checkpoint model + tables + data progress, consistent with each other."""
-    updater.flush()  # Blocking wait: every submitted sparse update lands first
-    with contextlib.ExitStack() as stack:
-        for store in trainer.stores.values():
-            if isinstance(store, LockedStore):
-                stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
-        trainer.data_progress = progress.to_json()
-        path = trainer.save_checkpoint()
-    # Keeps the newest ones and every checkpoint their delta chains are built on.
-    prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
-    trainer.metrics.checkpointed(trainer.step)
-    return path
+    trainer.data_progress = progress.to_json()
+    return trainer.checkpoint_now(updater)
 
 
 def fit_streaming(

@@ -8,6 +8,7 @@ lookup -> forward -> backward -> dense step -> hand sparse gradients to the
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import random
 import time
@@ -31,10 +32,20 @@ from estuary.nn.embedding_collection import EmbeddingCollection, LookedUpBatch
 from estuary.nn.models import accepts_sequences, build_model
 from estuary.nn.types import SequenceEmbedding, Sequences
 from estuary.train.checkpoint import load_checkpoint, save_checkpoint
-from estuary.train.checkpoint_chain import ChainLink, plan_checkpoint, read_link
+from estuary.train.checkpoint_chain import (
+    ChainLink,
+    plan_checkpoint,
+    prune_checkpoints,
+    read_link,
+)
 from estuary.train.pipeline import Prefetcher, StageTimes
 from estuary.train.placement import Placement
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
+
+KEEP_CHECKPOINTS = 2
+"""Checkpoints a run keeps while it trains (the newest ones, plus the full
+checkpoint and deltas they are built on); older ones and partial ones left by a
+killed run are deleted after each checkpoint."""
 
 DENSE_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
@@ -244,6 +255,7 @@ class Trainer:
         self.bf16 = job.train.precision == "bf16"
         self.step = 0
         self.epoch = 0
+        self.epoch_step = 0  # steps done in epoch `epoch` (a mid-epoch checkpoint resumes there)
         self.times = StageTimes()
         # data.dataset runs: rows trained (``estuary.data.graph.Progress`` JSON),
         # saved with and restored from checkpoints (train/streaming.py).
@@ -368,23 +380,32 @@ class Trainer:
         t_start = time.perf_counter()
         bar = ProgressBar(total=train_rows_per_epoch * job.train.epochs, enabled=show)
         try:
+            every = job.output.checkpoint_every_steps if self.rank == 0 else None
             for epoch in range(self.epoch, job.train.epochs):
                 self.epoch = epoch
+                done_before = self.epoch_step  # > 0: resumed from a mid-epoch checkpoint
                 # Later epochs re-read rows already counted for admission (tables
                 # on a parameter server too: every rank may switch it, idempotently).
                 for table in self.tables.values():
                     switch = getattr(table, "set_admission_counting", None)
                     if switch is not None:  # EmbeddingTable, RemoteTable
                         switch(epoch == 0)
-                batches = self._epoch_batches(train_part, epoch)
+                # An epoch's batches are a function of (seed, epoch): skip the ones
+                # a mid-epoch checkpoint already holds.
+                batches = itertools.islice(
+                    self._epoch_batches(train_part, epoch), done_before, None
+                )
                 for batch, looked_up in self._steps(batches, updater):
                     loss = self._train_step(batch, looked_up, updater)
                     self.step += 1
+                    self.epoch_step += 1
                     rows_done += batch.num_rows
                     bar.update(batch.num_rows, loss, epoch)
                     if self.metrics.step(self.step, batch.num_rows * self.world_size, loss):
                         self._refresh_metrics(updater, bad_rows=self.dataset.bad_rows.count)
-                self.epoch = epoch + 1
+                    if every is not None and self.step % every == 0:
+                        self.checkpoint_now(updater)
+                self.epoch, self.epoch_step = epoch + 1, 0
             updater.flush()
         finally:
             updater.close()
@@ -485,12 +506,28 @@ class Trainer:
             metadata={
                 "job": to_dict(self.job, resolve_paths=True),
                 "epoch": self.epoch,
+                "epoch_step": self.epoch_step,
                 "features": self.features,
                 "dense": list(self.dataset.dense_names),
                 **({"data_progress": self.data_progress} if self.data_progress else {}),
             },
         )
         self.checkpoint_link = read_link(path)
+        return path
+
+    def checkpoint_now(self, updater: SparseUpdater) -> Path:
+        """A checkpoint in the middle of training, consistent with itself: every
+        submitted sparse update lands first and no prefetch lookup runs during the
+        snapshot. Keeps the ``KEEP_CHECKPOINTS`` newest (and the checkpoints their
+        delta chains are built on)."""
+        updater.flush()  # Blocking wait: every submitted sparse update lands first
+        with contextlib.ExitStack() as stack:
+            for store in self.stores.values():
+                if isinstance(store, LockedStore):
+                    stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
+            path = self.save_checkpoint()
+        prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
+        self.metrics.checkpointed(self.step)
         return path
 
     def load_checkpoint(self, path: Path) -> None:
@@ -507,4 +544,5 @@ class Trainer:
         self.checkpoint_link = ckpt.link
         self.step = int(ckpt.manifest["step"])
         self.epoch = int(ckpt.manifest["metadata"].get("epoch", 0))
+        self.epoch_step = int(ckpt.manifest["metadata"].get("epoch_step", 0))
         self.data_progress = ckpt.manifest["metadata"].get("data_progress")
