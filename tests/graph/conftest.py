@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from estuary.config import JobSpec, job_from_dict
+from estuary.config import JobSpec, job_from_dict, load_job
+from estuary.data.graph import Progress
+from estuary.train import load_checkpoint
 
 COLUMNS = ["label", "I1", "I2", "C1", "C2"]
 SCHEMA = {"dense": ["I1", "I2"], "sparse": ["C1", "C2"]}
@@ -116,3 +118,20 @@ def dataset_job(
         job["output"] = {"dir": "out", "progress": False}
     job.update(sections)
     return job_from_dict(job, base_dir=root)
+
+
+def assert_every_row_once(job_path: Path, written: Written, hours: int) -> Progress:
+    """The job's newest checkpoint says every good row of ``written`` was trained
+    exactly once, over ``hours`` committed tasks."""
+    job = load_job(job_path)
+    final = load_checkpoint(job.resolve(job.output.dir))
+    progress = Progress.from_json(final.manifest["metadata"]["data_progress"])
+    assert progress.duplicate_rows == 0
+    assert progress.rows_trained == written.rows
+    trained: dict[str, list[int]] = {}
+    for splits in progress.accounting().values():
+        for split, ranges in splits.items():
+            trained.setdefault(split, []).extend(r for a, b in ranges for r in range(a, b))
+    assert {split: sorted(rows) for split, rows in trained.items()} == written.good
+    assert progress.tasks_committed == hours
+    return progress

@@ -20,11 +20,10 @@ import torch
 import yaml
 
 from estuary.config import load_job
-from estuary.data.graph import Progress
 from estuary.train import Trainer, load_checkpoint
 from estuary.train.checkpoint_chain import LATEST, list_checkpoints
 
-from .conftest import COLUMNS, PATTERN, SCHEMA, Written, write_hours
+from .conftest import COLUMNS, PATTERN, SCHEMA, Written, assert_every_row_once, write_hours
 
 HOURS, ROWS, FILES, BATCH, EVERY = 4, 120, 2, 32, 4
 
@@ -126,21 +125,6 @@ def resume(job_path: Path) -> Trainer:
     return trainer
 
 
-def assert_every_row_once(job_path: Path, written: Written) -> Progress:
-    job = load_job(job_path)
-    final = load_checkpoint(job.resolve(job.output.dir))
-    progress = Progress.from_json(final.manifest["metadata"]["data_progress"])
-    assert progress.duplicate_rows == 0
-    assert progress.rows_trained == written.rows
-    trained: dict[str, list[int]] = {}
-    for splits in progress.accounting().values():
-        for split, ranges in splits.items():
-            trained.setdefault(split, []).extend(r for a, b in ranges for r in range(a, b))
-    assert {split: sorted(rows) for split, rows in trained.items()} == written.good
-    assert progress.tasks_committed == HOURS
-    return progress
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Written]:
     root = tmp_path_factory.mktemp("kill")
@@ -182,4 +166,4 @@ def test_sigkill_mid_run_and_mid_checkpoint_then_resume_trains_each_row_once(
         assert committed_before == (at - 1) // EVERY * EVERY if mode == "step" else 2 * EVERY
         result = trainer.fit(progress=False)
         assert result.extra["rows_committed_before"] == committed_before * BATCH
-        assert_every_row_once(job_path, written)
+        assert_every_row_once(job_path, written, HOURS)

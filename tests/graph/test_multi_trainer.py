@@ -29,13 +29,19 @@ import yaml
 
 from estuary.cli import main
 from estuary.config import load_job
-from estuary.data.graph import Progress
 from estuary.train import Trainer, load_checkpoint
 from estuary.train.batch_scatter import split_rows
 from estuary.train.checkpoint_chain import LATEST
 from estuary.train.distributed import run_distributed
 
-from .conftest import COLUMNS, PATTERN, SCHEMA, Written, hour_dir, write_hours
+from .conftest import (
+    COLUMNS,
+    PATTERN,
+    SCHEMA,
+    assert_every_row_once,
+    hour_dir,
+    write_hours,
+)
 
 WORLD, BATCH, EVERY = 2, 16, 3
 CLI = "import sys; from estuary.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -77,21 +83,6 @@ def write_job(root: Path, hours: int, *, mode: str, ready_timeout_s: float = 5) 
     path = root / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
-
-
-def assert_every_row_once(job_path: Path, written: Written, hours: int) -> Progress:
-    job = load_job(job_path)
-    final = load_checkpoint(job.resolve(job.output.dir))
-    progress = Progress.from_json(final.manifest["metadata"]["data_progress"])
-    assert progress.duplicate_rows == 0
-    assert progress.rows_trained == written.rows
-    trained: dict[str, list[int]] = {}
-    for splits in progress.accounting().values():
-        for split, ranges in splits.items():
-            trained.setdefault(split, []).extend(r for a, b in ranges for r in range(a, b))
-    assert {split: sorted(rows) for split, rows in trained.items()} == written.good
-    assert progress.tasks_committed == hours
-    return progress
 
 
 def test_split_rows_gives_each_rank_a_contiguous_part() -> None:
