@@ -21,6 +21,8 @@ from estuary.train import Trainer
 from estuary.train.checkpoint import load_checkpoint
 from estuary.train.checkpoint_chain import CheckpointKind, list_checkpoints
 
+from .test_delta_checkpoint import by_id
+
 State = dict[str, np.ndarray]
 COLUMNS = ["label", "I1", "I2", "C1", "C2"]
 PATTERN = "data/{{YYYY}}{{MM}}{{DD}}/{{HH}}/part-*.tsv"
@@ -77,22 +79,6 @@ def write_job(root: Path, shards: int = 2, **output: Any) -> Path:
     path = root / f"job-{shards}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
-
-
-def by_id(state: State) -> State:
-    rows = np.argsort(state["ids"], kind="stable")
-    pending = np.argsort(state["admission.ids"], kind="stable")
-    out: State = {}
-    for key, value in state.items():
-        if key.startswith("delta."):
-            continue
-        if key.startswith("admission."):
-            out[key] = np.asarray(value)[pending]
-        elif key.startswith(("unknown.", "meta.")):
-            out[key] = np.asarray(value)
-        else:
-            out[key] = np.asarray(value)[rows]
-    return out
 
 
 def assert_same_trainer(got: Trainer, want: Trainer) -> None:
