@@ -7,14 +7,15 @@ it arrived in, or the number of shards, and a row evicted and re-admitted later
 starts from the same values.
 
 Cost: ~2 splitmix64 + one log/cos per element for normal; done only for rows that
-are new in a lookup.
+are new in a lookup. The uniform per-element loop vectorises (measured ~0.5 ns
+per element with AVX-512, cache-hot); writing scattered new rows costs more.
 """
 
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 from numba import njit
@@ -28,23 +29,9 @@ _TWO_PI = 2.0 * math.pi
 _TRUNCATE_AT_STD = 2.0
 
 
-@njit(cache=True, nogil=True)
-def _fill_uniform(
-    storage: Float32Array,
-    rows: Int64Array,
-    ids: Int64Array,
-    seed: np.uint64,
-    dim: int,
-    bound: float,
-) -> None:
-    width = storage.shape[1]
-    for n in range(rows.size):
-        if n + ROWS_AHEAD < rows.size:  # new rows are scattered: overlap their misses
-            prefetch_span(storage, rows[n + ROWS_AHEAD] * width, dim)
-        r = rows[n]
-        for j in range(dim):
-            u = unit_float(seed, ids[n], np.uint64(j))
-            storage[r, j] = np.float32(bound * (2.0 * u - 1.0))
+# Element distributions (``Initializer.distribution``): the fused row initialiser
+# (``RowStorage.init_rows``) and ``fill`` draw every weight from ``initial_weight``.
+ZEROS, UNIFORM, NORMAL = 0, 1, 2
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -55,47 +42,62 @@ def _normal(seed: np.uint64, key: np.int64, counter: np.uint64) -> float:
     return math.sqrt(-2.0 * math.log(u1)) * math.cos(_TWO_PI * u2)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def initial_weight(
+    dist: int, seed: np.uint64, key: np.int64, j: int, dim: int, scale: float, truncate: float
+) -> np.float32:
+    """Initial weight ``j`` of id ``key``: uniform in [-scale, scale), normal with
+    std ``scale`` (``truncate > 0``: redrawn with a fresh counter until
+    ``|z| <= truncate``; at 2 std ~4.6% redraws), or zero."""
+    if dist == UNIFORM:
+        u = unit_float(seed, key, np.uint64(j))
+        return np.float32(scale * (2.0 * u - 1.0))
+    if dist == NORMAL:
+        attempt = 0
+        while True:
+            z = _normal(seed, key, np.uint64(attempt * dim + j))
+            if truncate <= 0.0 or abs(z) <= truncate:
+                return np.float32(scale * z)
+            attempt += 1
+    return np.float32(0.0)
+
+
 @njit(cache=True, nogil=True)
-def _fill_normal(
+def _fill_kernel(
     storage: Float32Array,
     rows: Int64Array,
     ids: Int64Array,
     seed: np.uint64,
     dim: int,
-    std: float,
+    dist: int,
+    scale: float,
     truncate: float,
 ) -> None:
-    # truncate <= 0: plain normal. Otherwise redraw (with a fresh counter) until
-    # |z| <= truncate; at 2 std that is ~4.6% redraws.
     width = storage.shape[1]
     for n in range(rows.size):
-        if n + ROWS_AHEAD < rows.size:
+        if n + ROWS_AHEAD < rows.size:  # new rows are scattered: overlap their misses
             prefetch_span(storage, rows[n + ROWS_AHEAD] * width, dim)
         r = rows[n]
+        key = ids[n]
         for j in range(dim):
-            attempt = 0
-            while True:
-                z = _normal(seed, ids[n], np.uint64(attempt * dim + j))
-                if truncate <= 0.0 or abs(z) <= truncate:
-                    break
-                attempt += 1
-            storage[r, j] = np.float32(std * z)
+            storage[r, j] = initial_weight(dist, seed, key, j, dim, scale, truncate)
 
 
-@njit(cache=True, nogil=True)
-def _fill_zeros(storage: Float32Array, rows: Int64Array, dim: int) -> None:
-    for n in range(rows.size):
-        for j in range(dim):
-            storage[rows[n], j] = 0.0
-
-
-class Initializer(ABC):
+class Initializer:
     """Fills the weight part ``storage[rows, :D]`` of new rows.
+
+    A subclass sets ``distribution`` (and ``truncate``) to draw each weight from
+    ``initial_weight``, which lets the shard initialise a new row (weights,
+    optimizer state, metadata) in one fused pass; or it overrides ``fill``
+    (the shard then initialises new rows in separate passes).
 
     Args:
         spec: the table's initializer section.
         dim: embedding width D.
     """
+
+    distribution: ClassVar[int | None] = None  # ZEROS, UNIFORM, NORMAL
+    truncate: ClassVar[float] = 0.0  # NORMAL: redraw outside this many std (0: never)
 
     def __init__(self, spec: InitializerSpec, dim: int) -> None:
         self.spec = spec
@@ -103,7 +105,6 @@ class Initializer(ABC):
         # Spec: ``scale=None`` means 1/sqrt(dim) for every distribution.
         self.scale = float(spec.scale) if spec.scale is not None else 1.0 / math.sqrt(dim)
 
-    @abstractmethod
     def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
         """Write initial weights of ``ids`` int64 (N,) into ``storage[rows, :D]``.
 
@@ -113,6 +114,10 @@ class Initializer(ABC):
             ids: int64 (N,) the ids owning those rows (the RNG key).
             seed: the table seed, 0 <= seed < 2**64.
         """
+        if self.distribution is None:
+            raise NotImplementedError(f"{type(self).__name__}: set distribution or override fill")
+        dist, scale, trunc = self.distribution, self.scale, self.truncate
+        _fill_kernel(storage, rows, ids, np.uint64(seed), self.dim, dist, scale, trunc)
 
 
 _REGISTRY: dict[str, type[Initializer]] = {}
@@ -142,29 +147,26 @@ def make_initializer(spec: InitializerSpec, dim: int) -> Initializer:
 class UniformInitializer(Initializer):
     """Uniform in ``[-scale, scale)``."""
 
-    def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
-        _fill_uniform(storage, rows, ids, np.uint64(seed), self.dim, self.scale)
+    distribution = UNIFORM
 
 
 @register_initializer("normal")
 class NormalInitializer(Initializer):
     """Normal, mean 0, std ``scale``."""
 
-    def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
-        _fill_normal(storage, rows, ids, np.uint64(seed), self.dim, self.scale, 0.0)
+    distribution = NORMAL
 
 
 @register_initializer("truncated_normal")
 class TruncatedNormalInitializer(Initializer):
     """Normal, mean 0, std ``scale`` before truncation, redrawn outside 2 std."""
 
-    def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
-        _fill_normal(storage, rows, ids, np.uint64(seed), self.dim, self.scale, _TRUNCATE_AT_STD)
+    distribution = NORMAL
+    truncate = _TRUNCATE_AT_STD
 
 
 @register_initializer("zeros")
 class ZerosInitializer(Initializer):
     """All zeros."""
 
-    def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
-        _fill_zeros(storage, rows, self.dim)
+    distribution = ZEROS

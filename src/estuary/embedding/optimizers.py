@@ -261,6 +261,15 @@ class SparseOptimizer(ABC):
             return slice(start, start + 1)
         raise KeyError(f"{type(self).__name__} has no state {name!r}")
 
+    def initial_state_row(self) -> Float32Array:
+        """Initial values of a row's state columns (all after the weights), float32 (W - D,)."""
+        row = np.zeros(self.width - self.dim, np.float32)
+        initial = self.initial_values()
+        for name in self.state_names + self.scalar_names:
+            cols = self.columns(name)
+            row[cols.start - self.dim : cols.stop - self.dim] = initial.get(name, 0.0)
+        return row
+
     def init_state(self, storage: Float32Array, rows: Int64Array) -> None:
         """Reset the state columns (everything after the weights) of ``rows`` (N,)."""
         initial = self.initial_values()

@@ -23,7 +23,8 @@ import numpy as np
 from numba import njit
 
 from estuary.embedding.hash_index import Float64Array, Int32Array, Touch
-from estuary.embedding.prefetch import ROWS_AHEAD, prefetch_span
+from estuary.embedding.initializers import initial_weight
+from estuary.embedding.prefetch import ROWS_AHEAD, prefetch, prefetch_span
 from estuary.embedding.types import Float32Array, Int64Array
 
 UNKNOWN_ROW = 0
@@ -42,6 +43,47 @@ def _gather_kernel(storage: Float32Array, rows: Int64Array, out: Float32Array) -
             r = 0  # UNKNOWN_ROW
         for j in range(dim):
             out[n, j] = storage[r, j]
+
+
+@njit(cache=True, nogil=True)
+def _init_rows_kernel(
+    storage: Float32Array,
+    rows: Int64Array,
+    ids: Int64Array,
+    seed: np.uint64,
+    dist: int,
+    scale: float,
+    truncate: float,
+    state: Float32Array,
+    owner: Int64Array,
+    stamp: Int64Array,
+    freq: Int32Array,
+    touch_s: Float64Array,
+    now: int,
+    now_s: float,
+) -> None:
+    # One pass over scattered new rows: weights, optimizer state and the claim
+    # (owner, stamp, freq, touch_s) of each row while its lines are in cache.
+    width = storage.shape[1]
+    dim = width - state.size
+    for n in range(rows.size):
+        if n + ROWS_AHEAD < rows.size:
+            ahead = rows[n + ROWS_AHEAD]
+            prefetch_span(storage, ahead * width, width)
+            prefetch(owner, ahead)
+            prefetch(stamp, ahead)
+        r = rows[n]
+        key = ids[n]
+        for j in range(dim):
+            storage[r, j] = initial_weight(dist, seed, key, j, dim, scale, truncate)
+        for c in range(state.size):
+            storage[r, dim + c] = state[c]
+        owner[r] = key
+        stamp[r] = now
+        if freq.size:
+            freq[r] = 1
+        if touch_s.size:
+            touch_s[r] = now_s
 
 
 def rows_out(out: Float32Array | None, n: int, dim: int) -> Float32Array:
@@ -164,6 +206,27 @@ class RowStorage:
             self.freq[slots] = 1
         if self.touch_s.size:
             self.touch_s[slots] = now_s
+
+    def init_rows(
+        self,
+        rows: Int64Array,
+        ids: Int64Array,
+        weights: tuple[int, float, float],
+        seed: int,
+        state: Float32Array,
+        now: int,
+        now_s: float,
+    ) -> None:
+        """Initialise ``rows`` int64 (N,) for new ``ids`` (N,) in one pass: weights
+        drawn by ``initializers.initial_weight`` (``weights`` = distribution, scale,
+        truncate; ``seed`` the table seed), state columns set to ``state`` float32
+        (W - D,), then ``claim``. Same result as ``Initializer.fill``,
+        ``SparseOptimizer.init_state`` and ``claim`` in turn, one pass instead of three."""
+        dist, scale, truncate = weights
+        _init_rows_kernel(
+            self.array, rows, ids, np.uint64(seed), dist, scale, truncate, state,
+            self.owner, self.stamp, self.freq, self.touch_s, now, now_s,
+        )  # fmt: skip
 
     def release(self, slots: Int64Array) -> None:
         """Mark ``slots`` int64 (N,) free (their rows are re-initialised on reuse)."""
