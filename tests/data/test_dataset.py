@@ -256,6 +256,28 @@ def test_batches_carry_the_rows_they_name(tmp_path: Path) -> None:
     assert set(ds.labels.tolist()) <= {0.0, 1.0}
 
 
+def test_take_matches_row_indexing_and_shares_one_offsets_array(tmp_path: Path) -> None:
+    write_criteo(tmp_path / "f.tsv", criteo_rows(30))
+    ds = TabularDataset(criteo_spec("f.tsv"), tmp_path)
+    rows = np.array([29, 0, 7, 7, -1, -30], dtype=np.int64)  # repeats, negatives count from the end
+    batch = ds.take(rows)
+    np.testing.assert_array_equal(batch.labels, ds.labels[rows])
+    np.testing.assert_array_equal(batch.dense, ds.dense[rows])
+    assert batch.dense.flags.c_contiguous and batch.row_ids.tolist() == rows.tolist()  # type: ignore[union-attr]
+    bags = [batch.sparse[name] for name in ds.feature_names]
+    for f, bag in enumerate(bags):
+        np.testing.assert_array_equal(bag.values, ds.ids[rows, f])
+        assert bag.values.flags.c_contiguous
+        assert bag.offsets is bags[0].offsets  # one (B + 1,) array for every one-id feature
+    np.testing.assert_array_equal(bags[0].offsets, np.arange(7))
+    assert not bags[0].offsets.flags.writeable  # shared: an in-place edit would hit them all
+    with pytest.raises(IndexError):
+        ds.take(np.array([30]))
+    with pytest.raises(IndexError):
+        ds.take(np.array([-31]))
+    assert ds.take(np.zeros(0, np.int64)).num_rows == 0
+
+
 def test_empty_file_warns_and_gives_no_rows(tmp_path: Path) -> None:
     write_text(tmp_path / "empty.tsv.gz", "", "gzip")
     with pytest.warns(DataWarning, match=r"empty\.tsv\.gz: no data rows"):

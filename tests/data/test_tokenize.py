@@ -140,3 +140,10 @@ def test_decoding_spans_in_place_matches_decoding_arrays() -> None:
         hash_bytes(value, feature_seed("c1")) for value in [b"ab", b"", b"q", b"\xff"]
     ]
     assert fast.dense[2, 0] == np.float32(np.log1p(123456789012345678901234.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.sampled_from([b"", b"\n", b"\r\n", b"x"]))
+def test_count_lines_counts_newlines_like_bytes_count(body: bytes, tail: bytes) -> None:
+    block = body + tail
+    assert count_lines(block) == block.count(b"\n") + (0 if block.endswith(b"\n") else 1)

@@ -35,6 +35,7 @@ from estuary.config.spec import SchemaSpec
 from estuary.data.badrows import BadRow
 from estuary.data.dense import (
     DENSE_TRANSFORMS,
+    MISSING,
     NOT_A_NUMBER,
     NOT_FINITE,
     OK,
@@ -150,14 +151,20 @@ class RowDecoder:
         flag(self.label, None, (codes != OK) | ((values != 0.0) & (values != 1.0)), _LABEL)
         labels = values.astype(np.float32)
 
-        dense = np.empty((n, len(self.dense)), dtype=np.float32)  # (R, Dd)
+        # Checks cost one pass each on clean columns (the common case); the masks
+        # are built only for a column that has a bad value. A skipped ``flag`` would
+        # have flagged no row, so the first failing field of every row is unchanged.
+        columns = np.empty((len(self.dense), n), dtype=np.float32)  # (Dd, R)
         for j, name in enumerate(self.dense):
             values, codes = numbers(name)
-            flag(name, None, codes == NOT_A_NUMBER, _NAN)
-            flag(name, None, codes == NOT_FINITE, _NONFINITE)
-            out = self.dense_transform(values)
-            flag(name, None, ~np.isfinite(out), _OVERFLOW)
-            dense[:, j] = out
+            if codes.max(initial=OK) > MISSING:  # NOT_A_NUMBER or NOT_FINITE somewhere
+                flag(name, None, codes == NOT_A_NUMBER, _NAN)
+                flag(name, None, codes == NOT_FINITE, _NONFINITE)
+            columns[j] = out = self.dense_transform(values)  # a contiguous write
+            finite = np.isfinite(out)
+            if not finite.all():
+                flag(name, None, ~finite, _OVERFLOW)
+        dense = np.ascontiguousarray(columns.T)  # (R, Dd): one transposing copy
 
         # (R, F): row-major so a shuffled batch gathers whole rows (one cache line
         # or so per row) instead of F scattered reads per row.

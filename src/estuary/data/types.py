@@ -7,7 +7,8 @@ A ``Batch`` holds B rows:
     sparse  dict feature -> JaggedIds, in schema order
 
 ``JaggedIds`` is one feature's ids in CSR layout. For single-valued columns every
-row has exactly one id, so ``offsets == arange(B + 1)``::
+row has exactly one id, so ``offsets == arange(B + 1)`` (``TabularDataset.take``
+gives all of a batch's single-valued features one shared, read-only such array)::
 
     rows:    r0      r1   r2
     ids:    [a, b] [ c ] [ ]         values  = [a, b, c]
