@@ -149,3 +149,14 @@ def test_uniform_weights_follow_the_documented_counter_based_formula() -> None:
             z = _mix64((base + (j + 1) * 0x9E3779B97F4A7C15) & MASK)
             u = (z >> 11) * math.ldexp(1.0, -53)
             assert got[n, j] == np.float32(scale * (2.0 * u - 1.0))
+
+
+def test_an_initializer_without_distribution_or_fill_is_refused_when_built() -> None:
+    from estuary.config.spec import InitializerSpec
+    from estuary.embedding.initializers import Initializer
+
+    class Incomplete(Initializer):
+        pass
+
+    with pytest.raises(TypeError, match=r"Incomplete: set `distribution` or override `fill`"):
+        Incomplete(InitializerSpec("uniform"), 4)

@@ -104,6 +104,8 @@ class Initializer:
         self.dim = dim
         # Spec: ``scale=None`` means 1/sqrt(dim) for every distribution.
         self.scale = float(spec.scale) if spec.scale is not None else 1.0 / math.sqrt(dim)
+        if self.distribution is None and type(self).fill is Initializer.fill:
+            raise TypeError(f"{type(self).__name__}: set `distribution` or override `fill`")
 
     def fill(self, storage: Float32Array, rows: Int64Array, ids: Int64Array, seed: int) -> None:
         """Write initial weights of ``ids`` int64 (N,) into ``storage[rows, :D]``.
@@ -114,9 +116,8 @@ class Initializer:
             ids: int64 (N,) the ids owning those rows (the RNG key).
             seed: the table seed, 0 <= seed < 2**64.
         """
-        if self.distribution is None:
-            raise NotImplementedError(f"{type(self).__name__}: set distribution or override fill")
         dist, scale, trunc = self.distribution, self.scale, self.truncate
+        assert dist is not None  # checked in __init__
         _fill_kernel(storage, rows, ids, np.uint64(seed), self.dim, dist, scale, trunc)
 
 
