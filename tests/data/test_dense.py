@@ -61,6 +61,20 @@ def test_nulls_are_missing() -> None:
     assert codes.tolist() == [OK, MISSING]
 
 
+def test_sliced_nullable_integers_are_exact_with_nulls_missing() -> None:
+    # Read through the validity bitmap at the slice's bit offset.
+    raw = [None if i % 3 == 0 else (-1) ** i * (2**53 + i) for i in range(40)]
+    for kind in (pa.int64(), pa.uint64(), pa.int32()):
+        kept = [v if v is None or kind != pa.int32() else v % 1000 for v in raw]
+        kept = [v if v is None or kind != pa.uint64() else abs(v) for v in kept]
+        column = pa.array(kept, kind)
+        for start, length in ((0, 40), (5, 20), (11, 29)):
+            values, codes = parse_numbers(column.slice(start, length))
+            part = kept[start : start + length]
+            assert values.tolist() == [0.0 if v is None else float(v) for v in part]
+            assert codes.tolist() == [MISSING if v is None else OK for v in part]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.one_of(

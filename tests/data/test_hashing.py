@@ -117,3 +117,41 @@ def test_invalid_utf8_is_hashed_as_bytes() -> None:
     seed = feature_seed("f")
     ids = hash_array(pa.array([b"\xff\xfe", b"\xff"], pa.binary()), seed)
     assert ids.tolist() == [hash_bytes(b"\xff\xfe", seed), hash_bytes(b"\xff", seed)]
+
+
+def test_sliced_nullable_columns_hash_like_their_python_values() -> None:
+    # Null slots are read from the validity bitmap at the slice's bit offset.
+    seed = feature_seed("f")
+    raw: list[str | None] = [None if i % 3 == 0 else str(i) for i in range(40)]
+    expected = [hash_bytes((v or "").encode(), seed) for v in raw]
+    ints = pa.array([None if v is None else int(v) for v in raw], pa.int64())
+    words = pa.array(raw, pa.string()).dictionary_encode()
+    for column in (ints, words, pa.array(raw, pa.string())):
+        for start, length in ((0, 40), (5, 20), (11, 29)):
+            ids = hash_array(column.slice(start, length), seed)
+            assert ids.tolist() == expected[start : start + length]
+
+
+def test_dictionary_null_slots_and_null_entries_get_the_missing_id() -> None:
+    seed = feature_seed("f")
+    column = pa.DictionaryArray.from_arrays(
+        pa.array([0, None, 2, 1, 0], pa.int32()), pa.array([b"a", b"", None])
+    )
+    a, gone = hash_bytes(b"a", seed), hash_bytes(b"", seed)
+    assert hash_array(column, seed).tolist() == [a, gone, gone, gone, a]
+    empty = pa.DictionaryArray.from_arrays(
+        pa.array([None, None], pa.int32()), pa.array([], pa.binary())
+    )
+    assert hash_array(empty, seed).tolist() == [gone, gone]
+
+
+def test_ids_written_into_a_strided_column() -> None:
+    #   ids (R=4, F=2), feature 1 written in place; column 0 untouched
+    seed = feature_seed("f")
+    ids = np.zeros((4, 2), dtype=np.int64)
+    column = pa.array(["x", None, "y", "x"]).dictionary_encode()
+    assert hash_array(column, seed, out=ids[:, 1]) is not None
+    assert ids[:, 1].tolist() == hash_array(column, seed).tolist()
+    assert ids[:, 0].tolist() == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="out"):
+        hash_array(column, seed, out=ids[:3, 1])

@@ -199,7 +199,7 @@ class RowDecoder:
                 flag(
                     name, raw, invalid, _TRANSFORM, f"is not {transform.expects} ({transform.name})"
                 )
-            ids[:, f] = hash_array(values, self.seeds[f])
+            hash_array(values, self.seeds[f], out=ids[:, f])  # strided, in place
 
         jagged: dict[str, JaggedIds] = {}
         f = len(self.seeds)

@@ -24,7 +24,7 @@ import numba
 import numpy as np
 import pyarrow as pa
 
-from estuary.data.hashing import binary_buffers, integer_values
+from estuary.data.hashing import binary_buffers, integer_values, validity_bits
 from estuary.data.types import Float32Array
 
 __all__ = [
@@ -139,6 +139,32 @@ def _parse_numbers(
 
 
 @numba.njit(cache=True, nogil=True)
+def _integers(
+    ints: np.ndarray, validity: np.ndarray, bit_offset: int, values: np.ndarray, codes: np.ndarray
+) -> None:
+    """values[i] = float64(ints[i]) (rounded to nearest, as numpy's astype) and OK,
+    or 0.0 and MISSING where the validity bitmap (empty: no nulls) says null."""
+    check = validity.shape[0] > 0
+    for i in range(values.shape[0]):
+        j = bit_offset + i
+        if check and (validity[j >> 3] >> (j & 7)) & 1 == 0:
+            values[i], codes[i] = 0.0, MISSING
+        else:
+            values[i], codes[i] = float(ints[i]), OK
+
+
+@numba.njit(cache=True, nogil=True)
+def _mark_missing(
+    validity: np.ndarray, bit_offset: int, values: np.ndarray, codes: np.ndarray
+) -> None:
+    """0.0 and MISSING where the validity bitmap says null."""
+    for i in range(values.shape[0]):
+        j = bit_offset + i
+        if (validity[j >> 3] >> (j & 7)) & 1 == 0:
+            values[i], codes[i] = 0.0, MISSING
+
+
+@numba.njit(cache=True, nogil=True)
 def _parse_spans(
     data: np.ndarray,
     starts: np.ndarray,
@@ -195,18 +221,14 @@ def parse_numbers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         codes: uint8 (R,) ``OK``, ``MISSING``, ``NOT_A_NUMBER`` or ``NOT_FINITE``.
     """
     n = len(column)
-    if pa.types.is_integer(column.type):
-        # int -> float64 rounds to nearest, as parsing the decimal text does.
-        values = integer_values(column).astype(np.float64)
-        codes = np.full(n, OK, dtype=np.uint8)
-        if column.null_count:
-            nulls = column.is_null().to_numpy(zero_copy_only=False)
-            values[nulls] = 0.0
-            codes[nulls] = MISSING
-        return values, codes
-    offsets, data = binary_buffers(column)
     values = np.empty(n, dtype=np.float64)
     codes = np.empty(n, dtype=np.uint8)
+    validity, bit_offset = validity_bits(column)  # one pass over the bitmap, no masks
+    if pa.types.is_integer(column.type):
+        # int -> float64 rounds to nearest, as parsing the decimal text does.
+        _integers(integer_values(column), validity, bit_offset, values, codes)
+        return values, codes
+    offsets, data = binary_buffers(column)
     _parse_numbers(offsets, data, values, codes)
     slow = np.flatnonzero(codes == _SLOW)
     for i in slow:  # rare: > 17 significant digits or |exponent| > 22
@@ -214,10 +236,8 @@ def parse_numbers(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         finite = np.isfinite(value)
         values[i] = value if finite else 0.0
         codes[i] = OK if finite else NOT_FINITE
-    if column.null_count:
-        nulls = column.is_null().to_numpy(zero_copy_only=False)
-        values[nulls] = 0.0
-        codes[nulls] = MISSING
+    if validity.shape[0]:
+        _mark_missing(validity, bit_offset, values, codes)
     return values, codes
 
 

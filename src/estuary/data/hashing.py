@@ -40,6 +40,7 @@ __all__ = [
     "hash_spans",
     "integer_values",
     "missing_id",
+    "validity_bits",
     "xxh64",
 ]
 
@@ -182,6 +183,46 @@ def _hash_decimal(values: np.ndarray, unsigned: bool, seed: np.uint64, out: np.n
         out[i] = _xxh64(buf, p, 24 - p, seed)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _is_valid(validity: np.ndarray, bit_offset: int, i: int) -> bool:
+    """Bit ``bit_offset + i`` of an Arrow validity bitmap (LSB first); an empty
+    bitmap means no nulls."""
+    if validity.shape[0] == 0:
+        return True
+    j = bit_offset + i
+    return (validity[j >> 3] >> (j & 7)) & 1 == 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_ids(
+    table: np.ndarray,
+    indices: np.ndarray,
+    validity: np.ndarray,
+    bit_offset: int,
+    missing: np.uint64,
+    out: np.ndarray,
+) -> None:
+    """out[i] = table[indices[i]] (clipped into range), ``missing`` for a null slot,
+    whose index is arbitrary."""
+    last = table.shape[0] - 1
+    for i in range(out.shape[0]):
+        if not _is_valid(validity, bit_offset, i):
+            out[i] = missing
+            continue
+        k = indices[i]
+        out[i] = table[0 if k < 0 else (last if k > last else k)]
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_missing(
+    validity: np.ndarray, bit_offset: int, missing: np.uint64, out: np.ndarray
+) -> None:
+    """out[i] = ``missing`` where the validity bitmap says null."""
+    for i in range(out.shape[0]):
+        if not _is_valid(validity, bit_offset, i):
+            out[i] = missing
+
+
 @numba.njit(cache=True, nogil=True)
 def _hash_spans(
     data: np.ndarray,
@@ -270,6 +311,16 @@ def integer_values(arr: pa.Array) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
 
 
+def validity_bits(arr: pa.Array) -> tuple[np.ndarray, int]:
+    """Zero-copy (bitmap, bit offset) of an array's nulls: uint8 Arrow validity
+    bitmap (bit ``offset + i`` set = row i present); an empty bitmap when the array
+    has no nulls."""
+    validity = arr.buffers()[0] if arr.null_count else None
+    if validity is None:
+        return np.zeros(0, dtype=np.uint8), 0
+    return np.frombuffer(validity, dtype=np.uint8), arr.offset
+
+
 def binary_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Zero-copy (offsets, data) of a binary/string array (a dictionary is decoded).
 
@@ -297,7 +348,9 @@ def binary_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets, data
 
 
-def hash_array(values: pa.Array | pa.ChunkedArray, seed: int) -> Int64Array:
+def hash_array(
+    values: pa.Array | pa.ChunkedArray, seed: int, out: Int64Array | None = None
+) -> Int64Array:
     """Ids of one feature's column.
 
     Args:
@@ -306,27 +359,41 @@ def hash_array(values: pa.Array | pa.ChunkedArray, seed: int) -> Int64Array:
             once), anything else is cast to string first. Nulls and empty values
             get the missing id.
         seed: ``feature_seed(name)``.
+        out: int64 (R,) to write the ids into, strided or not (a column of a
+            row-major (R, F) block: no temporary and no copy); default a new array.
 
     Returns:
-        int64 (R,) ids.
+        int64 (R,) ids: ``out`` when given.
     """
+    if out is None:
+        out = np.empty(len(values), dtype=np.int64)
+    elif out.shape != (len(values),) or out.dtype != np.int64:
+        raise ValueError(f"out: int64 ({len(values)},) expected, got {out.dtype} {out.shape}")
     if isinstance(values, pa.ChunkedArray):
-        parts = [hash_array(chunk, seed) for chunk in values.chunks]
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-    if pa.types.is_dictionary(values.type):
-        # Each distinct value hashed once (Parquet keeps categoricals this way).
-        empty_id = hash_bytes(b"", seed)
-        if not len(values.dictionary):
-            return np.full(len(values), empty_id, dtype=np.int64)
-        # Null slots hold arbitrary indices: clip them, then overwrite.
-        taken = np.take(
-            hash_array(values.dictionary, seed), integer_values(values.indices), mode="clip"
-        )
-        if values.null_count:
-            taken[values.is_null().to_numpy(zero_copy_only=False)] = empty_id
-        return taken
+        start = 0
+        for chunk in values.chunks:
+            hash_array(chunk, seed, out[start : start + len(chunk)])
+            start += len(chunk)
+        return out
+    _hash_into(values, seed, out.view(np.uint64))
+    return out
+
+
+def _hash_into(values: pa.Array, seed: int, out: np.ndarray) -> None:
+    """``hash_array`` of one array into uint64 (R,) ``out``."""
     useed = np.uint64(seed)
-    out = np.empty(len(values), dtype=np.uint64)
+    missing = np.uint64(xxh64(b"", seed))
+    validity, bit_offset = validity_bits(values)
+    if pa.types.is_dictionary(values.type):
+        # Each distinct value hashed once (Parquet keeps categoricals this way), then
+        # gathered by index in one pass that also gives null slots the missing id.
+        if not len(values.dictionary):
+            out.fill(missing)
+        else:
+            table = hash_array(values.dictionary, seed).view(np.uint64)
+            indices = integer_values(values.indices)
+            _gather_ids(table, indices, validity, bit_offset, missing, out)
+        return
     kind = values.type
     if pa.types.is_integer(kind):
         unsigned = pa.types.is_unsigned_integer(kind)
@@ -345,11 +412,8 @@ def hash_array(values: pa.Array | pa.ChunkedArray, seed: int) -> Int64Array:
             values = pc.cast(values, pa.string())
         offsets, data = binary_buffers(values)
         _hash_binary(offsets, data, useed, out)
-    ids = out.view(np.int64)
-    if values.null_count:
-        missing = np.int64(hash_bytes(b"", seed))
-        ids[values.is_null().to_numpy(zero_copy_only=False)] = missing
-    return ids
+    if validity.shape[0]:
+        _fill_missing(validity, bit_offset, missing, out)
 
 
 def hash_feature(values: pa.Array | pa.ChunkedArray, name: str) -> Int64Array:
