@@ -173,6 +173,10 @@ class EmbeddingCollection(nn.Module):
             groups.setdefault(self.feature_tables[feature], []).append(f)
         self._group_names = list(groups)
         self._concat_order = [f for members in groups.values() for f in members]
+        # The tables in group order, and the batcher serving all of them (if any):
+        # fixed for the collection's life, so looked up once, not every step.
+        self._stores = [self.tables[table] for table in self._group_names]
+        self._multi = shared_multi_store(self._stores) if len(self._stores) > 1 else None
         self._group_sizes = [len(members) for members in groups.values()]
         self._feature_group = np.empty(len(self.features), np.int64)
         for g, members in enumerate(groups.values()):
@@ -240,12 +244,10 @@ class EmbeddingCollection(nn.Module):
         # Each table writes its unique ids' rows straight into its slice of the block.
         ids = [unique[group_bounds[g] : group_bounds[g] + counts[g]] for g in range(len(counts))]
         slices = [rows[row_start[g] : row_start[g + 1]] for g in range(len(counts))]
-        stores = [self.tables[table] for table in self._group_names]
-        multi = shared_multi_store(stores) if len(stores) > 1 else None
-        if multi is not None:  # e.g. parameter-server tables: one request for all tables
-            multi.lookup_many(stores, ids, train=train, out=slices)
+        if self._multi is not None:  # e.g. parameter-server tables: one request for all
+            self._multi.lookup_many(self._stores, ids, train=train, out=slices)
         else:
-            for store, table_ids, out in zip(stores, ids, slices, strict=True):
+            for store, table_ids, out in zip(self._stores, ids, slices, strict=True):
                 store.lookup(table_ids, train=train, out=out)
 
         layout = BagLayout(
