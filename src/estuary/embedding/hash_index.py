@@ -39,6 +39,7 @@ import numpy.typing as npt
 from numba import njit
 
 from estuary.embedding.hashing import as_ids, id_hash
+from estuary.embedding.memory import zeros
 from estuary.embedding.prefetch import IDS_AHEAD, prefetch
 from estuary.embedding.types import Int64Array
 
@@ -264,7 +265,7 @@ class HashIndex:
             raise ValueError(f"max_load must be in [0.3, 0.9], got {max_load}")
         self._max_load = max_load
         self._first_slot = first_slot
-        self._table = np.zeros((next_pow2(int(capacity_ids / max_load) + 1), 2), np.int64)
+        self._table = zeros((next_pow2(int(capacity_ids / max_load) + 1), 2), np.int64)
         self._limit = int(self._table.shape[0] * max_load)
         self._meta = np.array([0, first_slot, 0], np.int64)
         self._free = np.empty(0, np.int64)
@@ -292,7 +293,7 @@ class HashIndex:
         # ``expected_ids`` needs, so one large batch of new ids pays one rehash
         # instead of one per doubling. Cost: one pass over the old table.
         entries = max(self._table.shape[0] * 2, next_pow2(int(expected_ids / self._max_load) + 1))
-        new = np.zeros((entries, 2), np.int64)
+        new = zeros((entries, 2), np.int64)
         rehash_into(self._table, new)
         self._table = new
         self._limit = int(new.shape[0] * self._max_load)

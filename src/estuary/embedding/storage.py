@@ -24,11 +24,11 @@ from numba import njit
 
 from estuary.embedding.hash_index import Float64Array, Int32Array, Touch
 from estuary.embedding.initializers import initial_weight
+from estuary.embedding.memory import zeros
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch, prefetch_span
 from estuary.embedding.types import Float32Array, Int64Array
 
 UNKNOWN_ROW = 0
-_LINE_BYTES = 64
 
 
 @njit(cache=True, nogil=True)
@@ -115,22 +115,10 @@ def rows_out(out: Float32Array | None, n: int, dim: int) -> Float32Array:
     return out
 
 
-def _aligned_rows(rows: int, width: int) -> Float32Array:
-    """Zeroed float32 (rows, width) whose first element starts a cache line.
-
-    malloc aligns to 16 B, so a 64 B row would straddle two lines; aligned, a
-    D=16 weight row is one line (measured 1.3-2x on random gathers). ``np.zeros``
-    maps fresh pages lazily, so nothing is touched before it is used.
-    """
-    raw = np.zeros(rows * width * 4 + _LINE_BYTES, np.uint8)
-    start = -raw.ctypes.data % _LINE_BYTES
-    return raw[start : start + rows * width * 4].view(np.float32).reshape(rows, width)
-
-
 def _grown(arr: np.ndarray, rows: int) -> np.ndarray:
     if arr.size == 0:  # a metadata array that is not kept stays empty
         return arr
-    out = np.zeros((rows, *arr.shape[1:]), arr.dtype)
+    out = zeros((rows, *arr.shape[1:]), arr.dtype)
     out[: arr.shape[0]] = arr
     return out
 
@@ -159,11 +147,11 @@ class RowStorage:
         self.width = width
         self.max_rows = max_rows
         rows = max(1, capacity_rows if max_rows is None else min(capacity_rows, max_rows))
-        self.array: Float32Array = _aligned_rows(rows, width)
-        self.owner: Int64Array = np.zeros(rows, np.int64)
-        self.stamp: Int64Array = np.zeros(rows, np.int64)
-        self.freq: Int32Array = np.zeros(rows if keep_freq else 0, np.int32)
-        self.touch_s: Float64Array = np.zeros(rows if keep_time else 0, np.float64)
+        self.array: Float32Array = zeros((rows, width), np.float32)
+        self.owner: Int64Array = zeros((rows,), np.int64)
+        self.stamp: Int64Array = zeros((rows,), np.int64)
+        self.freq: Int32Array = zeros((rows if keep_freq else 0,), np.int32)
+        self.touch_s: Float64Array = zeros((rows if keep_time else 0,), np.float64)
 
     @property
     def capacity_rows(self) -> int:
@@ -186,7 +174,7 @@ class RowStorage:
         target = max(rows, 2 * self.array.shape[0])
         if self.max_rows is not None:
             target = max(rows, min(target, self.max_rows))
-        grown = _aligned_rows(target, self.width)
+        grown = zeros((target, self.width), np.float32)
         grown[: self.array.shape[0]] = self.array
         self.array = grown
         self.owner = _grown(self.owner, target)
