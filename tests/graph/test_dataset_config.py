@@ -95,3 +95,52 @@ JOIN = {"left": "a", "right": "b", "key": "C1", "time_column": "I1", "wait_s": 6
 def test_format_names_agree_with_data_sources() -> None:
     assert get_args(DatasetFormatName) == get_args(FormatName)
     assert COLUMNS[0] == "label"
+
+
+def test_column_typos_fail_at_load_where_the_job_file_names_the_columns() -> None:
+    # Derived feature inputs, schema columns and join columns are checked against
+    # the sources' declared ``columns`` (or criteo_tsv's) before any data is read.
+    features = [{"name": "x", "kind": "cross", "columns": ["C1", "C2x"]}]
+    typo = job({"streams": {"s": {"sources": [source()]}}})
+    typo["data"]["schema"] = {**SCHEMA, "features": features}
+    err = error(typo)
+    assert err.path == "data.schema.features[0].columns"
+    assert "'C2x' is not a column" in err.reason and "did you mean 'C2'" in err.reason
+    dense = job({"streams": {"s": {"sources": [source()]}}})
+    dense["data"]["schema"] = {"dense": ["I1", "I3"], "sparse": ["C1"]}
+    err = error(dense)
+    assert err.path == "data.schema.dense[1]" and "'I3' is not a column" in err.reason
+    # A stream source's columns come from its message format.
+    live = {
+        "name": "a",
+        "type": "stream",
+        "stream": {
+            "kind": "memory",
+            "url": "memory://",
+            "key": "k",
+            "format": "csv",
+            "columns": COLUMNS,
+        },
+    }
+    live_typo = job({"streams": {"s": {"sources": [live]}}})
+    live_typo["data"]["schema"] = {"dense": ["I1"], "sparse": ["C1", "C9"]}
+    assert error(live_typo).path == "data.schema.sparse[1]"
+    # Join columns must be in both sides.
+    clicks = source("b", columns=["C1", "ts"])
+    bad_time = {"s": {"sources": [source("a"), clicks], "join": JOIN}}
+    err = error(job({"streams": bad_time}))
+    assert err.path == "data.dataset.streams.s.join.time_column"
+    assert "'I1' is not a column of the right source 'b'" in err.reason
+
+
+def test_columns_known_only_from_the_data_are_checked_when_read() -> None:
+    # A header line, Parquet or JSON keys: the job file cannot tell, so it loads.
+    headered = source(format="csv")
+    del headered["columns"]
+    spec = job({"streams": {"s": {"sources": [headered]}}})
+    spec["data"]["schema"] = {"dense": ["I1"], "sparse": ["C1", "C9"]}
+    job_from_dict(spec)
+    # A join's right source is only looked up: its columns do not feed features.
+    clicks = source("b", columns=["C1", "I1"])
+    joined = job({"streams": {"s": {"sources": [source("a"), clicks], "join": JOIN}}})
+    job_from_dict(joined)

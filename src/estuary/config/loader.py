@@ -39,8 +39,9 @@ from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, get
 
 import yaml
 
+from estuary.config.dataset import BatchSourceSpec
 from estuary.config.errors import ConfigError
-from estuary.config.spec import JobSpec, TableSpec
+from estuary.config.spec import JobSpec, SourceSpec, TableSpec
 
 __all__ = [
     "apply_overrides",
@@ -279,27 +280,84 @@ def _check_schema(job: JobSpec) -> None:
                 f"not a column in data.schema.dense or data.schema.sparse{_suggest(column, seen)}",
             )
     _check_features(job, seen)
+    _check_columns_exist(job)
 
 
 # criteo_tsv's column names when a source gives none (data/formats/criteo_tsv.py).
 _CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
 
 
-def _known_columns(job: JobSpec) -> list[str] | None:
-    """Every column the sources can provide, or ``None`` when some source's columns
-    are only known from its file (a header, Parquet or JSON keys)."""
+def _source_columns(source: SourceSpec | BatchSourceSpec) -> list[str] | None:
+    """The columns one source's rows have, or ``None`` when only its data can tell
+    (a header line, Parquet or JSON keys)."""
+    stream = getattr(source, "stream", None)
+    if stream is not None:
+        columns, fmt = stream.columns, stream.format
+    else:
+        columns, fmt = source.columns, source.format
+    if columns is not None:
+        return list(columns)
+    return list(_CRITEO_COLUMNS) if fmt == "criteo_tsv" else None
+
+
+def _trained_sources(job: JobSpec) -> list[SourceSpec | BatchSourceSpec]:
+    """Every source whose rows are trained (a join's right side is only looked up)."""
     data = job.data
-    if data.dataset is not None or not data.sources:
-        return None
+    if data.dataset is None:
+        return list(data.sources)
+    out: list[SourceSpec | BatchSourceSpec] = []
+    for stream in data.dataset.streams.values():
+        right = stream.join.right if stream.join is not None else None
+        out.extend(source for source in stream.sources if source.name != right)
+    return out
+
+
+def _known_columns(job: JobSpec) -> list[str] | None:
+    """Every column the trained sources can provide, or ``None`` when some source's
+    columns are only known from its data."""
     known: dict[str, None] = {}
-    for source in data.sources:
-        if source.columns is not None:
-            known.update(dict.fromkeys(source.columns))
-        elif source.format == "criteo_tsv":
-            known.update(dict.fromkeys(_CRITEO_COLUMNS))
-        else:
+    sources = _trained_sources(job)
+    for source in sources:
+        columns = _source_columns(source)
+        if columns is None:
             return None
-    return list(known)
+        known.update(dict.fromkeys(columns))
+    return list(known) if sources else None
+
+
+def _check_columns_exist(job: JobSpec) -> None:
+    """Schema columns and join columns name real columns, where the job file alone
+    tells which columns the sources have (declared ``columns``, or criteo_tsv's)."""
+    schema = job.data.schema
+    known = _known_columns(job)
+    if known is not None:
+        for role in ("dense", "sparse"):
+            for i, column in enumerate(getattr(schema, role)):
+                if column not in known:
+                    raise ConfigError(
+                        f"data.schema.{role}[{i}]",
+                        f"{column!r} is not a column of the sources{_suggest(column, known)}",
+                    )
+    dataset = job.data.dataset
+    if dataset is None:
+        return
+    for stream_name, stream in dataset.streams.items():
+        join = stream.join
+        if join is None:
+            continue
+        by_name = {source.name: source for source in stream.sources}
+        for side in ("left", "right"):
+            columns = _source_columns(by_name[getattr(join, side)])
+            if columns is None:
+                continue
+            for field_name in ("key", "time_column"):
+                column = getattr(join, field_name)
+                if column not in columns:
+                    raise ConfigError(
+                        f"data.dataset.streams.{stream_name}.join.{field_name}",
+                        f"{column!r} is not a column of the {side} source "
+                        f"{getattr(join, side)!r}{_suggest(column, columns)}",
+                    )
 
 
 def _check_features(job: JobSpec, seen: Mapping[str, str]) -> None:
