@@ -148,9 +148,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     _write_json_atomic(out_dir / "summary.json", summary)
     resolved = yaml.safe_dump(to_dict(job, resolve_paths=True), sort_keys=False)
     (out_dir / "job.resolved.yaml").write_text(resolved)
+    if result.eval_rows:
+        metrics = f"eval AUC {result.auc:.4f}  logloss {result.logloss:.4f}"
+        head = f"{metrics}  ({result.eval_rows} eval rows; "
+    else:
+        where = "data.dataset.eval_stream" if job.data.dataset is not None else "data.eval_fraction"
+        head = f"no eval rows (set {where} to evaluate)  ("
     print(
-        f"eval AUC {result.auc:.4f}  logloss {result.logloss:.4f}  "
-        f"({result.eval_rows} eval rows; {result.train_rows} train rows at "
+        f"{head}{result.train_rows} train rows at "
         f"{result.samples_per_s:,.0f} rows/s; {result.bad_rows} bad rows)"
     )
     print(f"summary: {out_dir / 'summary.json'}")

@@ -38,7 +38,9 @@ def test_resume_flag_starts_fresh_then_continues_without_repeating(
     write_hours(tmp_path, 3, 40)
     path = job_file(tmp_path)
     assert main(["train", str(path), "--no-progress", "--resume"]) == 0
-    assert "no checkpoint" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert "no checkpoint" in printed.err
+    assert "eval AUC" in printed.out and "(40 eval rows; 80 train rows" in printed.out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["train_rows"] == 80 and summary["eval_rows"] == 40
     assert summary["rows_committed"] == 80 and summary["duplicate_rows"] == 0
@@ -50,6 +52,21 @@ def test_resume_flag_starts_fresh_then_continues_without_repeating(
     assert "resumed from" in capsys.readouterr().err
     again = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert again["train_rows"] == 0 and again["rows_committed"] == 80
+
+
+def test_a_run_without_an_eval_stream_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_hours(tmp_path, 1, 8)
+    job = dataset_job(tmp_path, {"s": {"sources": [source(hours=1)]}}, model=True)
+    data = to_dict(job)
+    data["train"] = {"batch_size": 4, "threads": 1}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["train", str(path), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "no eval rows (set data.dataset.eval_stream to evaluate)  (8 train rows" in out
+    assert "nan" not in out
 
 
 def test_streams_are_read_once(tmp_path: Path) -> None:
