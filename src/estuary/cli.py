@@ -14,9 +14,10 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -269,6 +270,19 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Warnings as one ``warning: ...`` line on stderr (no Python source lines);
+    the data layer's messages already name the file."""
+    print(f"warning: {message}", file=sys.stderr if file is None else file)
+
+
 COMMANDS = {"train": _cmd_train, "eval": _cmd_eval, "synth": _cmd_synth, "replay": _cmd_replay}
 
 
@@ -281,7 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return COMMANDS[args.command](args)
     except (
         ConfigError,
         DataError,

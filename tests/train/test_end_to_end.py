@@ -119,6 +119,19 @@ def test_too_many_bad_rows_fail_with_a_clear_message(
     assert "error:" in err and "train.tsv" in err
 
 
+def test_no_rows_to_train_fails_naming_the_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "empty.tsv"
+    data.write_text("")
+    assert main(["train", str(write_job(tmp_path, data)), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "warning: empty.tsv: no data rows\n" in err  # one line, no Python source
+    assert "error: data.sources: no rows to train on (0 good rows" in err
+    assert "files read: empty.tsv" in err
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
 def test_config_error_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_criteo(tmp_path / "train.tsv", 50)
     job = write_job(tmp_path, tmp_path / "train.tsv")

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from estuary.config import JobSpec, to_dict
-from estuary.data import DataPart, TabularDataset
+from estuary.data import DataError, DataPart, TabularDataset
 from estuary.data.types import Batch
 from estuary.embedding import EmbeddingStore, EmbeddingTable
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
@@ -374,6 +374,12 @@ class Trainer:
         job = self.job
         show = job.output.progress if progress is None else progress
         train_part, eval_part = self.dataset.split()
+        if train_part.num_rows == 0:
+            files = ", ".join(self.dataset.files) or "none matched"
+            raise DataError(
+                f"data.sources: no rows to train on ({self.dataset.num_rows} good rows, "
+                f"{eval_part.num_rows} of them eval; files read: {files})"
+            )
         train_rows_per_epoch = train_part.num_rows
         updater = self.sparse_updater()
         rows_done = 0
