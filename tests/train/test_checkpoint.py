@@ -108,3 +108,34 @@ def test_version_1_manifests_still_load_as_full_checkpoints(tmp_path: Path) -> N
 def test_checkpoint_full_every_must_be_positive() -> None:
     with pytest.raises(ConfigError, match=r"output.checkpoint_full_every: must be >= 1"):
         OutputSpec(checkpoint_full_every=0).validate("output")
+
+
+def test_restoring_into_a_changed_job_names_what_differs(tmp_path: Path) -> None:
+    from estuary.config.spec import TableSpec
+    from estuary.embedding import EmbeddingTable
+
+    model, opt = make_model()
+    table = EmbeddingTable(TableSpec(dim=4), seed=0, name="C1")
+    table.lookup(np.array([1, 2, 3], np.int64), train=True)
+    save_checkpoint(tmp_path, step=1, model=model, optimizer=opt, tables={"C1": table.state_dict()})
+    ckpt = load_checkpoint(tmp_path)
+    same, same_opt = make_model()
+    ckpt.restore_dense(same, same_opt)  # the same job restores
+    wider = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    with pytest.raises(CheckpointError) as info:
+        ckpt.restore_dense(wider, None)
+    message = str(info.value)
+    assert "dense.safetensors: the dense model does not match" in message
+    assert "0.weight: shape [4, 3] in the checkpoint, [8, 3] in this model" in message
+    extra = torch.nn.Sequential(*wider, torch.nn.Linear(1, 1))
+    with pytest.raises(CheckpointError, match=r"3\.weight: missing from the checkpoint"):
+        ckpt.restore_dense(extra, None)
+    sgd_two_groups = torch.optim.SGD(
+        [{"params": list(same.parameters())[:2]}, {"params": list(same.parameters())[2:]}], lr=0.1
+    )
+    with pytest.raises(CheckpointError, match=r"optimizer\.safetensors: the dense optimizer"):
+        ckpt.restore_dense(same, sgd_two_groups)
+    with pytest.raises(CheckpointError, match=r"C1\.safetensors.*\(3, 4\) != \(3, 8\)"):
+        ckpt.restore_tables({"C1": EmbeddingTable(TableSpec(dim=8), seed=0, name="C1")})
+    with pytest.raises(CheckpointError, match=r"no table for \['C2'\]"):
+        ckpt.restore_tables({"C2": EmbeddingTable(TableSpec(dim=4), seed=0, name="C2")})

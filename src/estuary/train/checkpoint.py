@@ -138,11 +138,59 @@ class Checkpoint:
         """This checkpoint as the parent of the next delta."""
         return ChainLink.from_manifest(self.path, self.manifest)
 
+    def restore_dense(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    ) -> None:
+        """Load the dense model (and the dense optimizer, when the checkpoint has its
+        state) into ``model`` / ``optimizer``.
+
+        Raises:
+            CheckpointError: the model's parameters differ from the checkpoint's
+                (names or shapes, listed), or the optimizer's groups do not match
+                (a job changed since the checkpoint was written).
+        """
+        own = model.state_dict()
+        problems = [f"{k}: missing from the checkpoint" for k in own if k not in self.dense]
+        problems += [f"{k}: not in this model" for k in self.dense if k not in own]
+        problems += [
+            f"{k}: shape {list(self.dense[k].shape)} in the checkpoint, "
+            f"{list(own[k].shape)} in this model"
+            for k in own
+            if k in self.dense and self.dense[k].shape != own[k].shape
+        ]
+        if problems:
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise CheckpointError(
+                f"{self.path / 'dense.safetensors'}: the dense model does not match this "
+                f"job's model (was model.* changed since?): {'; '.join(problems[:5])}{more}"
+            )
+        model.load_state_dict(self.dense)
+        if optimizer is not None and self.optimizer is not None:
+            try:
+                optimizer.load_state_dict(self.optimizer)
+            except (ValueError, KeyError) as exc:
+                raise CheckpointError(
+                    f"{self.path / 'optimizer.safetensors'}: the dense optimizer state does "
+                    f"not fit this job's optimizer (was train.dense_optimizer changed?): {exc}"
+                ) from exc
+
     def restore_tables(self, tables: Mapping[str, RestorableTable]) -> None:
         """Load each table's state: the full link, then every delta in order.
-        Works for any shard count (tables reshard by id while loading)."""
+        Works for any shard count (tables reshard by id while loading).
+
+        Raises:
+            CheckpointError: a table is missing from the checkpoint, or its rows do
+                not fit the table (another dim), naming the file.
+        """
+        missing = sorted(set(tables) - set(self.base_tables))
+        if missing:
+            raise CheckpointError(f"{self.path}: checkpoint has no table for {missing}")
         for name, table in tables.items():
-            table.load_state_dict(self.base_tables[name])
+            try:
+                table.load_state_dict(self.base_tables[name])
+            except ValueError as exc:
+                base = self.chain[0] if self.chain else self.path
+                raise CheckpointError(f"{table_file(base, name)}: {exc}") from exc
             for folder, delta in zip(self.chain[1:], self.deltas, strict=True):
                 try:
                     table.apply_delta(delta[name])

@@ -182,11 +182,10 @@ class DistributedTrainer(Trainer):
             super().load_checkpoint(path)
             return
         ckpt = load_checkpoint(path)  # reads the tables too (not restored here)
-        self.model.load_state_dict(ckpt.dense)
-        if ckpt.optimizer is not None:
-            self.optimizer.load_state_dict(ckpt.optimizer)
+        ckpt.restore_dense(self.model, self.optimizer)
         self.step = int(ckpt.manifest["step"])
         self.epoch = int(ckpt.manifest["metadata"].get("epoch", 0))
+        self.epoch_step = int(ckpt.manifest["metadata"].get("epoch_step", 0))
         self.data_progress = ckpt.manifest["metadata"].get("data_progress")
 
     def fit(self, *, progress: bool | None = None) -> FitResult:

@@ -540,12 +540,7 @@ class Trainer:
         """Restore model, dense optimizer and tables from ``path`` (a checkpoint
         folder, a checkpoints root or a run folder)."""
         ckpt = load_checkpoint(path)
-        self.model.load_state_dict(ckpt.dense)
-        if ckpt.optimizer is not None:
-            self.optimizer.load_state_dict(ckpt.optimizer)
-        missing = set(self.tables) - set(ckpt.tables)
-        if missing:
-            raise ValueError(f"{ckpt.path}: checkpoint has no table for {sorted(missing)}")
+        ckpt.restore_dense(self.model, self.optimizer)
         ckpt.restore_tables(self.tables)  # a delta: its full checkpoint, then each delta
         self.checkpoint_link = ckpt.link
         self.step = int(ckpt.manifest["step"])
