@@ -134,14 +134,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         trainer = Trainer(job)
         if args.resume:
             _resume(trainer, job.resolve(job.output.dir))
-        bad = trainer.dataset.bad_rows
-        if bad.count:
-            print(
-                f"skipped {bad.count} bad rows of {bad.rows_read} read; first ones:",
-                file=sys.stderr,
-            )
-            for row in bad.examples:
-                print(f"  {row.file}:{row.line}: {row.reason}", file=sys.stderr)
+        # Bad rows skipped while loading were reported (logged) by the dataset.
         result = trainer.fit(progress=not args.no_progress and job.output.progress)
     out_dir = job.resolve(job.output.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
