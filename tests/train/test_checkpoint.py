@@ -139,3 +139,35 @@ def test_restoring_into_a_changed_job_names_what_differs(tmp_path: Path) -> None
         ckpt.restore_tables({"C1": EmbeddingTable(TableSpec(dim=8), seed=0, name="C1")})
     with pytest.raises(CheckpointError, match=r"no table for \['C2'\]"):
         ckpt.restore_tables({"C2": EmbeddingTable(TableSpec(dim=4), seed=0, name="C2")})
+
+
+def test_a_second_checkpoint_of_a_step_replaces_the_first_without_a_gap(tmp_path: Path) -> None:
+    # (A run resumed after its end saves its step again.) The new folder is written
+    # beside the old one, `latest` moves, and only then the old one goes: at no
+    # point does `latest` name a missing folder.
+    model, opt = make_model()
+    first = save_checkpoint(tmp_path, step=5, model=model, optimizer=opt, tables=tables())
+    assert first.name == "step-000000005"
+    second = save_checkpoint(
+        tmp_path, step=5, model=model, optimizer=opt, tables=tables(), metadata={"again": True}
+    )
+    assert second.name == "step-000000005-2" and not first.exists()
+    assert load_checkpoint(tmp_path).manifest["metadata"] == {"again": True}
+    assert list_checkpoints(tmp_path) == [second]
+    third = save_checkpoint(tmp_path, step=5, model=model, optimizer=opt, tables=tables())
+    assert third.name == "step-000000005-3" and not second.exists()
+    later = save_checkpoint(tmp_path, step=6, model=model, optimizer=opt, tables=tables())
+    assert list_checkpoints(tmp_path) == [third, later]
+
+
+def test_checkpoint_folders_sort_by_step_then_save() -> None:
+    from estuary.train.checkpoint_chain import checkpoint_order
+
+    names = ["step-000000005-10", "step-000000005", "step-000000004", "step-000000005-2"]
+    assert sorted(names, key=checkpoint_order) == [
+        "step-000000004",
+        "step-000000005",
+        "step-000000005-2",
+        "step-000000005-10",
+    ]
+    assert checkpoint_order("step-abc") == (-1, 0)

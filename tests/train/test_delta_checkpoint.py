@@ -11,6 +11,7 @@ Timeline of the chain tests (T = the source table, 4 shards)::
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -204,11 +205,16 @@ def test_a_rewritten_parent_is_detected_before_anything_loads(tmp_path: Path) ->
     table = EmbeddingTable(SPEC, seed=7, name="t")
     _, second, third = write_chain(tmp_path, table)
     model, opt = make_model()
-    # step-2 rewritten in full (another version of the table): step-3 no longer applies.
+    # step-2 saved again in full (another version of the table): the new one goes
+    # beside it, and the old one stays, since step-3 is built on it.
     second_full = save_checkpoint(
         tmp_path, step=2, model=model, optimizer=opt, tables={"t": table.state_dict()}
     )
-    assert second_full == second
+    assert second_full.name == "step-000000002-2" and second.is_dir()
+    load_checkpoint(third)
+    # A parent rewritten in place (copied over by hand): step-3 no longer applies.
+    shutil.rmtree(second)
+    shutil.copytree(second_full, second)
     with pytest.raises(CheckpointError, match=r"is not the start of step-000000003"):
         load_checkpoint(third)
 

@@ -38,10 +38,11 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -59,13 +60,19 @@ from estuary.train.checkpoint_chain import (
     ChainLink,
     CheckpointError,
     CheckpointKind,
+    CheckpointWarning,
     chain_of,
     checkpoint_name,
+    checkpoint_order,
     kind_of,
+    list_checkpoints,
     read_manifest,
     resolve_checkpoint,
     table_file,
 )
+
+if TYPE_CHECKING:
+    from estuary.config import JobSpec
 
 State = dict[str, np.ndarray]
 
@@ -137,6 +144,44 @@ class Checkpoint:
     def link(self) -> ChainLink:
         """This checkpoint as the parent of the next delta."""
         return ChainLink.from_manifest(self.path, self.manifest)
+
+    def optimizer_changes(self, job: JobSpec) -> tuple[str | None, list[str]]:
+        """What restoring into ``job`` cannot carry over, as messages: the dense
+        optimizer when its name changed (else None), and one message per change of
+        sparse optimizer naming its tables. Compares with the job stored in the
+        checkpoint; a checkpoint without one (or whose job no longer loads)
+        reports nothing."""
+        from estuary.config import ConfigError, job_from_dict
+
+        stored = self.manifest.get("metadata", {}).get("job")
+        if stored is None:
+            return None, []
+        try:
+            old = job_from_dict(stored)
+        except ConfigError:
+            return None, []
+        dense = None
+        was, now = old.train.dense_optimizer.name, job.train.dense_optimizer.name
+        if was != now:
+            dense = (
+                f"{self.path}: dense optimizer {was} in the checkpoint, {now} in this job; "
+                f"its state starts fresh"
+            )
+        changed: dict[tuple[str, str], list[str]] = {}
+        for name in sorted(self.base_tables):
+            try:
+                table_was = old.table_spec(name).optimizer.name
+                table_now = job.table_spec(name).optimizer.name
+            except ConfigError:
+                continue
+            if table_was != table_now:
+                changed.setdefault((table_was, table_now), []).append(name)
+        tables = [
+            f"{self.path}: {len(names)} table(s) ({', '.join(names)}): optimizer {was_} in "
+            f"the checkpoint, {now_} in this job; their optimizer state starts fresh"
+            for (was_, now_), names in changed.items()
+        ]
+        return dense, tables
 
     def restore_dense(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
@@ -285,6 +330,13 @@ def save_checkpoint(
         if not parent.accepts(tables):
             raise ValueError(f"tables: not delta_state_dict()s taken against {parent.path}")
     versions = _table_versions(tables)
+    # A checkpoint of a step already saved (a run resumed after its end, or a final
+    # save on a mid-run checkpoint's step) goes to a new folder: the old one is
+    # deleted only once ``latest`` names the new one, so a crash never leaves
+    # ``latest`` without its folder.
+    replaced = [f for f in list_checkpoints(root) if checkpoint_order(f.name)[0] == step]
+    if replaced:  # the suffix grows with each save of the step (list order = save order)
+        name = f"{name}-{max(checkpoint_order(f.name)[1] for f in replaced) + 1}"
     final = root / name
     tmp = root / f"{name}.tmp-{os.getpid()}"
     if tmp.exists():
@@ -329,8 +381,6 @@ def save_checkpoint(
         _fsync_file(p)
     _fsync_dir(tmp / "tables")
     _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(root)
     latest_tmp = root / f"{LATEST}.tmp-{os.getpid()}"
@@ -338,7 +388,24 @@ def save_checkpoint(
     _fsync_file(latest_tmp)
     os.replace(latest_tmp, root / LATEST)
     _fsync_dir(root)
+    for old in replaced:
+        if not _needed_by_others(root, old):
+            shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _needed_by_others(root: Path, folder: Path) -> bool:
+    """Whether another checkpoint under ``root`` is a delta built on ``folder``
+    (or may be: a manifest that cannot be read counts as needing it)."""
+    for other in list_checkpoints(root):
+        if other == folder:
+            continue
+        try:
+            if folder.name in chain_of(other, read_manifest(other)):
+                return True
+        except CheckpointError:
+            return True
+    return False
 
 
 def _verify_files(folder: Path, manifest: Mapping[str, Any]) -> None:
@@ -433,3 +500,15 @@ def load_checkpoint(path: Path) -> Checkpoint:
     deltas = [_load_tables(f, m["tables"]) for f, m in links[1:]]
     chain = [f for f, _ in links]
     return Checkpoint(folder, manifest, dense, optimizer, tables, chain, deltas)
+
+
+def restore_dense_warned(
+    ckpt: Checkpoint, job: JobSpec, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """``ckpt.restore_dense`` for a trainer of ``job``: the dense optimizer's state is
+    restored only when the job still names the same optimizer (else a
+    ``CheckpointWarning``, and it starts fresh with the job's settings)."""
+    changed, _ = ckpt.optimizer_changes(job)
+    if changed is not None:
+        warnings.warn(changed, CheckpointWarning, stacklevel=3)
+    ckpt.restore_dense(model, None if changed is not None else optimizer)

@@ -37,6 +37,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, partial or corrupt; the message names the file."""
 
 
+class CheckpointWarning(UserWarning):
+    """A restore that works but does not carry everything over (an optimizer
+    changed since the checkpoint was written: its state starts fresh)."""
+
+
 class CheckpointKind(StrEnum):
     """What a checkpoint's table files hold."""
 
@@ -99,8 +104,18 @@ class CheckpointPlan:
 
 
 def checkpoint_name(step: int) -> str:
-    """The folder name of the checkpoint at ``step``."""
+    """The folder name of the checkpoint at ``step`` (a second checkpoint of the
+    same step, which replaces the first, gets ``-2``, ``-3``, ... appended)."""
     return f"step-{step:09d}"
+
+
+def checkpoint_order(name: str) -> tuple[int, int]:
+    """(step, save) of a checkpoint folder name: ``step-000000123`` is (123, 1),
+    ``step-000000123-2`` (123, 2); (-1, 0) for a name of another form."""
+    parts = name.split("-")
+    if len(parts) in (2, 3) and parts[0] == "step" and all(p.isdigit() for p in parts[1:]):
+        return int(parts[1]), int(parts[2]) if len(parts) == 3 else 1
+    return -1, 0
 
 
 def plan_checkpoint(
@@ -118,7 +133,7 @@ def plan_checkpoint(
         return CheckpointPlan(full, reason=f"chain reached {full_every} checkpoints")
     if last.path.parent.resolve() != Path(root).resolve():
         return CheckpointPlan(full, reason=f"previous checkpoint is not in {root}")
-    if last.path.name == checkpoint_name(step):
+    if checkpoint_order(last.path.name)[0] == step:
         return CheckpointPlan(full, reason="it would replace its own parent")
     if not all((last.path.parent / name / MANIFEST).is_file() for name in last.chain):
         return CheckpointPlan(full, reason="part of the previous chain was deleted")
@@ -158,13 +173,17 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def list_checkpoints(root: Path) -> list[Path]:
-    """Complete-looking checkpoint folders under ``root``, oldest first."""
+    """Complete-looking checkpoint folders under ``root``, oldest first (by step,
+    then by save of the step)."""
     if not root.is_dir():
         return []
     return sorted(
-        p
-        for p in root.iterdir()
-        if p.is_dir() and ".tmp-" not in p.name and p.name.startswith("step-")
+        (
+            p
+            for p in root.iterdir()
+            if p.is_dir() and ".tmp-" not in p.name and p.name.startswith("step-")
+        ),
+        key=lambda p: (*checkpoint_order(p.name), p.name),
     )
 
 

@@ -45,7 +45,7 @@ from estuary.data import DataPart, TabularDataset
 from estuary.data.types import Batch, Int64Array
 from estuary.ps import HostedTable, PSClient, ServerConfig, ServerProcess
 from estuary.ps.types import Address
-from estuary.train.checkpoint import load_checkpoint
+from estuary.train.checkpoint import load_checkpoint, restore_dense_warned
 from estuary.train.checkpoint_chain import LATEST
 from estuary.train.streaming import fit_streaming
 from estuary.train.trainer import FitResult, Trainer, resolve_device
@@ -182,7 +182,7 @@ class DistributedTrainer(Trainer):
             super().load_checkpoint(path)
             return
         ckpt = load_checkpoint(path)  # reads the tables too (not restored here)
-        ckpt.restore_dense(self.model, self.optimizer)
+        restore_dense_warned(ckpt, self.job, self.model, self.optimizer)
         self.step = int(ckpt.manifest["step"])
         self.epoch = int(ckpt.manifest["metadata"].get("epoch", 0))
         self.epoch_step = int(ckpt.manifest["metadata"].get("epoch_step", 0))

@@ -12,6 +12,7 @@ import itertools
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +32,10 @@ from estuary.metrics.training import TrainingMetrics
 from estuary.nn.embedding_collection import EmbeddingCollection, LookedUpBatch
 from estuary.nn.models import accepts_sequences, build_model
 from estuary.nn.types import SequenceEmbedding, Sequences
-from estuary.train.checkpoint import load_checkpoint, save_checkpoint
+from estuary.train.checkpoint import load_checkpoint, restore_dense_warned, save_checkpoint
 from estuary.train.checkpoint_chain import (
     ChainLink,
+    CheckpointWarning,
     plan_checkpoint,
     prune_checkpoints,
     read_link,
@@ -540,7 +542,9 @@ class Trainer:
         """Restore model, dense optimizer and tables from ``path`` (a checkpoint
         folder, a checkpoints root or a run folder)."""
         ckpt = load_checkpoint(path)
-        ckpt.restore_dense(self.model, self.optimizer)
+        restore_dense_warned(ckpt, self.job, self.model, self.optimizer)
+        for message in ckpt.optimizer_changes(self.job)[1]:
+            warnings.warn(message, CheckpointWarning, stacklevel=2)
         ckpt.restore_tables(self.tables)  # a delta: its full checkpoint, then each delta
         self.checkpoint_link = ckpt.link
         self.step = int(ckpt.manifest["step"])
