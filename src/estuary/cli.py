@@ -45,8 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the output folder's latest checkpoint, if any (data.dataset jobs: "
-        "at the exact row; others: at the next epoch)",
+        help="continue from the output folder's latest checkpoint, if any: data.dataset jobs "
+        "at the exact row, data.sources jobs at the next batch of the epoch (mid-epoch with "
+        "output.checkpoint_every_steps)",
     )
     train.add_argument(
         "--nproc",
