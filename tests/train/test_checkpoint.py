@@ -171,3 +171,21 @@ def test_checkpoint_folders_sort_by_step_then_save() -> None:
         "step-000000005-10",
     ]
     assert checkpoint_order("step-abc") == (-1, 0)
+
+
+def test_loading_without_tables_reads_the_dense_part_only(tmp_path: Path) -> None:
+    model, opt = make_model()
+    path = save_checkpoint(tmp_path, step=3, model=model, optimizer=opt, tables=tables())
+    table = path / "tables" / "C1.safetensors"
+    data = bytearray(table.read_bytes())
+    data[-1] ^= 0xFF  # corrupt, same size: only a full load notices
+    table.write_bytes(bytes(data))
+    ckpt = load_checkpoint(tmp_path, tables=False)
+    assert ckpt.base_tables == {} and ckpt.manifest["step"] == 3
+    fresh, fresh_opt = make_model()
+    ckpt.restore_dense(fresh, fresh_opt)
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        load_checkpoint(tmp_path)
+    table.write_bytes(bytes(data[:-1]))  # truncated: both notice
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_checkpoint(tmp_path, tables=False)

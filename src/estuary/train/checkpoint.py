@@ -408,7 +408,9 @@ def _needed_by_others(root: Path, folder: Path) -> bool:
     return False
 
 
-def _verify_files(folder: Path, manifest: Mapping[str, Any]) -> None:
+def _verify_files(folder: Path, manifest: Mapping[str, Any], *, tables: bool = True) -> None:
+    # ``tables=False``: table files are checked for presence and size only (their
+    # checksums cost a read of every byte).
     for rel, info in manifest["files"].items():
         file = folder / rel
         if not file.is_file():
@@ -417,6 +419,8 @@ def _verify_files(folder: Path, manifest: Mapping[str, Any]) -> None:
             raise CheckpointError(
                 f"{file}: {file.stat().st_size} bytes, manifest says {info['bytes']} (truncated?)"
             )
+        if not tables and Path(rel).parts[0] == "tables":
+            continue
         if _sha256(file) != info["sha256"]:
             raise CheckpointError(f"{file}: checksum mismatch (corrupt)")
 
@@ -468,13 +472,18 @@ def _load_tables(folder: Path, names: list[str]) -> dict[str, State]:
     return {name: _read_tensors(table_file(folder, name)) for name in names}
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
+def load_checkpoint(path: Path, *, tables: bool = True) -> Checkpoint:
     """Load and verify a checkpoint (see ``resolve_checkpoint`` for ``path``);
     for a delta, its whole chain. Raises ``CheckpointError`` naming the first
-    missing, partial or corrupt file before any state is returned."""
+    missing, partial or corrupt file before any state is returned.
+
+    ``tables=False`` reads the manifest, dense model and optimizer only (a trainer
+    whose tables live elsewhere, e.g. rank > 0 of a multi-trainer run): table
+    files are checked for presence and size, not read, and ``base_tables`` is
+    empty."""
     folder = resolve_checkpoint(path)
     manifest = read_manifest(folder)
-    _verify_files(folder, manifest)
+    _verify_files(folder, manifest, tables=tables)
     links = [(folder, manifest)]  # target first, walking back to the full one
     while kind_of(links[-1][1]) is CheckpointKind.DELTA:
         child, child_manifest = links[-1]
@@ -483,7 +492,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
         parent = _parent_of(child, child_manifest)
         parent_manifest = read_manifest(parent)
         _check_link(parent, parent_manifest, child, child_manifest)
-        _verify_files(parent, parent_manifest)
+        _verify_files(parent, parent_manifest, tables=tables)
         links.append((parent, parent_manifest))
     links.reverse()  # full first
     try:
@@ -495,11 +504,13 @@ def load_checkpoint(path: Path) -> Checkpoint:
             )
     except (OSError, ValueError, RuntimeError) as exc:  # safetensors header errors
         raise CheckpointError(f"{folder}: unreadable dense tensor file ({exc})") from exc
-    base_folder, base_manifest = links[0]
-    tables = _load_tables(base_folder, base_manifest["tables"])
-    deltas = [_load_tables(f, m["tables"]) for f, m in links[1:]]
     chain = [f for f, _ in links]
-    return Checkpoint(folder, manifest, dense, optimizer, tables, chain, deltas)
+    if not tables:
+        return Checkpoint(folder, manifest, dense, optimizer, {}, chain, [])
+    base_folder, base_manifest = links[0]
+    base = _load_tables(base_folder, base_manifest["tables"])
+    deltas = [_load_tables(f, m["tables"]) for f, m in links[1:]]
+    return Checkpoint(folder, manifest, dense, optimizer, base, chain, deltas)
 
 
 def restore_dense_warned(

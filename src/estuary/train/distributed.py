@@ -181,7 +181,7 @@ class DistributedTrainer(Trainer):
         if self.rank == 0:
             super().load_checkpoint(path)
             return
-        ckpt = load_checkpoint(path)  # reads the tables too (not restored here)
+        ckpt = load_checkpoint(path, tables=False)  # rank 0 restores the tables
         restore_dense_warned(ckpt, self.job, self.model, self.optimizer)
         self.step = int(ckpt.manifest["step"])
         self.epoch = int(ckpt.manifest["metadata"].get("epoch", 0))
