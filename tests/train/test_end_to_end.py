@@ -132,6 +132,29 @@ def test_no_rows_to_train_fails_naming_the_files(
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
+def test_resuming_a_changed_job_warns_or_names_what_no_longer_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "train.tsv"
+    write_criteo(data, 300)
+    job = str(write_job(tmp_path, data, epochs=1))
+    assert main(["train", job, "--no-progress"]) == 0
+    capsys.readouterr()
+    # Another optimizer: restores, warns, and that optimizer's state starts fresh.
+    changed = ["--set", "train.dense_optimizer.name=sgd"]
+    changed += ["--set", "model.embedding.default.optimizer.name=adam"]
+    assert main(["train", job, "--no-progress", "--resume", *changed]) == 0
+    err = capsys.readouterr().err
+    assert "dense optimizer adam in the checkpoint, sgd in this job" in err
+    assert "26 table(s) (C1, C10," in err and "optimizer adagrad in the checkpoint, adam" in err
+    # Another layer size: nothing is restored, the differing parameters are named.
+    wider = ["--set", "model.params.top_mlp=[32]"]
+    assert main(["train", job, "--no-progress", "--resume", *wider]) == 2
+    err = capsys.readouterr().err
+    assert "the dense model does not match this job's model" in err
+    assert "top.0.weight: shape [16, " in err and "in the checkpoint, [32, " in err
+
+
 def test_config_error_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_criteo(tmp_path / "train.tsv", 50)
     job = write_job(tmp_path, tmp_path / "train.tsv")

@@ -95,7 +95,8 @@ def _homes(table: Int64Array, ids: Int64Array, start: int) -> Int64Array:
     # Home entries of ids[start:], in one short pass before the probe loop: the
     # loop then prefetches ``homes[n + IDS_AHEAD]`` instead of hashing each id
     # twice, and stays short enough for the CPU to overlap more misses
-    # (measured 25.5 -> 20.5 ns per uniform random hit at 10M ids).
+    # (uniform random hits at 10M ids: get_or_insert_new 39 -> 26 ns, a bare
+    # lookup loop 25.5 -> 20.5 ns).
     umask = np.uint64(table.shape[0] - 1)
     homes = np.empty(ids.size - start, np.int64)
     for n in range(start, ids.size):

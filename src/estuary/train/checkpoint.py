@@ -514,12 +514,19 @@ def load_checkpoint(path: Path, *, tables: bool = True) -> Checkpoint:
 
 
 def restore_dense_warned(
-    ckpt: Checkpoint, job: JobSpec, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ckpt: Checkpoint,
+    job: JobSpec,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    tables: bool = False,
 ) -> None:
     """``ckpt.restore_dense`` for a trainer of ``job``: the dense optimizer's state is
     restored only when the job still names the same optimizer (else a
-    ``CheckpointWarning``, and it starts fresh with the job's settings)."""
-    changed, _ = ckpt.optimizer_changes(job)
-    if changed is not None:
-        warnings.warn(changed, CheckpointWarning, stacklevel=3)
-    ckpt.restore_dense(model, None if changed is not None else optimizer)
+    ``CheckpointWarning``, and it starts fresh with the job's settings). With
+    ``tables``, also warns of tables whose sparse optimizer changed (the
+    trainer that restores them)."""
+    dense, changed_tables = ckpt.optimizer_changes(job)
+    for message in [*([dense] if dense else []), *(changed_tables if tables else [])]:
+        warnings.warn(message, CheckpointWarning, stacklevel=3)
+    ckpt.restore_dense(model, None if dense is not None else optimizer)

@@ -12,7 +12,6 @@ import itertools
 import math
 import random
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,6 @@ from estuary.nn.types import SequenceEmbedding, Sequences
 from estuary.train.checkpoint import load_checkpoint, restore_dense_warned, save_checkpoint
 from estuary.train.checkpoint_chain import (
     ChainLink,
-    CheckpointWarning,
     plan_checkpoint,
     prune_checkpoints,
     read_link,
@@ -542,9 +540,7 @@ class Trainer:
         """Restore model, dense optimizer and tables from ``path`` (a checkpoint
         folder, a checkpoints root or a run folder)."""
         ckpt = load_checkpoint(path)
-        restore_dense_warned(ckpt, self.job, self.model, self.optimizer)
-        for message in ckpt.optimizer_changes(self.job)[1]:
-            warnings.warn(message, CheckpointWarning, stacklevel=2)
+        restore_dense_warned(ckpt, self.job, self.model, self.optimizer, tables=True)
         ckpt.restore_tables(self.tables)  # a delta: its full checkpoint, then each delta
         self.checkpoint_link = ckpt.link
         self.step = int(ckpt.manifest["step"])
