@@ -11,11 +11,13 @@ Known errors (bad job file, bad data over the limit, bad checkpoint) print one
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -113,7 +115,7 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from estuary.config import load_job, to_dict
-    from estuary.train import Trainer
+    from estuary.train import Trainer, TrainingStopped
 
     overrides = list(args.overrides)
     if args.output is not None:
@@ -136,7 +138,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if args.resume:
             _resume(trainer, job.resolve(job.output.dir))
         # Bad rows skipped while loading were reported (logged) by the dataset.
-        result = trainer.fit(progress=not args.no_progress and job.output.progress)
+        try:
+            with _stop_on_signals(trainer):
+                result = trainer.fit(progress=not args.no_progress and job.output.progress)
+        except TrainingStopped as stop:
+            print(f"{stop}; continue with --resume", file=sys.stderr)
+            return 128 + int(signal.Signals[stop.reason])
     out_dir = job.resolve(job.output.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = result.summary()
@@ -161,6 +168,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
         for key, value in result.profile.items():
             print(f"  {key:>20}: {value}")
     return 0
+
+
+@contextlib.contextmanager
+def _stop_on_signals(trainer: Any) -> Iterator[None]:
+    """While training in this process: the first SIGTERM or SIGINT asks the trainer
+    to stop after its step and checkpoint it (``Trainer.request_stop``); a second
+    one acts as usual (SIGINT raises KeyboardInterrupt, SIGTERM ends the process)."""
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+
+    def handle(signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        print(
+            f"{name}: stopping after this step with a checkpoint ({name} again: at once)",
+            file=sys.stderr,
+        )
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        trainer.request_stop(name)
+
+    for sig in signals:
+        signal.signal(sig, handle)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _resume(trainer: Any, out_dir: Path) -> None:

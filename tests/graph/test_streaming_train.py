@@ -10,10 +10,11 @@ import pytest
 import yaml
 
 from estuary.cli import main
-from estuary.config import ConfigError, to_dict
-from estuary.train import Trainer
+from estuary.config import ConfigError, load_job, to_dict
+from estuary.data.graph import Progress
+from estuary.train import Trainer, TrainingStopped, load_checkpoint
 
-from .conftest import dataset_job, source, write_hours
+from .conftest import Written, assert_every_row_once, dataset_job, source, write_hours
 
 
 def job_file(tmp_path: Path, **train: object) -> Path:
@@ -52,6 +53,35 @@ def test_resume_flag_starts_fresh_then_continues_without_repeating(
     assert "resumed from" in capsys.readouterr().err
     again = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert again["train_rows"] == 0 and again["rows_committed"] == 80
+
+
+def test_a_requested_stop_commits_its_rows_and_resume_trains_the_rest_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written = write_hours(tmp_path, 3, 40)
+    path = job_file(tmp_path)  # 80 train rows in batches of 16, checkpoints every 3 steps
+    train_step = Trainer._train_step
+
+    def stop_during_step_2(self: Trainer, *args: object) -> float:
+        if self.step == 1:
+            self.request_stop("SIGTERM")
+        return train_step(self, *args)
+
+    monkeypatch.setattr(Trainer, "_train_step", stop_during_step_2)
+    with pytest.raises(TrainingStopped) as info:
+        Trainer(load_job(path)).fit(progress=False)
+    monkeypatch.setattr(Trainer, "_train_step", train_step)
+    assert info.value.step == 2 and info.value.checkpoint is not None
+    stopped = load_checkpoint(info.value.checkpoint)
+    assert Progress.from_json(stopped.manifest["metadata"]["data_progress"]).rows_trained == 32
+
+    assert main(["train", str(path), "--no-progress", "--resume"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["train_rows"] == 80 - 32 and summary["duplicate_rows"] == 0
+    # The train stream's hours 00 and 01 (hour 02 is the holdout stream).
+    train_only = Written({k: v for k, v in written.good.items() if "/02/" not in k})
+    assert train_only.rows == 80
+    assert_every_row_once(path, train_only, hours=2)
 
 
 def test_a_run_without_an_eval_stream_says_so(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from estuary.config import load_job
-from estuary.train import Trainer
+from estuary.train import Trainer, TrainingStopped
 from estuary.train.checkpoint import load_checkpoint
 from estuary.train.checkpoint_chain import list_checkpoints
 
@@ -77,4 +77,44 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(
             np.testing.assert_allclose(a[key], value, rtol=1e-6, atol=1e-7, err_msg=name)
     for key, value in reference.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[key], value, rtol=1e-6, atol=1e-7)
+    assert got.auc == pytest.approx(want.auc, abs=1e-6)
+
+
+def test_a_requested_stop_checkpoints_its_step_and_resumes_to_the_uninterrupted_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Trainer.request_stop is what `estuary train` calls on SIGTERM / SIGINT.
+    write_criteo(tmp_path / "train.tsv", 700)  # 9 steps of 64 per epoch, 2 epochs
+    path = write_job(tmp_path, tmp_path / "train.tsv", mode="sync", threads=1, shuffle=True)
+    reference = Trainer(load_job(path))
+    want = reference.fit(progress=False)
+
+    job = load_job(path, overrides=[f"output.dir={tmp_path / 'stopped'}"])
+    stopped = Trainer(job)
+    train_step = Trainer._train_step
+
+    def stop_during_step_13(self: Trainer, *args: object) -> float:
+        if self.step == 12:
+            self.request_stop("SIGTERM")  # arrives mid-step: the step completes
+        return train_step(self, *args)
+
+    monkeypatch.setattr(Trainer, "_train_step", stop_during_step_13)
+    with pytest.raises(TrainingStopped) as info:
+        stopped.fit(progress=False)
+    monkeypatch.setattr(Trainer, "_train_step", train_step)
+    assert info.value.step == 13 and info.value.reason == "SIGTERM"
+    assert info.value.checkpoint is not None
+    saved = load_checkpoint(info.value.checkpoint)
+    assert saved.manifest["step"] == 13
+    assert (saved.manifest["metadata"]["epoch"], saved.manifest["metadata"]["epoch_step"]) == (1, 4)
+
+    resumed = Trainer(job)
+    resumed.load_checkpoint(tmp_path / "stopped")
+    got = resumed.fit(progress=False)
+    assert resumed.step == reference.step == 18
+    assert got.train_rows == want.train_rows - (560 + 4 * 64)
+    for name, table in reference.tables.items():
+        a, b = by_id(resumed.tables[name].state_dict()), by_id(table.state_dict())
+        for key, value in b.items():
+            np.testing.assert_allclose(a[key], value, rtol=1e-6, atol=1e-7, err_msg=name)
     assert got.auc == pytest.approx(want.auc, abs=1e-6)

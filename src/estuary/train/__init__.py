@@ -3,7 +3,7 @@
 from estuary.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from estuary.train.checkpoint_chain import CheckpointError, CheckpointWarning
 from estuary.train.sparse_updates import SparseUpdater
-from estuary.train.trainer import FitResult, Trainer
+from estuary.train.trainer import FitResult, Trainer, TrainingStopped
 
 __all__ = [
     "Checkpoint",
@@ -12,6 +12,7 @@ __all__ = [
     "FitResult",
     "SparseUpdater",
     "Trainer",
+    "TrainingStopped",
     "load_checkpoint",
     "save_checkpoint",
 ]

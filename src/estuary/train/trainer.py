@@ -67,6 +67,22 @@ class TableStore(EmbeddingStore, Protocol):
     def apply_delta(self, delta: dict[str, np.ndarray]) -> None: ...
 
 
+class TrainingStopped(Exception):
+    """``fit`` stopped early on ``Trainer.request_stop`` (e.g. SIGTERM), after the
+    step in progress and a checkpoint of it: ``--resume`` continues from there.
+
+    Args:
+        reason: what asked for the stop (e.g. ``SIGTERM``).
+        step: the global step the run stopped after.
+        checkpoint: the checkpoint written (None when the job writes none).
+    """
+
+    def __init__(self, reason: str, step: int, checkpoint: Path | None) -> None:
+        where = f"checkpoint {checkpoint}" if checkpoint is not None else "no checkpoint"
+        super().__init__(f"stopped by {reason} after step {step}; {where}")
+        self.reason, self.step, self.checkpoint = reason, step, checkpoint
+
+
 @dataclass
 class FitResult:
     """What a training run produced (also written as ``summary.json``).
@@ -263,6 +279,7 @@ class Trainer:
         # The checkpoint the tables were last saved to or restored from: the
         # parent of the next delta checkpoint (``output.checkpoint_full_every``).
         self.checkpoint_link: ChainLink | None = None
+        self.stop_reason: str | None = None  # set by request_stop
 
     # -- training ---------------------------------------------------------------
 
@@ -369,6 +386,25 @@ class Trainer:
                 return fit_streaming(self, progress=progress)
             return self._fit_sources(progress=progress)
 
+    def request_stop(self, reason: str) -> None:
+        """Ask a running ``fit`` to stop after the step in progress: it writes a
+        checkpoint of that step (when the job writes checkpoints) and raises
+        ``TrainingStopped``. Safe to call from a signal handler. One-process runs
+        only: several trainers would have to agree on the step."""
+        self.stop_reason = reason
+
+    def stop_now(self, updater: SparseUpdater, *, saved_step: int | None) -> None:
+        """Raise ``TrainingStopped`` if a stop was requested, after checkpointing
+        the current step unless ``saved_step`` already is it (called between steps)."""
+        if self.stop_reason is None:
+            return
+        path = None
+        if self.rank == 0 and self.job.output.checkpoint and saved_step != self.step:
+            path = self.checkpoint_now(updater)
+        elif saved_step == self.step and self.checkpoint_link is not None:
+            path = self.checkpoint_link.path
+        raise TrainingStopped(self.stop_reason, self.step, path)
+
     def _fit_sources(self, *, progress: bool | None) -> FitResult:
         """``fit`` for ``data.sources`` jobs: epochs over the loaded dataset."""
         job = self.job
@@ -387,6 +423,7 @@ class Trainer:
         bar = ProgressBar(total=train_rows_per_epoch * job.train.epochs, enabled=show)
         try:
             every = job.output.checkpoint_every_steps if self.rank == 0 else None
+            saved_step = None
             for epoch in range(self.epoch, job.train.epochs):
                 self.epoch = epoch
                 done_before = self.epoch_step  # > 0: resumed from a mid-epoch checkpoint
@@ -411,6 +448,8 @@ class Trainer:
                         self._refresh_metrics(updater, bad_rows=self.dataset.bad_rows.count)
                     if every is not None and self.step % every == 0:
                         self.checkpoint_now(updater)
+                        saved_step = self.step
+                    self.stop_now(updater, saved_step=saved_step)
                 self.epoch, self.epoch_step = epoch + 1, 0
             updater.flush()
         finally:
