@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -127,23 +127,25 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from estuary.metrics.training import show_metrics_url
 
         show_metrics_url()
-    if job.runtime.trainers > 1:
-        from estuary.train.distributed import run_distributed
+    show = not args.no_progress and job.output.progress
+    try:
+        if job.runtime.trainers > 1:
+            from estuary.train.distributed import run_distributed, stop_value
 
-        result = run_distributed(
-            job, progress=not args.no_progress and job.output.progress, resume=args.resume
-        )
-    else:
-        trainer = Trainer(job)
-        if args.resume:
-            _resume(trainer, job.resolve(job.output.dir))
-        # Bad rows skipped while loading were reported (logged) by the dataset.
-        try:
-            with _stop_on_signals(trainer):
-                result = trainer.fit(progress=not args.no_progress and job.output.progress)
-        except TrainingStopped as stop:
-            print(f"{stop}; continue with --resume", file=sys.stderr)
-            return 128 + int(signal.Signals[stop.reason])
+            stop = stop_value()
+            with _stop_on_signals(lambda name: setattr(stop, "value", signal.Signals[name])):
+                result = run_distributed(job, progress=show, resume=args.resume, stop_signal=stop)
+        else:
+            trainer = Trainer(job)
+            if args.resume:
+                _resume(trainer, job.resolve(job.output.dir))
+            # Bad rows skipped while loading were reported (logged) by the dataset.
+            with _stop_on_signals(trainer.request_stop):
+                result = trainer.fit(progress=show)
+    except TrainingStopped as stopped:
+        print(f"{stopped}; continue with --resume", file=sys.stderr)
+        known = stopped.reason in signal.Signals.__members__
+        return 128 + int(signal.Signals[stopped.reason] if known else signal.SIGTERM)
     out_dir = job.resolve(job.output.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = result.summary()
@@ -171,10 +173,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _stop_on_signals(trainer: Any) -> Iterator[None]:
-    """While training in this process: the first SIGTERM or SIGINT asks the trainer
-    to stop after its step and checkpoint it (``Trainer.request_stop``); a second
-    one acts as usual (SIGINT raises KeyboardInterrupt, SIGTERM ends the process)."""
+def _stop_on_signals(request_stop: Callable[[str], None]) -> Iterator[None]:
+    """While training: the first SIGTERM or SIGINT calls ``request_stop(name)`` (the
+    run stops after a step and checkpoints it: ``Trainer.request_stop``, or the
+    trainers of ``run_distributed``); a second one acts as usual (SIGINT raises
+    KeyboardInterrupt, SIGTERM ends the process)."""
     signals = (signal.SIGTERM, signal.SIGINT)
     previous = {sig: signal.getsignal(sig) for sig in signals}
 
@@ -186,7 +189,7 @@ def _stop_on_signals(trainer: Any) -> Iterator[None]:
         )
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        trainer.request_stop(name)
+        request_stop(name)
 
     for sig in signals:
         signal.signal(sig, handle)

@@ -153,3 +153,66 @@ def test_two_trainers_killed_mid_epoch_resume_to_the_uninterrupted_result(
             )
     assert got["auc"] == pytest.approx(want["auc"], abs=1e-6)
     print(f"killed after {killed_s:.1f} s; all: {time.monotonic() - start_s:.1f} s")
+
+
+STOP_HELD = """
+import sys, time
+from pathlib import Path
+
+from estuary.train.trainer import Trainer
+
+_train_step = Trainer._train_step
+
+
+def _held_step(self, *args):  # rank 0 waits in step 6 until the launcher asks to stop
+    if self.rank == 0 and self.step == 5:
+        Path({marker!r}).write_text("in step 6")
+        for _ in range(600):
+            if self.stop_signal.value:
+                break
+            time.sleep(0.1)
+    return _train_step(self, *args)
+
+
+Trainer._train_step = _held_step
+
+if __name__ == "__main__":
+    from estuary.cli import main
+
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_stops_two_trainers_at_an_agreed_step_with_a_checkpoint(tmp_path: Path) -> None:
+    # SIGTERM to the launcher: the ranks agree at the next poll (step 8, the first
+    # of epoch 1), rank 0 checkpoints it, the run exits 143; --resume trains the rest.
+    job_path = write_job(tmp_path)  # sync, 2 epochs of 7 steps, no periodic checkpoints
+    marker, script = tmp_path / "held", tmp_path / "estuary_held.py"
+    script.write_text(STOP_HELD.format(marker=str(marker)))
+    argv = ["train", str(job_path), "--nproc", str(WORLD), "--no-progress"]
+    run = subprocess.Popen([sys.executable, str(script), *argv], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not marker.is_file():
+            assert run.poll() is None, run.stderr.read() if run.stderr else ""
+            assert time.monotonic() < deadline, f"no step 6 within {TIMEOUT_S} s"
+            time.sleep(0.05)
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=TIMEOUT_S)
+    finally:
+        run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM after step 8; checkpoint " in err
+    saved = load_checkpoint(tmp_path / "out")
+    assert saved.manifest["step"] == 8
+    assert (saved.manifest["metadata"]["epoch"], saved.manifest["metadata"]["epoch_step"]) == (1, 1)
+
+    job = load_job(job_path)
+    result = run_distributed(
+        job, trainers=WORLD, progress=False, resume=True, pg_timeout_s=60.0, ps_wait_timeout_s=60.0
+    )
+    got = result.summary()
+    assert got["steps"] == 2 * STEPS_PER_EPOCH
+    assert got["train_rows"] == ROWS_PER_EPOCH - WORLD * 16  # epoch 1 but its first step
+    assert got["ps_applied_steps"] == 2 * STEPS_PER_EPOCH - 8
+    assert got["ps_duplicate_pushes"] == 0

@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -41,6 +42,8 @@ def _server_main(
     config: ServerConfig, address: Address | None, authkey: bytes, ready: Connection
 ) -> None:
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    # Ctrl-C reaches the whole process group: the owner stops the server (stop()).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         server = ParameterServer(config, address=address, authkey=authkey)
     except BaseException as exc:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -48,12 +49,14 @@ from estuary.ps.types import Address
 from estuary.train.checkpoint import load_checkpoint, restore_dense_warned
 from estuary.train.checkpoint_chain import LATEST
 from estuary.train.streaming import fit_streaming
-from estuary.train.trainer import FitResult, Trainer, resolve_device
+from estuary.train.trainer import FitResult, Trainer, TrainingStopped, resolve_device
 
 BACKENDS = ("gloo", "nccl")  # nccl: dense models on CUDA (``train.device``)
 # How long a rank waits for rank 0's next data.dataset batch: as long as rank 0
 # may wait for data (readiness, idle streams); a failed rank 0 ends the run anyway.
 DATA_TIMEOUT = datetime.timedelta(days=7)
+# Ranks agree whether to stop (SIGTERM / SIGINT at the launcher) every this many steps.
+STOP_POLL_STEPS = 8
 
 
 class DistributedError(RuntimeError):
@@ -146,8 +149,10 @@ class DistributedTrainer(Trainer):
         world_size: int,
         model: torch.nn.Module | None = None,
         dataset: TabularDataset | None = None,
+        stop_signal: Any = None,
     ) -> None:
         self.client = client
+        self.stop_signal = stop_signal  # shared int (0 = run), set by the launcher
         self.world_size = world_size
         self.remote_tables = client.tables(rank=rank, grad_scale=1.0 / world_size)
         super().__init__(job, model, dataset=dataset, tables=self.remote_tables, rank=rank)
@@ -160,6 +165,34 @@ class DistributedTrainer(Trainer):
             # group (CPU tensors, never ordered against DDP's collectives). Its
             # timeout is long: a rank waits as long as rank 0 waits for data.
             self.data_group = dist.new_group(backend="gloo", timeout=DATA_TIMEOUT)
+            # Stop polls: a one-int all-reduce every STOP_POLL_STEPS steps, on its own
+            # group so it never interleaves with the data group's scatters.
+            self.stop_group = dist.new_group(backend="gloo")
+
+    def poll_stop(self) -> bool:
+        """Whether to stop now. With W > 1 the ranks agree every
+        ``STOP_POLL_STEPS`` steps (MAX over a one-int all-reduce of the signal
+        asked for), so all stop after the same step."""
+        asked = self._asked_signal()
+        if self.world_size > 1:
+            if self.step % STOP_POLL_STEPS:
+                return False
+            flag = torch.tensor([asked], dtype=torch.int64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.stop_group)
+            asked = int(flag.item())
+        if asked and self.stop_reason is None:
+            self.stop_reason = signal.Signals(asked).name
+        return bool(asked)
+
+    def _asked_signal(self) -> int:
+        # The launcher's shared value, else request_stop's reason (a signal name,
+        # or SIGTERM for any other reason); 0 = keep going.
+        if self.stop_signal is not None and self.stop_signal.value:
+            return int(self.stop_signal.value)
+        if self.stop_reason is None:
+            return 0
+        known = self.stop_reason in signal.Signals.__members__
+        return int(signal.Signals[self.stop_reason] if known else signal.SIGTERM)
 
     def _epoch_batches(self, part: DataPart, epoch: int) -> Iterator[Batch]:
         train = self.job.train
@@ -237,8 +270,10 @@ def _loopback_interface() -> str | None:
     return next((name for name in ("lo", "lo0") if name in names), None)
 
 
-def _trainer_main(rank: int, launch: _Launch, results: Any) -> None:
+def _trainer_main(rank: int, launch: _Launch, results: Any, stop_signal: Any) -> None:
     """Entry point of trainer process ``rank`` (spawned by ``run_distributed``)."""
+    # Ctrl-C reaches the whole process group: the launcher decides (``stop_signal``).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     loopback = _loopback_interface()
     if loopback is not None:
         # All ranks share this machine: gloo need not resolve the host name.
@@ -265,12 +300,19 @@ def _trainer_main(rank: int, launch: _Launch, results: Any) -> None:
         connect_timeout_s=launch.startup_timeout_s,
     )
     try:
-        trainer = DistributedTrainer(launch.job, client, rank=rank, world_size=launch.world_size)
+        trainer = DistributedTrainer(
+            launch.job, client, rank=rank, world_size=launch.world_size, stop_signal=stop_signal
+        )
         out = launch.job.resolve(launch.job.output.dir)
         if launch.resume and (out / "checkpoints" / LATEST).is_file():
             trainer.load_checkpoint(out)  # nothing writes a checkpoint before the barrier
         dist.barrier()  # Blocking wait: rank 0 has loaded the tables into the server.
-        result = trainer.fit(progress=launch.progress and rank == 0)
+        try:
+            result: FitResult | TrainingStopped = trainer.fit(
+                progress=launch.progress and rank == 0
+            )
+        except TrainingStopped as stop:  # every rank, after the same step
+            result = stop
         if rank == 0:
             results.put(result)
         dist.barrier()  # Blocking wait: ranks leave together, after rank 0's eval/checkpoint.
@@ -294,6 +336,7 @@ def run_distributed(
     pg_timeout_s: float = 600.0,
     startup_timeout_s: float = 120.0,
     resume: bool = False,
+    stop_signal: Any = None,
 ) -> FitResult:
     """Train ``job`` with W trainer processes and one parameter server on this
     machine; returns rank 0's ``FitResult`` (rank 0 also writes the checkpoint).
@@ -311,10 +354,15 @@ def run_distributed(
         resume: continue from the newest checkpoint in ``output.dir`` (if any):
             every rank restores the dense model and optimizer, rank 0 the tables
             (into the server) and the data progress (``estuary train --resume``).
+        stop_signal: a shared int from ``stop_value()``; set it to a signal number
+            (the CLI does on SIGTERM / SIGINT) and the trainers stop after a step
+            they agree on (within ``STOP_POLL_STEPS``), rank 0 checkpoints it, and
+            this raises ``TrainingStopped``.
 
     Raises:
         DistributedError: a trainer failed (its rank and error in the message).
         PSError: the parameter server failed to start.
+        TrainingStopped: ``stop_signal`` was set; the run stopped with a checkpoint.
     """
     world_size = job.runtime.trainers if trainers is None else trainers
     if world_size < 1:
@@ -350,15 +398,17 @@ def run_distributed(
                 resume=resume,
             )
             results = torch_mp.get_context("spawn").SimpleQueue()
+            if stop_signal is None:
+                stop_signal = stop_value()
             context = torch_mp.start_processes(
                 _trainer_main,
-                args=(launch, results),
+                args=(launch, results, stop_signal),
                 nprocs=world_size,
                 join=False,
                 start_method="spawn",
             )
             server.wait_ready()
-            out: list[FitResult] = []
+            out: list[FitResult | TrainingStopped] = []
             try:
                 # Blocking wait: trainers run; the first failure stops the others.
                 while not context.join(timeout=0.5):
@@ -379,7 +429,14 @@ def run_distributed(
         server.stop()
     if not out:
         raise DistributedError("rank 0 finished without a result")
+    if isinstance(out[0], TrainingStopped):
+        raise out[0]
     return out[0]
+
+
+def stop_value() -> Any:
+    """A shared int for ``run_distributed(stop_signal=...)`` (0 = keep training)."""
+    return torch_mp.get_context("spawn").Value("i", 0)
 
 
 def _stop(processes: list[Any], grace_s: float = 5.0) -> None:

@@ -156,7 +156,7 @@ def _fit_streaming(
             if every is not None and trainer.step % every == 0:
                 checkpoint = save_with_progress(trainer, updater, state)
                 saved_step = trainer.step
-            if trainer.stop_reason is not None:  # the progress goes with the checkpoint
+            if trainer.poll_stop():  # the progress goes with the checkpoint
                 if chief and write_final and trainer.step != saved_step:
                     save_with_progress(trainer, updater, state)
                     saved_step = trainer.step

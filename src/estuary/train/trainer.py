@@ -82,6 +82,9 @@ class TrainingStopped(Exception):
         super().__init__(f"stopped by {reason} after step {step}; {where}")
         self.reason, self.step, self.checkpoint = reason, step, checkpoint
 
+    def __reduce__(self) -> tuple[type[TrainingStopped], tuple[str, int, Path | None]]:
+        return TrainingStopped, (self.reason, self.step, self.checkpoint)  # crosses processes
+
 
 @dataclass
 class FitResult:
@@ -393,17 +396,20 @@ class Trainer:
         only: several trainers would have to agree on the step."""
         self.stop_reason = reason
 
+    def poll_stop(self) -> bool:
+        """Whether to stop now (called between steps; several trainers agree on
+        it, see ``DistributedTrainer.poll_stop``)."""
+        return self.stop_reason is not None
+
     def stop_now(self, updater: SparseUpdater, *, saved_step: int | None) -> None:
-        """Raise ``TrainingStopped`` if a stop was requested, after checkpointing
-        the current step unless ``saved_step`` already is it (called between steps)."""
-        if self.stop_reason is None:
-            return
+        """Checkpoint the current step (unless ``saved_step`` already is it, or the
+        job writes no checkpoints; rank 0 only) and raise ``TrainingStopped``."""
         path = None
         if self.rank == 0 and self.job.output.checkpoint and saved_step != self.step:
             path = self.checkpoint_now(updater)
         elif saved_step == self.step and self.checkpoint_link is not None:
             path = self.checkpoint_link.path
-        raise TrainingStopped(self.stop_reason, self.step, path)
+        raise TrainingStopped(self.stop_reason or "a stop request", self.step, path)
 
     def _fit_sources(self, *, progress: bool | None) -> FitResult:
         """``fit`` for ``data.sources`` jobs: epochs over the loaded dataset."""
@@ -449,7 +455,8 @@ class Trainer:
                     if every is not None and self.step % every == 0:
                         self.checkpoint_now(updater)
                         saved_step = self.step
-                    self.stop_now(updater, saved_step=saved_step)
+                    if self.poll_stop():
+                        self.stop_now(updater, saved_step=saved_step)
                 self.epoch, self.epoch_step = epoch + 1, 0
             updater.flush()
         finally:
