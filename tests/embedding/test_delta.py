@@ -143,13 +143,24 @@ def test_delta_holds_only_what_changed() -> None:
     shard.lookup(np.arange(100, dtype=np.int64), train=True)
     shard.state_dict()
     shard.apply_gradients(np.array([3, 4], np.int64), np.ones((2, DIM), np.float32))
-    shard.lookup(np.array([7, 1000], np.int64), train=True)  # touched + inserted
+    shard.lookup(np.array([7, 1000], np.int64), train=True)  # read + inserted
     shard.remove(np.array([50, 51], np.int64))
     shard.lookup(np.array([50], np.int64), train=True)  # back again: a row, not an eviction
     delta = shard.delta_state_dict()
-    assert sorted(delta["ids"].tolist()) == [3, 4, 7, 50, 1000]
+    # 7 was only read: unchanged, and without eviction a read does not stamp.
+    assert sorted(delta["ids"].tolist()) == [3, 4, 50, 1000]
     assert delta["evicted_ids"].tolist() == [51]
     assert shard.delta_state_dict()["ids"].size == 0  # nothing since the last delta
+
+
+@pytest.mark.parametrize("eviction", [{"capacity_rows": 1000}, {"ttl_steps": 50}])
+def test_where_recency_matters_reads_stamp_their_rows(eviction: dict[str, int]) -> None:
+    spec = TableSpec(dim=DIM, eviction=EvictionSpec(**eviction))
+    shard = EmbeddingShard(spec, seed=0, name="t")
+    shard.lookup(np.arange(100, dtype=np.int64), train=True)
+    shard.state_dict()
+    shard.lookup(np.array([7], np.int64), train=True)  # read: its recency is kept
+    assert shard.delta_state_dict()["ids"].tolist() == [7]
 
 
 def test_deltas_apply_only_in_order_and_only_to_their_own_chain() -> None:

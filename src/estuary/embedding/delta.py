@@ -34,8 +34,9 @@ rest. The result equals the source's state at the delta, on every row, optimizer
 slot, eviction field and pending count (stats counters are not state).
 
 Dirtiness is free: a row changed since the mark iff its stamp is newer than the
-clock at the mark (one pass over the stamps, ``dirty_slots``). Evicted ids go
-into a bounded ``EvictionLog``; when more ids were evicted since the mark than
+clock at the mark (one pass over the stamps, ``dirty_slots``); inserts and
+updates stamp, reads only in tables that evict (``estuary.embedding.shard``).
+Evicted ids go into a bounded ``EvictionLog``; when more ids were evicted since the mark than
 the shard can hold rows (most rows have changed anyway), the log is dropped and
 the next delta is a full state (``delta.full = 1``), so memory stays bounded.
 """
