@@ -29,6 +29,7 @@ import yaml
 
 from estuary.cli import main
 from estuary.config import load_job
+from estuary.data.graph import Progress
 from estuary.train import Trainer, load_checkpoint
 from estuary.train.batch_scatter import split_rows
 from estuary.train.checkpoint_chain import LATEST
@@ -249,3 +250,44 @@ def test_sigterm_of_a_two_trainer_stream_run_commits_its_rows_and_resume_trains_
     assert summary["rows_committed_before"] == 8 * WORLD * BATCH
     assert summary["duplicate_rows"] == 0 and summary["ps_duplicate_pushes"] == 0
     assert_every_row_once(job_path, written, 2)
+
+
+def test_sigterm_while_two_trainers_wait_for_data_checkpoints_and_resume_finishes(
+    tmp_path: Path,
+) -> None:
+    # Hours 0-1 are ready, 2-3 not: the ranks train 0-1 and wait. SIGTERM then ends
+    # the wait (rank 0's reader stops), rank 0 checkpoints every row trained, the
+    # run exits 143; the resume, with the hours ready, trains the rest once.
+    written = write_hours(tmp_path, 2, 120, files=2, bad_every=11)
+    later = write_hours(tmp_path, 2, 120, files=2, bad_every=11, first_hour=2, marker=False)
+    job_path = write_job(tmp_path, 4, mode="sync", ready_timeout_s=120)
+    argv = ["train", str(job_path), "--nproc", str(WORLD), "--no-progress"]
+    run = subprocess.Popen([sys.executable, "-c", CLI, *argv], stderr=subprocess.PIPE, text=True)
+    checkpoints = tmp_path / "out" / "checkpoints"
+    try:
+        deadline = time.monotonic() + 120
+        while not (checkpoints / LATEST).is_file():
+            assert run.poll() is None, run.stderr.read() if run.stderr else ""
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.05)
+        time.sleep(3.0)  # the 218 ready rows take a few steps: idle by now
+        sent = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=60)
+        stopped_s = time.monotonic() - sent
+    finally:
+        run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert stopped_s < 30  # not the 120 s readiness timeout
+    saved = load_checkpoint(tmp_path / "out")
+    trained = Progress.from_json(saved.manifest["metadata"]["data_progress"]).rows_trained
+    # All ready rows but those the reader still held: the shuffle buffer (50) and
+    # the W x B step being assembled, plus the buffer's batch margin.
+    assert written.rows - 50 - 2 * WORLD * BATCH <= trained <= written.rows
+    assert saved.manifest["step"] * WORLD * BATCH >= trained
+
+    for hour in (2, 3):
+        (hour_dir(tmp_path, hour) / "_SUCCESS").write_text("")
+    assert main([*argv, "--resume"]) == 0
+    written.good.update(later.good)
+    assert_every_row_once(job_path, written, 4)

@@ -4,6 +4,8 @@ stream, and the settings a streaming run refuses."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,14 @@ from estuary.config import ConfigError, load_job, to_dict
 from estuary.data.graph import Progress
 from estuary.train import Trainer, TrainingStopped, load_checkpoint
 
-from .conftest import Written, assert_every_row_once, dataset_job, source, write_hours
+from .conftest import (
+    Written,
+    assert_every_row_once,
+    dataset_job,
+    hour_dir,
+    source,
+    write_hours,
+)
 
 
 def job_file(tmp_path: Path, **train: object) -> Path:
@@ -82,6 +91,41 @@ def test_a_requested_stop_commits_its_rows_and_resume_trains_the_rest_once(
     train_only = Written({k: v for k, v in written.good.items() if "/02/" not in k})
     assert train_only.rows == 80
     assert_every_row_once(path, train_only, hours=2)
+
+
+def test_a_stop_while_waiting_for_data_checkpoints_what_was_trained(tmp_path: Path) -> None:
+    # Hours 0-1 are ready, hour 2 is not: the run trains 0-1 and waits. A stop then
+    # (SIGTERM's request_stop, from the signal handler) ends the wait, checkpoints
+    # the rows trained, and the resume (hour 2 ready by then) trains the rest once.
+    written = write_hours(tmp_path, 2, 40)
+    later = write_hours(tmp_path, 1, 40, first_hour=2, marker=False)
+    streams = {"train": {"sources": [source("a", hours=3)]}}
+    job = dataset_job(tmp_path, streams, model=True, dataset={"timer": {"ready_timeout_s": 120}})
+    data = to_dict(job)
+    data["train"] = {"batch_size": 16, "threads": 1}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    trainer = Trainer(load_job(path))
+
+    def stop_once_idle() -> None:
+        while trainer.step < 5:  # 80 rows in batches of 16: all there is for now
+            time.sleep(0.01)
+        time.sleep(0.5)  # waiting for hour 2 by now
+        trainer.request_stop("SIGTERM")
+
+    threading.Thread(target=stop_once_idle, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(TrainingStopped) as info:
+        trainer.fit(progress=False)
+    assert time.monotonic() - start < 30  # not the 120 s readiness timeout
+    assert info.value.step == 5 and info.value.checkpoint is not None
+    saved = load_checkpoint(info.value.checkpoint)
+    assert Progress.from_json(saved.manifest["metadata"]["data_progress"]).rows_trained == 80
+
+    (hour_dir(tmp_path, 2) / "_SUCCESS").write_text("")
+    assert main(["train", str(path), "--no-progress", "--resume"]) == 0
+    written.good.update(later.good)
+    assert_every_row_once(path, written, hours=3)
 
 
 def test_a_run_without_an_eval_stream_says_so(

@@ -184,6 +184,12 @@ class DistributedTrainer(Trainer):
             self.stop_reason = signal.Signals(asked).name
         return bool(asked)
 
+    def stop_asked(self) -> bool:
+        return bool(self._asked_signal())
+
+    def asked_reason(self) -> str:
+        return signal.Signals(self._asked_signal()).name
+
     def _asked_signal(self) -> int:
         # The launcher's shared value, else request_stop's reason (a signal name,
         # or SIGTERM for any other reason); 0 = keep going.

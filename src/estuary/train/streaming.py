@@ -121,6 +121,7 @@ def _fit_streaming(
             seed=job.train.seed,
             hash_names=_hash_names(trainer),
             progress=state,
+            should_stop=trainer.stop_asked,  # while idle: end the batches there
         )
     feed = BatchScatter(
         rank=trainer.rank,
@@ -164,6 +165,10 @@ def _fit_streaming(
         updater.flush()
         if write_final and trainer.step != saved_step:
             checkpoint = save_with_progress(trainer, updater, state)
+            saved_step = trainer.step
+        if chief and trainer.stop_asked():  # the batches ended on a stop while idle
+            trainer.stop_reason = trainer.stop_reason or trainer.asked_reason()
+            trainer.stop_now(updater, saved_step=saved_step)
     finally:
         trainer.loss_fn = mean_loss
         updater.close()

@@ -396,6 +396,15 @@ class Trainer:
         only: several trainers would have to agree on the step."""
         self.stop_reason = reason
 
+    def stop_asked(self) -> bool:
+        """Whether a stop was asked of this process (no collective; safe from any
+        thread)."""
+        return self.stop_reason is not None
+
+    def asked_reason(self) -> str:
+        """What asked for the stop (``stop_asked()`` is True)."""
+        return self.stop_reason or "a stop request"
+
     def poll_stop(self) -> bool:
         """Whether to stop now (called between steps; several trainers agree on
         it, see ``DistributedTrainer.poll_stop``)."""

@@ -26,7 +26,7 @@ import logging
 import multiprocessing
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +80,10 @@ class Driver:
         streams: streams to read (default: all but ``eval_stream``).
         shuffle: apply ``dataset.shuffle`` (``False``: read order, one split at a time).
         operators: source operators to use instead of building them (tests).
+        should_stop: polled while ``batches()`` waits for data (every 0.5 s); once
+            it returns True the batches end there, without the rows still in the
+            shuffle buffer (not in the progress, so a resume reads them again).
+            Training stops between batches on its own (``Trainer.poll_stop``).
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class Driver:
         streams: Sequence[str] | None = None,
         shuffle: bool = True,
         operators: Sequence[SourceOperator] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> None:
         if data.dataset is None:
             raise ValueError("Driver needs data.dataset")
@@ -119,6 +124,7 @@ class Driver:
         self.interleave = self.spec.shuffle.interleave_splits if shuffle else 1
         self.buffer_rows = self.spec.shuffle.buffer_rows if shuffle else 0
         self.seed = self.spec.shuffle.seed if self.spec.shuffle.seed is not None else seed
+        self.should_stop = should_stop
         self.task_states: dict[str, TaskState] = {}
         self._remaining: dict[str, int] = {}  # task id -> splits not yet read to the end
         self._state_lock = threading.Lock()
@@ -154,6 +160,7 @@ class Driver:
             buffer_rows=self.buffer_rows,
             seed=self.seed,
             stop=self._stop,
+            should_stop=self.should_stop,
         )
         try:
             yield from self._sink.batches()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,6 +83,10 @@ class _Open:
     code: int
 
 
+class _Drained(Exception):
+    """``should_stop`` said stop while the sink waited for data."""
+
+
 class BatchSink:
     """Splits in plan order -> interleaved, buffered rows -> ``Batch``es.
 
@@ -111,8 +115,10 @@ class BatchSink:
         buffer_rows: int,
         seed: int,
         stop: threading.Event,
+        should_stop: Callable[[], bool] | None = None,
     ) -> None:
         self.opened = opened
+        self.should_stop = should_stop
         self.progress = progress
         decoder = RowDecoder(data.schema, hash_names)
         self.features = list(decoder.sparse)
@@ -130,6 +136,12 @@ class BatchSink:
         self._listed: set[str] = set()
 
     def batches(self) -> Iterator[Batch]:
+        try:
+            yield from self._batches()
+        except _Drained:  # a stop while waiting for data: rows not yet yielded stay
+            return  # unrecorded in the progress, so a resume reads them again
+
+    def _batches(self) -> Iterator[Batch]:
         open_splits: list[_Open] = []
         finished = False
         while True:
@@ -193,6 +205,8 @@ class BatchSink:
             except queue.Empty:
                 if self.stop.is_set():
                     raise RuntimeError("the data driver was closed") from None
+                if self.should_stop is not None and self.should_stop():
+                    raise _Drained from None
 
     def _batch(self) -> Batch:
         labels, dense, ids, row_ids, bags = self.buffer.take(self.batch_size)
