@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -155,53 +156,15 @@ def test_two_trainers_killed_mid_epoch_resume_to_the_uninterrupted_result(
     print(f"killed after {killed_s:.1f} s; all: {time.monotonic() - start_s:.1f} s")
 
 
-STOP_HELD = """
-import sys, time
-from pathlib import Path
-
-from estuary.train.trainer import Trainer
-
-_train_step = Trainer._train_step
-
-
-def _held_step(self, *args):  # rank 0 waits in step 6 until the launcher asks to stop
-    if self.rank == 0 and self.step == 5:
-        Path({marker!r}).write_text("in step 6")
-        for _ in range(600):
-            if self.stop_signal.value:
-                break
-            time.sleep(0.1)
-    return _train_step(self, *args)
-
-
-Trainer._train_step = _held_step
-
-if __name__ == "__main__":
-    from estuary.cli import main
-
-    sys.exit(main(sys.argv[1:]))
-"""
-
-
-def test_sigterm_stops_two_trainers_at_an_agreed_step_with_a_checkpoint(tmp_path: Path) -> None:
+def test_sigterm_stops_two_trainers_at_an_agreed_step_with_a_checkpoint(
+    tmp_path: Path, signal_in_step_6: Callable[[list[str], signal.Signals], tuple[int, str]]
+) -> None:
     # SIGTERM to the launcher: the ranks agree at the next poll (step 8, the first
     # of epoch 1), rank 0 checkpoints it, the run exits 143; --resume trains the rest.
     job_path = write_job(tmp_path)  # sync, 2 epochs of 7 steps, no periodic checkpoints
-    marker, script = tmp_path / "held", tmp_path / "estuary_held.py"
-    script.write_text(STOP_HELD.format(marker=str(marker)))
     argv = ["train", str(job_path), "--nproc", str(WORLD), "--no-progress"]
-    run = subprocess.Popen([sys.executable, str(script), *argv], stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not marker.is_file():
-            assert run.poll() is None, run.stderr.read() if run.stderr else ""
-            assert time.monotonic() < deadline, f"no step 6 within {TIMEOUT_S} s"
-            time.sleep(0.05)
-        run.send_signal(signal.SIGTERM)
-        _, err = run.communicate(timeout=TIMEOUT_S)
-    finally:
-        run.kill()
-    assert run.returncode == 128 + signal.SIGTERM, err
+    code, err = signal_in_step_6(argv, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM after step 8; checkpoint " in err
     saved = load_checkpoint(tmp_path / "out")
     assert saved.manifest["step"] == 8

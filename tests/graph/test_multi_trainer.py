@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,56 +192,16 @@ def test_sigkill_of_a_two_trainer_run_then_resume_trains_each_row_once(tmp_path:
     )
 
 
-STOP_HELD = """
-import sys, time
-from pathlib import Path
-
-from estuary.train.trainer import Trainer
-
-_train_step = Trainer._train_step
-
-
-def _held_step(self, *args):  # rank 0 waits in step 6 until the launcher asks to stop
-    if self.rank == 0 and self.step == 5:
-        Path({marker!r}).write_text("in step 6")
-        for _ in range(600):
-            if self.stop_signal.value:
-                break
-            time.sleep(0.1)
-    return _train_step(self, *args)
-
-
-Trainer._train_step = _held_step
-
-if __name__ == "__main__":
-    from estuary.cli import main
-
-    sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_sigterm_of_a_two_trainer_stream_run_commits_its_rows_and_resume_trains_the_rest(
-    tmp_path: Path,
+    tmp_path: Path, signal_in_step_6: Callable[[list[str], signal.Signals], tuple[int, str]]
 ) -> None:
     # Stops after step 8 (the ranks' first poll after the signal), with the data
     # progress of that step in rank 0's checkpoint; --resume trains every other row.
     written = write_hours(tmp_path, 2, 120, files=2, bad_every=11)
     job_path = write_job(tmp_path, 2, mode="sync")
-    marker, script = tmp_path / "held", tmp_path / "estuary_held.py"
-    script.write_text(STOP_HELD.format(marker=str(marker)))
     argv = ["train", str(job_path), "--nproc", str(WORLD), "--no-progress"]
-    run = subprocess.Popen([sys.executable, str(script), *argv], stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.is_file():
-            assert run.poll() is None, run.stderr.read() if run.stderr else ""
-            assert time.monotonic() < deadline, "no step 6 within 120 s"
-            time.sleep(0.05)
-        run.send_signal(signal.SIGTERM)
-        _, err = run.communicate(timeout=120)
-    finally:
-        run.kill()
-    assert run.returncode == 128 + signal.SIGTERM, err
+    code, err = signal_in_step_6(argv, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM after step 8; checkpoint " in err
     saved = load_checkpoint(tmp_path / "out")
     assert saved.manifest["step"] == 8

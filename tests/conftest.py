@@ -1,0 +1,70 @@
+"""Fixtures shared by every test folder."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+# `estuary` run so that rank 0 (the only trainer, or rank 0 of --nproc W) holds
+# inside step 6 until a stop is asked of it (at most 60 s): a test's signal then
+# lands mid-training, at a known step.
+_HELD_CLI = """
+import sys, time
+from pathlib import Path
+
+from estuary.train.trainer import Trainer
+
+_train_step = Trainer._train_step
+
+
+def _held_step(self, *args):  # every trainer process runs this module's top level
+    if self.rank == 0 and self.step == 5:
+        Path({marker!r}).write_text("in step 6")
+        for _ in range(600):
+            if self.stop_asked():
+                break
+            time.sleep(0.1)
+    return _train_step(self, *args)
+
+
+Trainer._train_step = _held_step
+
+if __name__ == "__main__":
+    from estuary.cli import main
+
+    sys.exit(main(sys.argv[1:]))
+"""
+
+HeldRun = Callable[[list[str], signal.Signals], tuple[int, str]]
+
+
+@pytest.fixture
+def signal_in_step_6(tmp_path: Path) -> HeldRun:
+    """``run(argv, sig)``: ``estuary *argv`` in a subprocess, ``sig`` sent to it once
+    rank 0 is inside step 6; returns (exit code, stderr)."""
+
+    def run(argv: list[str], sig: signal.Signals) -> tuple[int, str]:
+        marker, script = tmp_path / "held", tmp_path / "estuary_held.py"
+        script.write_text(_HELD_CLI.format(marker=str(marker)))
+        proc = subprocess.Popen(
+            [sys.executable, str(script), *argv], stderr=subprocess.PIPE, text=True
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not marker.is_file():
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "training never reached step 6"
+                time.sleep(0.05)
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        return proc.returncode, err
+
+    return run
