@@ -279,8 +279,9 @@ def _check_schema(job: JobSpec) -> None:
                 f"data.schema.transforms.{column}",
                 f"not a column in data.schema.dense or data.schema.sparse{_suggest(column, seen)}",
             )
-    _check_features(job, seen)
-    _check_columns_exist(job)
+    known = _known_columns(job)
+    _check_features(job, seen, known)
+    _check_columns_exist(job, known)
 
 
 # criteo_tsv's column names when a source gives none (data/formats/criteo_tsv.py).
@@ -325,11 +326,10 @@ def _known_columns(job: JobSpec) -> list[str] | None:
     return list(known) if sources else None
 
 
-def _check_columns_exist(job: JobSpec) -> None:
+def _check_columns_exist(job: JobSpec, known: list[str] | None) -> None:
     """Schema columns and join columns name real columns, where the job file alone
     tells which columns the sources have (declared ``columns``, or criteo_tsv's)."""
     schema = job.data.schema
-    known = _known_columns(job)
     if known is not None:
         for role in ("dense", "sparse"):
             for i, column in enumerate(getattr(schema, role)):
@@ -360,10 +360,9 @@ def _check_columns_exist(job: JobSpec) -> None:
                     )
 
 
-def _check_features(job: JobSpec, seen: Mapping[str, str]) -> None:
+def _check_features(job: JobSpec, seen: Mapping[str, str], known: list[str] | None) -> None:
     """Derived features: unique names, real input columns, no label leakage."""
     schema = job.data.schema
-    known = _known_columns(job)
     names: dict[str, str] = {}
     for i, feature in enumerate(schema.features):
         where = f"data.schema.features[{i}]"
