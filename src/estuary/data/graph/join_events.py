@@ -41,6 +41,7 @@ from estuary.data.dense import OK, parse_numbers
 from estuary.data.graph.types import Readiness, Task
 from estuary.data.hashing import hash_array
 from estuary.data.streams import MessageParser, StreamConnector
+from estuary.data.streams.guard import GuardedConnector
 from estuary.data.types import Int64Array
 
 if TYPE_CHECKING:
@@ -178,7 +179,8 @@ class StreamEvents:
     def _open(self) -> StreamConnector:
         if self._connector is None:
             spec = self.source.source
-            connector = self.source.backend.connector(spec)
+            backend = self.source.backend
+            connector = GuardedConnector(backend.connector(spec), backend, source=spec.display_name)
             resume = self._resume
             connector.open(spec.start_position if resume is None else StartPosition.after(resume))
             self._dropped = connector.position()

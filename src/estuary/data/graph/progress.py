@@ -191,11 +191,13 @@ class Progress:
             entry = self.stream_offsets.get(f"{stream}/{source}")
             return None if entry is None else (entry["offset"], int(entry["next_start_s"]))
 
-    def source_tasks(self, stream: str, source: str) -> list[tuple[Task, list[str]]]:
-        """The listed tasks of one source held here, in plan order, with their splits."""
+    def source_tasks(self, stream: str, source: str) -> list[tuple[Task, list[str], bool]]:
+        """The listed tasks of one source held here, in plan order: (task, its split
+        names, committed). The split names come in no particular order (a
+        checkpoint's JSON sorts them as text)."""
         with self._lock:
             found = [
-                (r.task, list(r.splits))
+                (r.task, list(r.splits), r.committed)
                 for r in self.tasks.values()
                 if r.splits is not None and (r.task.stream, r.task.source) == (stream, source)
             ]

@@ -43,6 +43,7 @@ from estuary.data.graph.progress import Progress
 from estuary.data.graph.sources import register_source_type
 from estuary.data.graph.types import Readiness, Split, Task
 from estuary.data.streams import MessageParser, StreamConnector, StreamError, get_backend
+from estuary.data.streams.guard import GuardedConnector
 from estuary.data.streams.types import StreamMessage
 
 __all__ = ["StreamSource", "parse_split_name", "split_name"]
@@ -136,21 +137,59 @@ class StreamSource:
     # -- resume -------------------------------------------------------------------------
 
     def attach(self, progress: Progress) -> None:
-        """Take the resume point from ``progress`` (call before ``tasks``)."""
+        """Take the resume point from ``progress`` (call before ``tasks``).
+
+        The source resumes after the latest offset the progress knows for it: the
+        committed position, or the last split of any task it holds (a listed task
+        above the watermark keeps its splits and is read again from them). Split
+        names are put in stream order by their offsets, never by their order in
+        the checkpoint's JSON (which sorts keys as text: ``after 9216 ...`` after
+        ``after 29696 ...``).
+        """
         self._progress = progress
         committed = progress.stream_position(self.stream, self.name)
         after: Offset | None = None
         first: int | None = None
         if committed is not None:
-            after, first = committed
-        for task, names in progress.source_tasks(self.stream, self.name):
+            after, first = self._parse(committed[0]), committed[1]
+        for task, names, done in progress.source_tasks(self.stream, self.name):
             if first is None:
                 first = task.start_s
-            self._recorded[task.id] = names
-            if names:
-                after = _offset_value(parse_split_name(names[-1])[1])
-        self._after = None if after is None else self.backend.parse_offset(after)
+            ordered = self._in_stream_order(task, names)
+            if not done:
+                self._recorded[task.id] = ordered
+            if ordered:
+                last = self._parse(parse_split_name(ordered[-1])[1])
+                if after is None or self._key(last) > self._key(after):
+                    after = last
+        self._after = after
         self._first_start_s = first
+
+    def _parse(self, text: Offset) -> Offset:
+        value = _offset_value(text) if isinstance(text, str) else text
+        try:
+            return self.backend.parse_offset(value)
+        except ValueError as e:
+            raise StreamError(f"{self.where}: data progress: {e}") from None
+
+    def _key(self, offset: Offset) -> tuple[int, ...]:
+        return self.backend.offset_key(offset)
+
+    def _in_stream_order(self, task: Task, names: Sequence[str]) -> list[str]:
+        """``names`` (one task's splits) sorted by their first offset; they must
+        chain (each starts where the one before ended)."""
+        parsed = []
+        for name in names:
+            after, last, _ = parse_split_name(name)
+            parsed.append((self._parse(after), self._parse(last), name))
+        parsed.sort(key=lambda item: self._key(item[0]))
+        for (_, end, name), (start, _, later) in itertools.pairwise(parsed):
+            if self._key(start) != self._key(end):
+                raise StreamError(
+                    f"{self.where}: data progress of {task.id}: split {later!r} does not start "
+                    f"where {name!r} ends (a corrupt or edited checkpoint?)"
+                )
+        return [name for _, _, name in parsed]
 
     # -- planning (dispatcher thread) ---------------------------------------------------
 
@@ -216,7 +255,7 @@ class StreamSource:
 
     def _open(self) -> StreamConnector:
         if self._connector is None:
-            connector = self.backend.connector(self.source)
+            connector = self._guarded("the committed offset")
             after = self._after
             connector.open(
                 self.source.start_position if after is None else StartPosition.after(after)
@@ -265,8 +304,8 @@ class StreamSource:
 
     def _reread(self, after: Offset, last: str, count: int, split: Split) -> list[StreamMessage]:
         """The split's ``count`` messages read again from the broker."""
-        connector = self.backend.connector(self.source)
-        connector.open(StartPosition.after(self.backend.parse_offset(after)))
+        connector = self._guarded("the split's start")
+        connector.open(StartPosition.after(self._parse(after)))
         messages: list[StreamMessage] = []
         try:
             empty = 0
@@ -284,6 +323,14 @@ class StreamSource:
                 + " (the stream was trimmed or rewritten?)"
             )
         return messages
+
+    def _guarded(self, opened_as: str) -> StreamConnector:
+        return GuardedConnector(
+            self.backend.connector(self.source),
+            self.backend,
+            source=self.source.display_name,
+            opened_as=opened_as,
+        )
 
     def close(self) -> None:
         """Release the planning connection (idempotent)."""

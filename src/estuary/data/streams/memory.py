@@ -159,5 +159,8 @@ class MemoryBackend:
     def parse_offset(self, value: Offset) -> Offset:
         return _parse_offset(value)
 
+    def offset_key(self, value: Offset) -> tuple[int, ...]:
+        return (_parse_offset(value),)
+
 
 BACKEND = MemoryBackend()

@@ -446,5 +446,8 @@ class NatsBackend:
     def parse_offset(self, value: Offset) -> Offset:
         return _parse_offset(value)
 
+    def offset_key(self, value: Offset) -> tuple[int, ...]:
+        return (_parse_offset(value),)
+
 
 BACKEND = NatsBackend()

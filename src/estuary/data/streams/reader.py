@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from estuary.config.streams import StartPosition, StreamSourceSpec
+from estuary.data.streams.guard import GuardedConnector
 from estuary.data.streams.messages import MessageParser, StreamChunk
 from estuary.data.streams.types import Offset, StreamConnector, StreamError
 
@@ -52,7 +53,10 @@ class StreamReader:
         self.parser = MessageParser(
             spec.format, columns, spec.columns, source=spec.display_name, where=where
         )
-        self.connector = connector or get_backend(spec.kind, f"{where}.kind").connector(spec)
+        backend = get_backend(spec.kind, f"{where}.kind")
+        self.connector: StreamConnector = GuardedConnector(
+            connector or backend.connector(spec), backend, source=spec.display_name
+        )
         self._opened = False
 
     def __repr__(self) -> str:

@@ -268,5 +268,8 @@ class RedisBackend:
     def parse_offset(self, value: Offset) -> Offset:
         return _parse_offset(value)
 
+    def offset_key(self, value: Offset) -> tuple[int, ...]:
+        return _key(_parse_offset(value))
+
 
 BACKEND = RedisBackend()

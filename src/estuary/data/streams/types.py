@@ -149,6 +149,15 @@ class StreamBackend(Protocol):
         """
         ...
 
+    def offset_key(self, value: Offset) -> tuple[int, ...]:
+        """A sort key of ``value``: offsets later in the stream have larger keys
+        (never compare offsets as text: ``"10"`` sorts before ``"9"``).
+
+        Raises:
+            ValueError: not an offset of this broker.
+        """
+        ...
+
 
 class StreamBadRow(BadRow):
     """A bad message. ``file`` reads ``source 'clicks' offset 1234`` (where, as
