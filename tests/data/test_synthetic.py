@@ -25,7 +25,6 @@ from estuary.cli import main
 from estuary.config import ConfigError
 from estuary.config.spec import DataSpec, SchemaSpec, SourceSpec
 from estuary.data import TabularDataset, hash_feature
-from estuary.data import synthetic_writers as writers
 from estuary.data.synthetic import (
     SyntheticSpec,
     SynthOutput,
@@ -36,6 +35,7 @@ from estuary.data.synthetic import (
     partition_dir,
     write_partition,
     write_synthetic,
+    writers,
 )
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
