@@ -3,14 +3,11 @@ check the fast path against."""
 
 from __future__ import annotations
 
-import gzip
 import math
 import random
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from estuary.config.spec import DataSpec, SchemaSpec, SourceSpec
 
@@ -62,19 +59,6 @@ def avazu_rows(n: int, seed: int = 0) -> list[Row]:
         row += [str(rng.randint(15000, 25000)) for _ in range(8)]
         rows.append(row)
     return rows
-
-
-def write_text(path: Path, text: str | bytes, compression: str | None = None) -> Path:
-    data = text.encode() if isinstance(text, str) else text
-    if compression == "gzip":
-        data = gzip.compress(data)
-    elif compression == "zstd":
-        sink = pa.BufferOutputStream()
-        with pa.CompressedOutputStream(sink, "zstd") as out:
-            out.write(data)
-        data = sink.getvalue().to_pybytes()
-    path.write_bytes(data)
-    return path
 
 
 def join_rows(rows: Sequence[Row], sep: str, header: Sequence[str] | None = None) -> str:

@@ -18,6 +18,7 @@ from estuary.data import (
     TabularDataset,
     missing_id,
 )
+from estuary.testing.formats import write_text
 
 from .ctr_datagen import (
     AVAZU_COLUMNS,
@@ -31,7 +32,6 @@ from .ctr_datagen import (
     join_rows,
     ref_decode,
     ref_id,
-    write_text,
 )
 
 

@@ -32,6 +32,7 @@ from estuary.data import (
 from estuary.data.decode import RowDecoder
 from estuary.data.formats import RawChunk, ReadRequest, get_format
 from estuary.data.formats.values import to_raw, to_text
+from estuary.testing.formats import write_text
 
 from .ctr_datagen import (
     AVAZU_COLUMNS,
@@ -42,7 +43,6 @@ from .ctr_datagen import (
     avazu_rows,
     criteo_rows,
     join_rows,
-    write_text,
 )
 
 Row = list[str]

@@ -1,38 +1,15 @@
-"""One conformance suite for ``EmbeddingStore``: every store runs it."""
+"""Every in-process store (a shard, a table of 1 and of 4 shards) passes the
+``EmbeddingStore`` conformance suite (``estuary.testing.stores``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
-import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
 
-from estuary.config.spec import (
-    AdmissionSpec,
-    EvictionSpec,
-    InitializerSpec,
-    SparseOptimizerSpec,
-    TableSpec,
-)
-from estuary.embedding import EmbeddingShard, EmbeddingStore, EmbeddingTable
+from estuary.embedding import EmbeddingShard, EmbeddingTable
+from estuary.testing.stores import Factory, InProcessStoreConformance
 
-DIM = 8
-I64 = np.iinfo(np.int64)
-ODD_IDS = np.array([0, -1, 1, I64.min, I64.max, 42, -(2**50)], np.int64)
-
-
-BASE_SPEC = TableSpec(
-    dim=DIM,
-    initializer=InitializerSpec("uniform", 0.1),
-    optimizer=SparseOptimizerSpec(name="adam", lr=0.01),
-    initial_capacity_rows=4,
-)
-
-
-Factory = Callable[[TableSpec], EmbeddingShard | EmbeddingTable]
 STORES: dict[str, Factory] = {
     "shard": lambda spec: EmbeddingShard(spec, seed=5, name="t"),
     "table1": lambda spec: EmbeddingTable(spec, seed=5, name="t"),
@@ -40,189 +17,7 @@ STORES: dict[str, Factory] = {
 }
 
 
-@pytest.fixture(params=sorted(STORES))
-def make(request: pytest.FixtureRequest) -> Factory:
-    return STORES[request.param]
-
-
-def _store(make: Factory, **changes: Any) -> EmbeddingShard | EmbeddingTable:
-    store = make(replace(BASE_SPEC, **changes))
-    _typed: EmbeddingStore = store  # static check: the store satisfies the protocol
-    return store
-
-
-def test_eval_lookup_never_inserts_and_reads_the_unknown_row(make: Factory) -> None:
-    store = _store(make)
-    store.lookup(ODD_IDS[:3], train=True)
-    rows = store.lookup(np.array([99, 100, 0], np.int64), train=False)
-    assert len(store) == 3
-    assert not rows[:2].any()  # unknown row: zeros
-    np.testing.assert_array_equal(rows[2], store.lookup(ODD_IDS[:1], train=False)[0])
-    stats = store.stats()
-    assert (stats.rows, stats.lookups, stats.hits, stats.admissions) == (3, 7, 2, 3)
-
-
-def test_lookup_returns_fresh_float32_arrays(make: Factory) -> None:
-    store = _store(make)
-    rows = store.lookup(ODD_IDS, train=True)
-    assert rows.dtype == np.float32 and rows.shape == (ODD_IDS.size, DIM)
-    assert rows.flags.c_contiguous and rows.flags.owndata
-    before = rows.copy()
-    rows[:] = 123.0
-    np.testing.assert_array_equal(store.lookup(ODD_IDS, train=True), before)
-
-
-def test_lookup_into_out_writes_the_same_rows_as_a_fresh_array(make: Factory) -> None:
-    # Two stores with the same seed: one allocates, one writes into a reused
-    # buffer (a row slice of a bigger one), through inserts, duplicates and misses.
-    fresh, reused = _store(make), _store(make)
-    buffer = np.full((3 * ODD_IDS.size, DIM), np.nan, np.float32)
-    dup_new = np.array([7, 7, 8, 7, 8], np.int64)  # new ids, repeated in one batch
-    calls = [
-        (ODD_IDS, True),
-        (dup_new, True),
-        (np.concatenate([ODD_IDS, [1234, -99]]), False),  # two ids without a row
-        (np.concatenate([ODD_IDS[::-1], dup_new, [555]]), True),
-    ]
-    for ids, train in calls:
-        out = buffer[2 : 2 + ids.size]
-        got = reused.lookup(ids, train=train, out=out)
-        assert got is out
-        np.testing.assert_array_equal(got, fresh.lookup(ids, train=train))
-    assert np.isnan(buffer[:2]).all()  # nothing written outside ``out``
-    assert fresh.stats() == reused.stats()
-
-
-@pytest.mark.parametrize(
-    ("bad", "why"),
-    [
-        (np.zeros((ODD_IDS.size, DIM), np.float64), "float64"),
-        (np.zeros((ODD_IDS.size + 1, DIM), np.float32), rf"\({ODD_IDS.size + 1}, {DIM}\)"),
-        (np.zeros((ODD_IDS.size, 2 * DIM), np.float32)[:, :DIM], "c_contiguous=False"),
-        (np.zeros((ODD_IDS.size, DIM), np.float32).T.copy().T, "c_contiguous=False"),
-        (np.broadcast_to(np.float32(0), (ODD_IDS.size, DIM)), "writeable=False"),
-        ([[0.0] * DIM] * ODD_IDS.size, "list"),
-    ],
-)
-def test_lookup_rejects_an_out_it_cannot_write_into(make: Factory, bad: object, why: str) -> None:
-    store = _store(make)
-    with pytest.raises(ValueError, match=rf"shape \({ODD_IDS.size}, {DIM}\), got .*{why}"):
-        store.lookup(ODD_IDS, train=True, out=bad)  # type: ignore[arg-type]
-    assert len(store) == 0  # checked before anything is inserted
-
-
-def test_rows_survive_storage_growth(make: Factory) -> None:
-    store = _store(make)  # 4 rows pre-allocated
-    first = store.lookup(ODD_IDS, train=True)
-    store.lookup(np.arange(10_000, 30_000, dtype=np.int64), train=True)
-    assert len(store) == ODD_IDS.size + 20_000
-    np.testing.assert_array_equal(store.lookup(ODD_IDS, train=False), first)
-
-
-def test_apply_gradients_moves_only_the_given_rows(make: Factory) -> None:
-    store = _store(make, optimizer=SparseOptimizerSpec(name="sgd", lr=0.5))
-    before = store.lookup(ODD_IDS, train=True)
-    grads = np.ones((3, DIM), np.float32)
-    store.apply_gradients(ODD_IDS[[4, 0, 2]], grads)
-    after = store.lookup(ODD_IDS, train=False)
-    np.testing.assert_allclose(after[[4, 0, 2]], before[[4, 0, 2]] - 0.5)
-    np.testing.assert_array_equal(
-        np.delete(after, [4, 0, 2], axis=0), np.delete(before, [4, 0, 2], axis=0)
-    )
-    with pytest.raises(ValueError, match="grads must have shape"):
-        store.apply_gradients(ODD_IDS[:2], np.ones((2, DIM + 1), np.float32))
-
-
-def test_removed_ids_read_the_unknown_row_and_count_as_evictions(make: Factory) -> None:
-    store = _store(make)
-    store.lookup(ODD_IDS, train=True)
-    assert store.remove(ODD_IDS[:3]) == 3
-    assert not store.lookup(ODD_IDS[:3], train=False).any()
-    assert len(store) == ODD_IDS.size - 3 and store.stats().evictions == 3
-
-
-def _train(store: EmbeddingShard | EmbeddingTable, steps: int, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        ids = np.unique(rng.integers(-50, 50, size=40)).astype(np.int64)
-        store.lookup(ids, train=True)
-        store.apply_gradients(ids, rng.normal(size=(ids.size, DIM)).astype(np.float32))
-
-
-def test_state_dict_round_trip_through_safetensors(make: Factory, tmp_path: object) -> None:
-    kw = {"admission": AdmissionSpec(min_count=2)}
-    store = _store(make, **kw)
-    _train(store, steps=6, seed=0)
-    state = store.state_dict()
-    assert state["admission.ids"].size > 0  # some ids still pending
-    assert state["unknown.weights"].any()  # unknown row was trained
-    path = f"{tmp_path}/table.safetensors"
-    save_file(state, path)  # arrays are already contiguous and safetensors-typed
-    restored = _store(make, **kw)
-    restored.load_state_dict(load_file(path))
-    probe = np.arange(-60, 60, dtype=np.int64)
-    np.testing.assert_array_equal(
-        restored.lookup(probe, train=False), store.lookup(probe, train=False)
-    )
-    assert len(restored) == len(store)
-    assert restored.stats().pending_ids == store.stats().pending_ids
-    # Optimizer state and pending counts came back too: training continues identically.
-    _train(store, steps=3, seed=1)
-    _train(restored, steps=3, seed=1)
-    np.testing.assert_array_equal(
-        restored.lookup(probe, train=False), store.lookup(probe, train=False)
-    )
-    assert len(restored) == len(store)
-
-
-def test_capacity_bounds_rows_and_stats_add_up(make: Factory) -> None:
-    store = _store(make, eviction=EvictionSpec(capacity_rows=40))
-    rng = np.random.default_rng(0)
-    for step in range(20):
-        ids = np.concatenate([np.arange(step * 20, step * 20 + 20), rng.integers(0, 10, 5)])
-        ids = np.unique(ids).astype(np.int64)
-        store.lookup(ids, train=True)
-        store.apply_gradients(ids, np.ones((ids.size, DIM), np.float32))
-        assert len(store) <= 40
-    stats = store.stats()
-    assert stats.rows == len(store) and stats.evictions > 300
-    assert stats.admissions - stats.evictions == stats.rows
-    assert 0.0 < stats.hit_rate < 1.0 and stats.bytes > 0
-
-
-def test_sweep_applies_the_ttl_and_counts_evictions(make: Factory) -> None:
-    store = _store(make, eviction=EvictionSpec(ttl_steps=2, sweep_every_steps=1000))
-    store.lookup(ODD_IDS, train=True)
-    for _ in range(2):
-        store.advance_step()
-    assert store.sweep() == 0  # idle for 1 step only
-    store.advance_step()
-    assert store.sweep() == ODD_IDS.size and len(store) == 0
-    assert store.stats().evictions == ODD_IDS.size
-
-
-def test_pending_ids_are_counted_until_admitted(make: Factory) -> None:
-    store = _store(make, admission=AdmissionSpec(min_count=2))
-    store.lookup(ODD_IDS, train=True)
-    assert (store.stats().pending_ids, len(store)) == (ODD_IDS.size, 0)
-    store.lookup(ODD_IDS[:3], train=True)
-    assert (store.stats().pending_ids, len(store)) == (ODD_IDS.size - 3, 3)
-
-
-def test_snapshot_and_delta_restore_the_same_store(make: Factory) -> None:
-    kw = {
-        "admission": AdmissionSpec(min_count=2),
-        "eviction": EvictionSpec(capacity_rows=60, policy="lfu"),
-    }
-    store, replica = _store(make, **kw), _store(make, **kw)
-    _train(store, steps=6, seed=0)
-    replica.load_state_dict(store.state_dict())
-    _train(store, steps=6, seed=1)
-    store.remove(np.arange(-50, -40, dtype=np.int64))
-    replica.apply_delta(store.delta_state_dict())
-    probe = np.arange(-60, 60, dtype=np.int64)
-    np.testing.assert_array_equal(
-        replica.lookup(probe, train=False), store.lookup(probe, train=False)
-    )
-    assert len(replica) == len(store)
-    assert replica.stats().pending_ids == store.stats().pending_ids
+class TestInProcessStores(InProcessStoreConformance):
+    @pytest.fixture(params=sorted(STORES))
+    def make(self, request: pytest.FixtureRequest) -> Factory:
+        return STORES[request.param]

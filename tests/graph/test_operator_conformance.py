@@ -1,57 +1,15 @@
-"""The ``SourceOperator`` conformance suite: what the Timer, Driver and Progress
-rely on. Every operator (files, joins, and later stream connectors) subclasses
-``OperatorConformance`` and provides ``make(tmp_path) -> (operator, columns)``
-over data with at least two ready windows."""
+"""File sources and joins pass the ``SourceOperator`` conformance suite
+(``estuary.testing.operators``)."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
-import numpy as np
-
 from estuary.data.graph import FileSource, Joiner, SourceOperator, build_operators
+from estuary.testing.operators import OperatorConformance
 
 from .conftest import COLUMNS, dataset_job, source, write_hours
 from .test_joiner import clicks, impressions, join_job
-
-
-class OperatorConformance:
-    def make(self, tmp_path: Path) -> tuple[SourceOperator, list[str]]:
-        raise NotImplementedError
-
-    def test_tasks_are_lazy_ordered_and_named(self, tmp_path: Path) -> None:
-        op, _ = self.make(tmp_path)
-        tasks = list(itertools.islice(op.tasks(), 50))
-        assert tasks == sorted(tasks)
-        assert len({t.id for t in tasks}) == len(tasks)
-        assert all(t.stream == op.stream and t.source == op.name for t in tasks)
-        assert all(t.start_s < t.end_s for t in tasks)
-
-    def test_ready_tasks_list_splits_whose_rows_come_in_order(self, tmp_path: Path) -> None:
-        op, columns = self.make(tmp_path)
-        task = next(op.tasks())
-        assert op.check_ready(task).ready
-        splits = op.splits(task)
-        assert [s.index for s in splits] == list(range(len(splits)))
-        assert all(s.count == len(splits) and s.task == task for s in splits)
-        assert len({s.name for s in splits}) == len(splits)
-        context = op.prepare(task)
-        rows = []
-        for split in splits:
-            last = 0
-            for chunk in op.read(split, columns, context, 1 << 16):
-                assert set(columns) <= set(chunk.columns)
-                numbers = chunk.line_numbers
-                assert np.all(np.diff(numbers) > 0) and (numbers.size == 0 or numbers[0] > last)
-                last = int(numbers[-1]) if numbers.size else last
-                rows.append(chunk.num_rows)
-        assert sum(rows) > 0
-
-    def test_an_unready_task_says_what_it_waits_for(self, tmp_path: Path) -> None:
-        op, _ = self.make(tmp_path)
-        far = next(t for t in itertools.islice(op.tasks(), 100) if not op.check_ready(t).ready)
-        assert far.id in op.check_ready(far).waiting_for
 
 
 class TestFileSource(OperatorConformance):

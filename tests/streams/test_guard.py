@@ -19,8 +19,7 @@ from estuary.data.graph.types import Task
 from estuary.data.streams import StreamError, StreamMessage, StreamReader, get_backend
 from estuary.data.streams.guard import GuardedConnector
 from estuary.data.streams.memory import MemoryConnector, memory_stream
-
-from .conformance import COLUMNS, row
+from estuary.testing.streams import COLUMNS, row
 
 
 class Replaying(MemoryConnector):
@@ -110,8 +109,7 @@ def test_a_resumed_task_takes_its_splits_in_stream_order(kind: str, offsets: lis
     else:
         source = _stream_source("memory", url="memory://order", key="k")
     names = [
-        split_name(a, b, 1 if kind == "redis" else (b - a))
-        for a, b in itertools.pairwise(offsets)
+        split_name(a, b, 1 if kind == "redis" else (b - a)) for a, b in itertools.pairwise(offsets)
     ]
     task = Task(1_800_000_000, 0, "s", "live", 1_800_000_060)
     progress = Progress()

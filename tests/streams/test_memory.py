@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from .conformance import StreamConformance
+from estuary.testing.streams import StreamConformance
 
 
 @dataclass

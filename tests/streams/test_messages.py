@@ -16,8 +16,7 @@ from estuary.config.errors import ConfigError
 from estuary.data.decode import RowDecoder
 from estuary.data.formats.criteo_tsv import CRITEO_COLUMNS
 from estuary.data.streams import MessageParser, StreamMessage
-
-from .conformance import COLUMNS, SCHEMA
+from estuary.testing.streams import COLUMNS, SCHEMA
 
 
 def messages(payloads: list[bytes], first: int = 101) -> list[StreamMessage]:

@@ -6,8 +6,8 @@ import pytest
 
 from estuary.config.streams import StartPosition, StreamSourceSpec
 from estuary.data.streams import StreamError, StreamReader, open_publisher
+from estuary.testing.streams import COLUMNS, StreamConformance, new_target, read_rows, row
 
-from .conformance import COLUMNS, StreamConformance, new_target, read_rows, row
 from .conftest import Server
 
 

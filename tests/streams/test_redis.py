@@ -6,8 +6,8 @@ import pytest
 
 from estuary.config.streams import StreamSourceSpec
 from estuary.data.streams import StreamError, StreamReader
+from estuary.testing.streams import COLUMNS, StreamConformance, new_target, row, row_ids
 
-from .conformance import COLUMNS, StreamConformance, new_target, row, row_ids
 from .conftest import Server
 
 
@@ -79,8 +79,7 @@ def test_entries_deleted_before_reading_are_warned_about(redis_server: Server) -
 
     from estuary.config.streams import StartPosition
     from estuary.data.errors import DataWarning
-
-    from .conformance import read_rows
+    from estuary.testing.streams import read_rows
 
     key = new_target()
     client = redis.Redis(port=redis_server.port)

@@ -16,8 +16,7 @@ from estuary.config.errors import ConfigError
 from estuary.config.streams import StreamSourceSpec
 from estuary.data.streams import StreamError, StreamReader, get_backend, open_publisher
 from estuary.data.streams.memory import MemoryBackend
-
-from .conformance import COLUMNS, read_rows, row
+from estuary.testing.streams import COLUMNS, read_rows, row
 
 
 def test_builtin_backends_are_listed() -> None:

@@ -20,8 +20,7 @@ from estuary.data.errors import DataFileError
 from estuary.data.streams import StreamReader, open_publisher
 from estuary.data.streams.memory import memory_stream
 from estuary.data.streams.replay import TokenBucket, file_rows, replay
-
-from .conformance import read_rows
+from estuary.testing.streams import read_rows
 
 
 class FakeClock:

@@ -10,7 +10,7 @@ Backends (``nats``: JetStream, ``redis``: Redis Streams, ``memory``: in-process
 reference) are imported lazily from the table below, so the client packages are
 needed only by jobs that use them (``pip install 'estuary[streams]'``);
 ``register_backend`` adds more. Adding a broker = one module with a backend
-object + one line here + a subclass of ``tests/streams/conformance.py``.
+object + one line here + a subclass of ``estuary.testing.streams.StreamConformance``.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class StreamConnector(Protocol):
     Lifecycle: ``open(start)`` once, then ``read`` repeatedly, ``position()``
     whenever a checkpoint is taken, ``commit`` after it is saved, ``close()``.
     Implementations register by name in ``estuary.data.streams`` and pass the
-    conformance suite in ``tests/streams/conformance.py``.
+    conformance suite in ``estuary.testing.streams``.
     """
 
     kind: str

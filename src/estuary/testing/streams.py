@@ -1,5 +1,17 @@
 """One conformance suite for ``StreamConnector``: every backend subclasses it.
 
+    from estuary.testing.streams import StreamConformance
+
+    class TestKafkaConformance(StreamConformance):
+        kind = "kafka"              # the registered backend name
+        target_field = "topic"      # the StreamSourceSpec field naming the target
+
+        @pytest.fixture
+        def broker(self): ...       # .url, .kill(), .start()
+
+        @pytest.fixture
+        def fresh_broker(self): ... # one the test may SIGKILL and restart
+
 A subclass sets ``kind`` and ``target_field`` and provides two fixtures:
 ``broker`` (shared by the tests of a session) and ``fresh_broker`` (its own,
 for the tests that SIGKILL and restart it). Rows carry their id in the first
