@@ -45,6 +45,7 @@ from numba import njit
 from estuary.config.spec import SparseOptimizerSpec
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch_span
 from estuary.embedding.types import Float32Array, Int64Array
+from estuary.plugins import OPTIMIZERS
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -282,26 +283,26 @@ class SparseOptimizer(ABC):
         """One update of ``rows`` int64 (N,) (unique) with ``grads`` float32 (N, D)."""
 
 
-_REGISTRY: dict[str, type[SparseOptimizer]] = {}
-
-
 def register_optimizer(name: str) -> Callable[[type[SparseOptimizer]], type[SparseOptimizer]]:
-    """Class decorator: make an optimizer available as ``optimizer.name``."""
+    """Class decorator: make an optimizer available as ``optimizer.name``
+    (in ``estuary.plugins.OPTIMIZERS``)."""
 
     def wrap(cls: type[SparseOptimizer]) -> type[SparseOptimizer]:
-        _REGISTRY[name] = cls
+        OPTIMIZERS.register(name, cls)
         return cls
 
     return wrap
 
 
-def make_optimizer(spec: SparseOptimizerSpec, dim: int) -> SparseOptimizer:
-    """The registered optimizer named ``spec.name``, built for width ``dim``."""
-    try:
-        cls = _REGISTRY[spec.name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise ValueError(f"unknown sparse optimizer {spec.name!r}; registered: {known}") from None
+def make_optimizer(
+    spec: SparseOptimizerSpec, dim: int, where: str = "optimizer"
+) -> SparseOptimizer:
+    """The registered optimizer named ``spec.name``, built for width ``dim``.
+
+    Raises:
+        ConfigError: (a ``ValueError``) an unknown name, at ``{where}.name``.
+    """
+    cls: type[SparseOptimizer] = OPTIMIZERS.get(spec.name, f"{where}.name")
     return cls(spec, dim)
 
 
