@@ -9,10 +9,12 @@ documented in ``docs/job-spec.md``. Range checks live in each class's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from estuary.config.build import build_dataclass, deep_merge, describe_value, plain
 from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
@@ -479,10 +481,27 @@ class JobSpec:
 
     def table_spec(self, feature: str) -> TableSpec:
         """The table settings for one sparse feature (default + its override)."""
-        from estuary.config.loader import merge_table_spec
-
-        return merge_table_spec(
+        return merge_table(
             self.model.embedding.default,
             self.model.embedding.tables.get(feature, {}),
             f"model.embedding.tables.{feature}",
         )
+
+
+def merge_table(default: TableSpec, override: Mapping[str, Any], path: str) -> TableSpec:
+    """One table's settings: a partial table dict merged over ``default``.
+
+    Nested sections merge field by field, so ``{"optimizer": {"lr": 0.1}}`` keeps
+    the default optimizer's name and other settings.
+
+    Args:
+        default: ``model.embedding.default``.
+        override: the table's entry in ``model.embedding.tables`` (may be empty).
+        path: dotted path of the entry, e.g. ``model.embedding.tables.C1``.
+
+    Raises:
+        ConfigError: naming the field path inside ``path``.
+    """
+    if not isinstance(override, Mapping):
+        raise ConfigError(path, f"expected mapping, got {describe_value(override)}")
+    return build_dataclass(TableSpec, deep_merge(plain(default), override), path)

@@ -1,10 +1,11 @@
 """Job-spec section for one live stream source (NATS JetStream, Redis Streams).
 
-Self-contained (it imports only ``config.errors``) so that the dataset ->
-streams -> sources layer (``config.dataset``) can plug it in: a ``type: stream``
-source's ``stream`` section is one (docs/data.md). It is also built on its own::
+Self-contained (it imports only ``config.errors`` and the generic builder
+``config.build``) so that the dataset -> streams -> sources layer
+(``config.dataset``) can plug it in: a ``type: stream`` source's ``stream``
+section is one (docs/data.md). It is also built on its own::
 
-    from estuary.config.loader import build_dataclass
+    from estuary.config.build import build_dataclass
     spec = build_dataclass(StreamSourceSpec, {"kind": "nats", "url": ..., ...}, "stream")
 
 or with ``stream_source_from_dict``. The loader checks types and unknown keys;
@@ -19,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from estuary.config.build import build_dataclass
 from estuary.config.errors import ConfigError
 
 __all__ = [
@@ -234,10 +236,6 @@ def stream_source_from_dict(data: Mapping[str, Any], path: str = "stream") -> St
     Raises:
         ConfigError: naming the field path (``stream.start: ...``).
     """
-    # Imported here: this module imports only config.errors at load time, so that
-    # config.spec can import it (the loader imports config.spec).
-    from estuary.config.loader import build_dataclass
-
     if not isinstance(data, Mapping):
         raise ConfigError(path, "expected a mapping")
     return build_dataclass(StreamSourceSpec, dict(data), path)
