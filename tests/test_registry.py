@@ -39,7 +39,17 @@ def test_an_unknown_name_names_the_field_and_the_known_names() -> None:
     assert err.value.path == "x.numbers[0]"
     shaped: Registry[int] = Registry("number", unknown="unknown {kind} {name!r} ({known})")
     with pytest.raises(ConfigError, match=r"^y: unknown number 'three' \(none\)$"):
-        shaped.check("three", "y")
+        shaped.get("three", "y")
+
+
+def test_the_load_time_check_reads_like_a_closed_choice_in_registration_order() -> None:
+    reg: Registry[int] = Registry("number")
+    reg.register("two", 2)
+    reg.register("one", 1)
+    reg.check("one", "n")  # known: nothing raised, nothing imported
+    with pytest.raises(ConfigError) as err:
+        reg.check("tow", "x.n")
+    assert str(err.value) == "x.n: must be one of 'two', 'one'; got str 'tow' (did you mean 'two'?)"
 
 
 def test_a_module_attr_entry_is_imported_on_first_get_only(

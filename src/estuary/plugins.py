@@ -86,18 +86,18 @@ def _instance(reader: Any) -> Any:
 FORMATS: Registry[Any] = Registry("format", group="estuary.formats", adapt=_instance)
 FORMATS.register("criteo_tsv", "estuary.data.formats.criteo_tsv:CriteoTsvReader")
 FORMATS.register("csv", "estuary.data.formats.delimited:CsvReader")
-FORMATS.register("jsonl", "estuary.data.formats.jsonl:JsonlReader")
-FORMATS.register("parquet", "estuary.data.formats.parquet:ParquetReader")
 FORMATS.register("tsv", "estuary.data.formats.delimited:TsvReader")
+FORMATS.register("parquet", "estuary.data.formats.parquet:ParquetReader")
+FORMATS.register("jsonl", "estuary.data.formats.jsonl:JsonlReader")
 
 STREAM_BACKENDS: Registry[Any] = Registry("stream kind", group="estuary.streams")
-STREAM_BACKENDS.register("memory", "estuary.data.streams.memory:BACKEND")
 STREAM_BACKENDS.register(
     "nats", "estuary.data.streams.nats:BACKEND", extra="streams", package="nats-py"
 )
 STREAM_BACKENDS.register(
     "redis", "estuary.data.streams.redis:BACKEND", extra="streams", package="redis"
 )
+STREAM_BACKENDS.register("memory", "estuary.data.streams.memory:BACKEND")
 
 SOURCE_TYPES: Registry[Any] = Registry("source type", group="estuary.source_types")
 SOURCE_TYPES.register("files", "estuary.data.graph.sources:FileSource")

@@ -29,6 +29,7 @@ working. The registries of Estuary's plugin kinds are in ``estuary.plugins``.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import threading
@@ -36,7 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
-from estuary.config.errors import ConfigError
+from estuary.errors import ConfigError
 
 __all__ = ["PluginImportError", "Registry"]
 
@@ -186,10 +187,21 @@ class Registry(Generic[T]):
             return self._loaded[name]
 
     def check(self, name: str, where: str) -> None:
-        """Raise ``get``'s ``ConfigError`` when ``name`` is unknown; imports nothing."""
-        if name not in self:
-            known = ", ".join(self.names()) or "none"
-            raise ConfigError(where, self._unknown.format(kind=self.kind, name=name, known=known))
+        """The config loader's check of a job-file value naming an implementation;
+        imports nothing.
+
+        Raises:
+            ConfigError: ``name`` is unknown, worded like any closed choice in a
+                job file: ``where: must be one of 'sgd', 'adagrad', ...; got str
+                'adamw' (did you mean 'adam'?)``, the names in registration order.
+        """
+        if name in self:
+            return
+        self._discover()
+        choices = ", ".join(repr(n) for n in self._entries)
+        close = difflib.get_close_matches(name, list(self._entries), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(where, f"must be one of {choices}; got str {name!r}{hint}")
 
     def _import(self, name: str, entry: _Entry) -> T:
         target = entry.target

@@ -18,11 +18,15 @@ from estuary.config.build import build_dataclass, deep_merge, describe_value, pl
 from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
+from estuary.plugins import DENSE_OPTIMIZERS, FORMATS, INITIALIZERS, MODELS, OPTIMIZERS
 
+# The built-in names of plugin kinds. A job file may name any registered
+# implementation (``estuary.plugins``): these fields are typed ``str`` and checked
+# against the registry at load.
 InitializerName = Literal["uniform", "normal", "truncated_normal", "zeros"]
 OptimizerName = Literal["sgd", "adagrad", "adam", "ftrl"]
-PoolingName = Literal["sum", "mean", "none"]
 FormatName = Literal["criteo_tsv", "csv", "tsv", "parquet", "jsonl"]
+PoolingName = Literal["sum", "mean", "none"]
 TrainMode = Literal["sync", "hybrid", "async"]
 
 
@@ -32,15 +36,17 @@ class InitializerSpec:
 
     Args:
         name: ``uniform`` (in ``[-scale, scale]``), ``normal`` / ``truncated_normal``
-            (mean 0, std ``scale``; truncated at 2 std), or ``zeros``.
+            (mean 0, std ``scale``; truncated at 2 std), ``zeros``, or another
+            registered initializer (``register_initializer``).
         scale: bound (uniform) or standard deviation (normal). ``None`` means
             ``1 / sqrt(dim)``.
     """
 
-    name: InitializerName = "uniform"
+    name: str = "uniform"
     scale: float | None = None
 
     def validate(self, path: str) -> None:
+        INITIALIZERS.check(self.name, f"{path}.name")
         if self.scale is not None and self.scale < 0:
             raise ConfigError(f"{path}.scale", "must be >= 0")
 
@@ -50,7 +56,8 @@ class SparseOptimizerSpec:
     """Row-wise optimizer applied inside the embedding table.
 
     Args:
-        name: ``sgd``, ``adagrad``, ``adam`` or ``ftrl``.
+        name: ``sgd``, ``adagrad``, ``adam``, ``ftrl``, or another registered
+            optimizer (``register_optimizer``).
         lr: learning rate (> 0).
         eps: numerical floor in the denominator (adagrad, adam).
         initial_accumulator: starting value of adagrad's squared-gradient sum.
@@ -63,7 +70,7 @@ class SparseOptimizerSpec:
         clip: if set, row values are clipped to ``[-clip, clip]`` after each update.
     """
 
-    name: OptimizerName = "adagrad"
+    name: str = "adagrad"
     lr: float = 0.05
     eps: float = 1e-8
     initial_accumulator: float = 0.0
@@ -76,6 +83,7 @@ class SparseOptimizerSpec:
     clip: float | None = None
 
     def validate(self, path: str) -> None:
+        OPTIMIZERS.check(self.name, f"{path}.name")
         if self.lr <= 0:
             raise ConfigError(f"{path}.lr", "must be > 0")
         if self.eps <= 0:
@@ -215,7 +223,8 @@ class ModelSpec:
     """The network.
 
     Args:
-        type: registered model name (``dlrm``, ``deepfm``, ``dcnv2``, ``logreg``).
+        type: registered model name (``dlrm``, ``deepfm``, ``dcnv2``, ``logreg``,
+            or one added with ``register_model``).
         params: keyword arguments for that model's constructor (see docs/job-spec.md).
         embedding: sparse tables.
     """
@@ -223,6 +232,9 @@ class ModelSpec:
     type: str = "dlrm"
     params: dict[str, Any] = field(default_factory=dict)
     embedding: EmbeddingSpec = field(default_factory=EmbeddingSpec)
+
+    def validate(self, path: str) -> None:
+        MODELS.check(self.type, f"{path}.type")
 
 
 @dataclass(frozen=True)
@@ -233,16 +245,20 @@ class SourceSpec:
         path: file path or glob; relative paths resolve against the job file.
         format: ``criteo_tsv`` (40 tab-separated columns, no header), ``csv``/``tsv``
             (with a header row), ``parquet`` (columns by name; "line" = row number)
-            or ``jsonl`` (one JSON object per line, keys = columns). See docs/data.md.
+            or ``jsonl`` (one JSON object per line, keys = columns), or another
+            registered format (``register_format``). See docs/data.md.
         columns: column names for header-less formats; ``criteo_tsv`` defaults to
             ``label, I1..I13, C1..C26``.
         compression: ``auto`` (by file suffix), ``none``, ``gzip`` or ``zstd``.
     """
 
     path: str
-    format: FormatName = "criteo_tsv"
+    format: str = "criteo_tsv"
     columns: list[str] | None = None
     compression: Literal["auto", "none", "gzip", "zstd"] = "auto"
+
+    def validate(self, path: str) -> None:
+        FORMATS.check(self.format, f"{path}.format")
 
 
 @dataclass(frozen=True)
@@ -318,16 +334,18 @@ class DenseOptimizerSpec:
     """Optimizer for the dense (torch) parameters.
 
     Args:
-        name: ``adam``, ``adamw``, ``adagrad`` or ``sgd``.
+        name: ``adam``, ``adamw``, ``adagrad``, ``sgd`` (torch.optim), or another
+            name in ``estuary.plugins.DENSE_OPTIMIZERS``.
         lr: learning rate (> 0).
         weight_decay: L2 / decoupled weight decay.
     """
 
-    name: Literal["adam", "adamw", "adagrad", "sgd"] = "adam"
+    name: str = "adam"
     lr: float = 1e-3
     weight_decay: float = 0.0
 
     def validate(self, path: str) -> None:
+        DENSE_OPTIMIZERS.check(self.name, f"{path}.name")
         if self.lr <= 0:
             raise ConfigError(f"{path}.lr", "must be > 0")
         if self.weight_decay < 0:
