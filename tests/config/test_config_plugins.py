@@ -35,7 +35,9 @@ def registered() -> Iterator[list[tuple[Registry[Any], str]]]:
 
 
 def _add(added: list[tuple[Registry[Any], str]], registry: Registry[Any], name: str) -> None:
-    registry.register(name, object())
+    # An optimizer's parameters are read at load: it must be a real implementation.
+    real = "estuary.embedding.optimizers:SGD" if registry is plugins.OPTIMIZERS else object()
+    registry.register(name, real)
     added.append((registry, name))
 
 
@@ -110,3 +112,39 @@ def test_an_entry_point_plugin_is_named_from_a_job_file(
         assert "my_towers" not in sys.modules  # named and checked, not imported
     finally:
         plugins.MODELS.unregister("my_tower")
+
+
+def test_a_parameter_of_another_optimizer_is_an_error_naming_its_parameters() -> None:
+    optimizer = {"name": "adagrad", "lr": 0.1, "beta1": 0.8}
+    data = job(model={"embedding": {"default": {"optimizer": optimizer}}})
+    with pytest.raises(ConfigError) as err:
+        job_from_dict(data)
+    assert str(err.value) == (
+        "model.embedding.default.optimizer.beta1: not a parameter of optimizer 'adagrad' "
+        "(its parameters: lr, weight_decay, clip, eps, initial_accumulator)"
+    )
+    optimizer["name"] = "adam"  # adam reads beta1
+    assert job_from_dict(data).table_spec("C1").optimizer.beta1 == 0.8
+
+
+def test_a_table_switching_optimizer_keeps_only_the_default_parameters_it_reads() -> None:
+    default = {"optimizer": {"name": "adagrad", "lr": 0.2, "initial_accumulator": 0.1}}
+    tables = {"C1": {"optimizer": {"name": "adam", "beta2": 0.99}}}
+    spec = job_from_dict(job(model={"embedding": {"default": default, "tables": tables}}))
+    table = spec.table_spec("C1").optimizer
+    assert (table.name, table.lr, table.beta2) == ("adam", 0.2, 0.99)
+    assert table.initial_accumulator == 0.0  # adagrad's, back to its default
+    tables["C1"]["optimizer"]["l1"] = 0.5  # written for this table: checked
+    with pytest.raises(ConfigError, match=r"^model\.embedding\.tables\.C1\.optimizer\.l1: not a"):
+        job_from_dict(job(model={"embedding": {"default": default, "tables": tables}}))
+
+
+def test_an_optimizer_reads_its_typed_parameters() -> None:
+    from estuary.config import SparseOptimizerSpec
+    from estuary.embedding.optimizers import AdamParams, make_optimizer
+
+    adam = make_optimizer(SparseOptimizerSpec(name="adam", lr=0.5, beta1=0.7), dim=4)
+    assert adam.params == AdamParams(
+        lr=0.5, weight_decay=0.0, clip=None, beta1=0.7, beta2=0.999, eps=1e-8
+    )
+    assert type(adam).parameters() == ("lr", "weight_decay", "clip", "beta1", "beta2", "eps")

@@ -157,6 +157,7 @@ def test_to_dict_rejects_non_specs() -> None:
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+_OWN = {"sgd": (), "adagrad": (), "adam": ("beta1", "beta2"), "ftrl": ("lr_power",)}
 unit = st.floats(min_value=0.0, max_value=0.99, allow_nan=False)
 tables = st.builds(
     TableSpec,
@@ -167,7 +168,13 @@ tables = st.builds(
         scale=st.none() | st.floats(0, 10),
     ),
     optimizer=st.builds(
-        SparseOptimizerSpec,
+        lambda name, lr, clip, **own: SparseOptimizerSpec(
+            # Only the optimizer's own parameters: another's is an error at load.
+            name=name,
+            lr=lr,
+            clip=clip,
+            **{k: v for k, v in own.items() if k in _OWN[name]},
+        ),
         name=st.sampled_from(["sgd", "adagrad", "adam", "ftrl"]),
         lr=st.floats(1e-6, 10),
         beta1=unit,

@@ -9,6 +9,7 @@ documented in ``docs/job-spec.md``. Range checks live in each class's
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,10 @@ class InitializerSpec:
 class SparseOptimizerSpec:
     """Row-wise optimizer applied inside the embedding table.
 
+    The section is flat in the job file; each optimizer declares which of these
+    parameters it reads (``SparseOptimizer.params_type`` in the embedding layer),
+    and setting another one (``beta1`` for ``adagrad``) is an error at load.
+
     Args:
         name: ``sgd``, ``adagrad``, ``adam``, ``ftrl``, or another registered
             optimizer (``register_optimizer``).
@@ -84,6 +89,14 @@ class SparseOptimizerSpec:
 
     def validate(self, path: str) -> None:
         OPTIMIZERS.check(self.name, f"{path}.name")
+        own = optimizer_parameters(self.name)
+        for f in dataclasses.fields(self):
+            if f.name != "name" and f.name not in own and getattr(self, f.name) != f.default:
+                raise ConfigError(
+                    f"{path}.{f.name}",
+                    f"not a parameter of optimizer {self.name!r} (its parameters: "
+                    f"{', '.join(own)})",
+                )
         if self.lr <= 0:
             raise ConfigError(f"{path}.lr", "must be > 0")
         if self.eps <= 0:
@@ -522,4 +535,32 @@ def merge_table(default: TableSpec, override: Mapping[str, Any], path: str) -> T
     """
     if not isinstance(override, Mapping):
         raise ConfigError(path, f"expected mapping, got {describe_value(override)}")
-    return build_dataclass(TableSpec, deep_merge(plain(default), override), path)
+    merged = deep_merge(plain(default), override)
+    optimizer = override.get("optimizer")
+    if isinstance(optimizer, Mapping) and isinstance(merged.get("optimizer"), dict):
+        _keep_own_parameters(merged["optimizer"], optimizer, default.optimizer.name)
+    return build_dataclass(TableSpec, merged, path)
+
+
+def optimizer_parameters(name: str) -> tuple[str, ...]:
+    """The ``optimizer`` parameters the registered sparse optimizer ``name`` reads
+    (imports its implementation)."""
+    own: tuple[str, ...] = OPTIMIZERS.get(name).parameters()
+    return own
+
+
+def _keep_own_parameters(
+    merged: dict[str, Any], override: Mapping[str, Any], default_name: str
+) -> None:
+    """A table that switches optimizer keeps only the default section's parameters
+    the new one reads (``lr`` carries over; adagrad's ``initial_accumulator`` does
+    not reach an ``sgd`` table); the others return to their defaults. Parameters
+    the override sets itself are kept and checked."""
+    name = override.get("name", default_name)
+    if name == default_name or not isinstance(name, str) or name not in OPTIMIZERS:
+        return
+    own = optimizer_parameters(name)
+    fresh = plain(SparseOptimizerSpec())
+    for key in list(merged):
+        if key != "name" and key not in own and key not in override and key in fresh:
+            merged[key] = fresh[key]
