@@ -209,7 +209,7 @@ def _check_embedding(job: JobSpec) -> None:
             group_of[feature] = group
 
     names = [*sparse, *embedding.shared]
-    for name, override in embedding.tables.items():
+    for name in embedding.tables:
         where = f"model.embedding.tables.{name}"
         if name not in names:
             also = " or shared table (model.embedding.shared)" if embedding.shared else ""
@@ -222,7 +222,8 @@ def _check_embedding(job: JobSpec) -> None:
                 where,
                 f"reads shared table {group!r}; configure model.embedding.tables.{group} instead",
             )
-        merge_table_spec(embedding.default, override, where)
+    # Every table's settings are resolved once, here at load; a wrong override names its path.
+    _ = job.tables
 
 
 def job_from_dict(data: Mapping[str, Any], base_dir: str | Path = Path(".")) -> JobSpec:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -510,13 +511,39 @@ class JobSpec:
         p = Path(path).expanduser()
         return (p if p.is_absolute() else (self.base_dir / p)).resolve()
 
-    def table_spec(self, feature: str) -> TableSpec:
-        """The table settings for one sparse feature (default + its override)."""
-        return merge_table(
-            self.model.embedding.default,
-            self.model.embedding.tables.get(feature, {}),
-            f"model.embedding.tables.{feature}",
-        )
+    @cached_property
+    def tables(self) -> dict[str, TableSpec]:
+        """Every embedding table's settings, by table name, in feature order: one
+        table per sparse feature (``data.schema.sparse``, then derived features),
+        or one per ``model.embedding.shared`` group, named by the group.
+
+        Each is ``model.embedding.default`` merged with the table's entry in
+        ``model.embedding.tables``, resolved once: the loader resolves them when
+        it builds the job (so a wrong override fails at load), and every user
+        (trainer, parameter server, checkpoints) looks them up here.
+
+        Raises:
+            ConfigError: a table's override is wrong (path inside
+                ``model.embedding.tables.<table>``).
+        """
+        embedding = self.model.embedding
+        group_of = {m: group for group, members in embedding.shared.items() for m in members}
+        schema = self.data.schema
+        features = [*schema.sparse, *(feature.name for feature in schema.features)]
+        out: dict[str, TableSpec] = {}
+        for name in dict.fromkeys(group_of.get(f, f) for f in features):
+            override = embedding.tables.get(name)
+            out[name] = (
+                embedding.default
+                if override is None
+                else merge_table(embedding.default, override, f"model.embedding.tables.{name}")
+            )
+        return out
+
+    def table_spec(self, table: str) -> TableSpec:
+        """The settings of one table (a sparse feature's, or a shared group's), as
+        resolved at load (``tables``); ``model.embedding.default`` for any other name."""
+        return self.tables.get(table, self.model.embedding.default)
 
 
 def merge_table(default: TableSpec, override: Mapping[str, Any], path: str) -> TableSpec:
