@@ -137,6 +137,18 @@ def test_a_broken_entry_without_an_extra_raises_the_import_error(
         reg.get("b")
 
 
+def test_registering_is_the_decorator_form_of_register() -> None:
+    reg: Registry[object] = Registry("model")
+
+    @reg.registering("tiny")
+    class Tiny:
+        pass
+
+    assert reg.get("tiny") is Tiny
+    reg.unregister("tiny")
+    assert reg.names() == []
+
+
 def test_a_lazy_entry_must_name_module_and_attribute() -> None:
     with pytest.raises(ValueError, match="expected 'module:attr'"):
         Registry("thing").register("x", "no_colon_here")

@@ -9,22 +9,30 @@ a miss or when the names are listed::
 
     OPTIMIZERS = Registry("sparse optimizer", group="estuary.optimizers")
     OPTIMIZERS.register("adagrad", "estuary.embedding.optimizers:Adagrad")
-    OPTIMIZERS.register("nats", "estuary.data.streams.nats:BACKEND",
-                        extra="streams", package="nats-py")
     cls = OPTIMIZERS.get("adagrad", where="model.embedding.default.optimizer.name")
     OPTIMIZERS.names()   # ['adagrad', ...], entry points included, nothing imported
+
+    BACKENDS = Registry("stream kind", group="estuary.streams")
+    BACKENDS.register("nats", "estuary.data.streams.nats:BACKEND",
+                      extra="streams", package="nats-py")
+    BACKENDS.get("nats")  # without nats-py: PluginImportError "stream kind 'nats'
+                          # needs the 'nats-py' package: pip install 'estuary[streams]' ..."
 
 A third-party package declares, in its ``pyproject.toml``::
 
     [project.entry-points."estuary.optimizers"]
-    lion = "my_package.lion:Lion"
+    sign_sgd = "sign_sgd_estuary.optim:SignSGD"
 
-An unknown name is a ``ConfigError`` naming the field path and the known names
-(``model.embedding.default.optimizer.name: sparse optimizer 'lamb' is unknown
-(available: adagrad, adam, ftrl, sgd)``). The registry also reads like a dict
-(``name in r``, ``r[name]``, ``r[name] = obj``, ``del r[name]``, ``list(r)``),
-so the module-level dicts it replaced (``MODELS``, ``TRANSFORMS``, ...) keep
-working. The registries of Estuary's plugin kinds are in ``estuary.plugins``.
+An unknown name is a ``ConfigError`` naming the field path and the known names:
+``get`` says ``model.embedding.default.optimizer.name: sparse optimizer 'lamb' is
+unknown (available: adagrad, adam, ftrl, sgd)``; ``check``, which the config
+loader runs on every name in a job file, words it like any closed choice there
+(``must be one of 'sgd', 'adagrad', 'adam', 'ftrl'; got str 'lamb'``).
+
+The registry also reads like a dict (``name in r``, ``r[name]``, ``r[name] =
+obj``, ``del r[name]``, ``list(r)``), so the module-level dicts it replaced
+(``MODELS``, ``TRANSFORMS``, ...) keep working. The registries of Estuary's
+plugin kinds are in ``estuary.plugins``.
 """
 
 from __future__ import annotations
