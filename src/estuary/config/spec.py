@@ -27,8 +27,8 @@ from estuary.plugins import DENSE_OPTIMIZERS, FORMATS, INITIALIZERS, MODELS, OPT
 # against the registry at load.
 InitializerName = Literal["uniform", "normal", "truncated_normal", "zeros"]
 OptimizerName = Literal["sgd", "adagrad", "adam", "ftrl"]
-FormatName = Literal["criteo_tsv", "csv", "tsv", "parquet", "jsonl"]
 PoolingName = Literal["sum", "mean", "none"]
+FormatName = Literal["criteo_tsv", "csv", "tsv", "parquet", "jsonl"]
 TrainMode = Literal["sync", "hybrid", "async"]
 
 
@@ -66,7 +66,7 @@ class SparseOptimizerSpec:
             optimizer (``register_optimizer``).
         lr: learning rate (> 0).
         eps: numerical floor in the denominator (adagrad, adam).
-        initial_accumulator: starting value of adagrad's squared-gradient sum.
+        initial_accumulator: starting value of the squared-gradient sum (adagrad, ftrl).
         beta1: adam first-moment decay.
         beta2: adam second-moment decay.
         l1: ftrl L1 strength.
