@@ -157,6 +157,7 @@ def test_to_dict_rejects_non_specs() -> None:
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+_OWN = {"sgd": (), "adagrad": (), "adam": ("beta1", "beta2"), "ftrl": ("lr_power",)}
 unit = st.floats(min_value=0.0, max_value=0.99, allow_nan=False)
 tables = st.builds(
     TableSpec,
@@ -167,7 +168,13 @@ tables = st.builds(
         scale=st.none() | st.floats(0, 10),
     ),
     optimizer=st.builds(
-        SparseOptimizerSpec,
+        lambda name, lr, clip, **own: SparseOptimizerSpec(
+            # Only the optimizer's own parameters: another's is an error at load.
+            name=name,
+            lr=lr,
+            clip=clip,
+            **{k: v for k, v in own.items() if k in _OWN[name]},
+        ),
         name=st.sampled_from(["sgd", "adagrad", "adam", "ftrl"]),
         lr=st.floats(1e-6, 10),
         beta1=unit,
@@ -196,3 +203,28 @@ def test_full_table_dict_over_any_default_gives_that_table(table: TableSpec) -> 
     assert merge_table_spec(DEFAULT, to_dict(table), "t") == table
     job = job_from_dict(job_with({"default": to_dict(table)}))
     assert job_from_dict(to_dict(job)) == job
+
+
+def test_table_settings_are_resolved_once_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import estuary.config.spec as spec_module
+
+    merges: list[str] = []
+    real = spec_module.merge_table
+
+    def counting(default: TableSpec, override: dict[str, Any], path: str) -> TableSpec:
+        merges.append(path)
+        return real(default, override, path)
+
+    monkeypatch.setattr(spec_module, "merge_table", counting)
+    embedding = {
+        "default": {"dim": 4},
+        "tables": {"C2": {"dim": 8}, "ids": {"dim": 2}},
+        "shared": {"ids": ["C1", "C3"]},
+    }
+    job = job_from_dict(job_with(embedding))
+    assert merges == ["model.embedding.tables.ids", "model.embedding.tables.C2"]
+    assert {name: t.dim for name, t in job.tables.items()} == {"ids": 2, "C2": 8}
+    for _ in range(3):  # the trainer, the parameter server and checkpoints look up
+        assert job.table_spec("C2").dim == 8 and job.table_spec("ids").dim == 2
+    assert job.table_spec("C1") == job.model.embedding.default  # not a table name
+    assert len(merges) == 2

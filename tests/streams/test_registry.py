@@ -36,7 +36,7 @@ def test_a_missing_client_package_says_what_to_install(monkeypatch: pytest.Monke
             raise ModuleNotFoundError("No module named 'nats'", name="nats")
         return real(name, *args)
 
-    monkeypatch.setattr(streams, "_REGISTERED", {})
+    monkeypatch.setattr(streams, "BACKENDS", streams.BACKENDS.copy())  # nats not yet imported
     monkeypatch.setattr(importlib, "import_module", without_nats)
     with pytest.raises(StreamError, match=r"needs the 'nats-py' package: pip install"):
         get_backend("nats")
@@ -46,7 +46,7 @@ def test_a_registered_backend_is_used_by_name(monkeypatch: pytest.MonkeyPatch) -
     class Mine(MemoryBackend):
         name = "mine"
 
-    monkeypatch.setattr(streams, "_REGISTERED", dict(streams._REGISTERED))
+    monkeypatch.setattr(streams, "BACKENDS", streams.BACKENDS.copy())
     streams.register_backend(Mine())
     assert "mine" in streams.available_backends()
     key = uuid.uuid4().hex

@@ -6,7 +6,7 @@ Typical use::
 
     job = load_job("examples/criteo/job.yaml", overrides=["train.epochs=3"])
     job.resolve(job.data.sources[0].path)  # relative to the job file's folder
-    job.table_spec("C1")                   # default table merged with its override
+    job.table_spec("C1")                   # default merged with its override, at load
 
 Every mistake raises ``ConfigError`` whose message starts with the field path
 (``train.batch_size: expected int, got str 'abc'``). See ``docs/job-spec.md``.

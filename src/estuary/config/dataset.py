@@ -38,6 +38,7 @@ from typing import Literal
 
 from estuary.config.errors import ConfigError
 from estuary.config.streams import StreamSourceSpec
+from estuary.plugins import FORMATS, SOURCE_TYPES
 
 __all__ = [
     "PLACEHOLDERS",
@@ -52,6 +53,7 @@ __all__ = [
     "pattern_step_s",
 ]
 
+# The built-in formats; ``format`` takes any registered one (``estuary.plugins``).
 # Keep in step with ``spec.FormatName`` (a test checks they agree).
 DatasetFormatName = Literal["criteo_tsv", "csv", "tsv", "parquet", "jsonl"]
 
@@ -134,8 +136,8 @@ class BatchSourceSpec:
     name: str
     path: str = ""
     start: str = ""
-    type: Literal["files", "stream"] = "files"
-    format: DatasetFormatName = "criteo_tsv"
+    type: str = "files"
+    format: str = "criteo_tsv"
     columns: list[str] | None = None
     compression: Literal["auto", "none", "gzip", "zstd"] = "auto"
     success_marker: str | None = "_SUCCESS"
@@ -160,9 +162,13 @@ class BatchSourceSpec:
     def validate(self, path: str) -> None:
         if not self.name or "/" in self.name or "@" in self.name:
             raise ConfigError(f"{path}.name", "must be a non-empty name without '/' or '@'")
+        SOURCE_TYPES.check(self.type, f"{path}.type")
         if self.type == "stream":
             self._validate_stream(path)
             return
+        FORMATS.check(self.format, f"{path}.format")
+        if self.type != "files":
+            return  # a plugin source type: its operator checks its own fields
         if self.stream is not None:
             raise ConfigError(f"{path}.stream", "only for type 'stream'")
         for name in ("path", "start"):

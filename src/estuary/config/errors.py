@@ -1,13 +1,8 @@
-"""Errors raised while reading a job specification."""
+"""Errors raised while reading a job specification (``ConfigError``, defined in
+``estuary.errors`` so that the plugin registries can raise it too)."""
 
 from __future__ import annotations
 
+from estuary.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A job-spec value is wrong. ``path`` is the dotted field path
-    (``model.embedding.default.dim``); the message reads ``path: reason``."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"{path}: {reason}" if path else reason)
+__all__ = ["ConfigError"]

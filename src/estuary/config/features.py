@@ -28,9 +28,11 @@ from itertools import pairwise
 from typing import Literal
 
 from estuary.config.errors import ConfigError
+from estuary.plugins import FEATURE_KINDS
 
 __all__ = ["FEATURE_KIND_FIELDS", "FeatureKindName", "FeatureSpec"]
 
+# The built-in kinds; ``kind`` takes any registered one (``estuary.plugins``).
 FeatureKindName = Literal["cross", "bucketize", "modulo", "sequence", "transform"]
 
 
@@ -44,6 +46,11 @@ class _KindRule:
     optional: tuple[str, ...] = ()
 
 
+# A registered kind of another name: one or more columns, any kind field (its
+# ``build`` checks the ones it reads).
+_PLUGIN_RULE = _KindRule(
+    1, None, optional=("boundaries", "modulo", "delimiter", "max_length", "transform")
+)
 _RULES: dict[str, _KindRule] = {
     "cross": _KindRule(2, None),
     "bucketize": _KindRule(1, 1, required=("boundaries",)),
@@ -70,7 +77,8 @@ class FeatureSpec:
         name: the feature's name (its embedding table and hash seed); must not
             clash with a column in ``data.schema.dense`` / ``sparse`` or another
             derived feature.
-        kind: ``cross``, ``bucketize``, ``modulo``, ``sequence`` or ``transform``.
+        kind: ``cross``, ``bucketize``, ``modulo``, ``sequence``, ``transform``, or
+            another registered kind (``register_feature_kind``).
         columns: the raw input columns (``cross``: two or more, others: one).
         boundaries: ``bucketize``: strictly increasing bucket boundaries; bucket i
             holds ``boundaries[i-1] <= x < boundaries[i]`` (lower bound inclusive).
@@ -82,7 +90,7 @@ class FeatureSpec:
     """
 
     name: str
-    kind: FeatureKindName
+    kind: str
     columns: list[str] = field(default_factory=list)
     boundaries: list[float] | None = None
     modulo: int | None = None
@@ -93,7 +101,8 @@ class FeatureSpec:
     def validate(self, path: str) -> None:
         if not self.name:
             raise ConfigError(f"{path}.name", "must not be empty")
-        rule = _RULES[self.kind]
+        FEATURE_KINDS.check(self.kind, f"{path}.kind")
+        rule = _RULES.get(self.kind, _PLUGIN_RULE)
         n = len(self.columns)
         if n < rule.min_columns or (rule.max_columns is not None and n > rule.max_columns):
             want = (

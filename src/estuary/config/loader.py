@@ -26,22 +26,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
-import math
 import re
-import reprlib
-import types
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import date
-from functools import cache
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+from typing import Any, cast
 
 import yaml
 
+from estuary.config.build import (
+    build_dataclass,
+    describe_value,
+    join_path,
+    plain,
+    suggest,
+)
 from estuary.config.dataset import BatchSourceSpec
 from estuary.config.errors import ConfigError
-from estuary.config.spec import JobSpec, SourceSpec, TableSpec
+from estuary.config.spec import JobSpec, SourceSpec, merge_table
 
 __all__ = [
     "apply_overrides",
@@ -51,210 +52,6 @@ __all__ = [
     "merge_table_spec",
     "to_dict",
 ]
-
-T = TypeVar("T")
-
-_NoneType = type(None)
-_repr = reprlib.Repr()
-_repr.maxstring = 60
-_repr.maxother = 60
-_repr.maxlist = 6
-_repr.maxdict = 4
-
-
-# ---------------------------------------------------------------------------
-# Generic builder: dict -> dataclass, by type hints.
-# ---------------------------------------------------------------------------
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _suggest(word: str, options: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for a near miss, else ``""``."""
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _describe_value(value: Any) -> str:
-    """How a wrong value reads in an error: ``str 'abc'``, ``bool True``, ``null``."""
-    if value is None:
-        return "null"
-    if isinstance(value, Mapping):
-        return "mapping"
-    if isinstance(value, list | tuple):
-        return f"list {_repr.repr(list(value))}"
-    return f"{type(value).__name__} {_repr.repr(value)}"
-
-
-def _describe_type(tp: Any) -> str:
-    """How an expected type reads in an error: ``int``, ``list of str``, ``int or null``."""
-    origin = get_origin(tp)
-    if tp is Any:
-        return "any value"
-    if tp is _NoneType:
-        return "null"
-    if tp is Path:
-        return "str (a path)"
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return "mapping"
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(tp))
-    if origin is list:
-        return f"list of {_describe_type(get_args(tp)[0])}"
-    if origin is dict:
-        return "mapping"
-    if origin in (Union, types.UnionType):
-        return " or ".join(_describe_type(a) for a in get_args(tp))
-    return getattr(tp, "__name__", str(tp))
-
-
-class _TypeMismatch(ConfigError):
-    """The value at ``path`` itself has the wrong type (not something inside it)."""
-
-
-def _mismatch(tp: Any, value: Any, path: str) -> _TypeMismatch:
-    return _TypeMismatch(path, f"expected {_describe_type(tp)}, got {_describe_value(value)}")
-
-
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    # spec.py uses ``from __future__ import annotations``; this evaluates the strings.
-    return get_type_hints(cls)
-
-
-def _convert(tp: Any, value: Any, path: str) -> Any:
-    """Check ``value`` against type ``tp`` and return it in its typed form."""
-    origin = get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        return _convert_union(tp, value, path)
-    if origin is Literal:
-        allowed = get_args(tp)
-        # Compare types too, so that True does not pass for Literal[1].
-        if any(type(value) is type(a) and value == a for a in allowed):
-            return value
-        hint = _suggest(value, [str(a) for a in allowed]) if isinstance(value, str) else ""
-        choices = ", ".join(repr(a) for a in allowed)
-        raise ConfigError(path, f"must be one of {choices}; got {_describe_value(value)}{hint}")
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if value is None:  # an empty section: all defaults
-            value = {}
-        elif isinstance(value, tp):  # an already-built section (Python API): re-check it
-            value = to_dict(value)
-        if not isinstance(value, Mapping):
-            raise _mismatch(tp, value, path)
-        return build_dataclass(tp, value, path)
-    if origin is list:
-        if not isinstance(value, list | tuple):
-            raise _mismatch(tp, value, path)
-        (item_tp,) = get_args(tp)
-        return [_convert(item_tp, item, f"{path}[{i}]") for i, item in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise _mismatch(tp, value, path)
-        key_tp, value_tp = get_args(tp)
-        out = {}
-        for key, item in value.items():
-            if key_tp is str and not isinstance(key, str):
-                raise ConfigError(path, f"keys must be strings, got {_describe_value(key)}")
-            out[key] = _convert(value_tp, item, _join(path, str(key)))
-        return out
-    return _convert_scalar(tp, value, path)
-
-
-def _convert_union(tp: Any, value: Any, path: str) -> Any:
-    args = get_args(tp)
-    arms = [a for a in args if a is not _NoneType]
-    if value is None:
-        if _NoneType in args:
-            return None
-        raise _mismatch(tp, value, path)
-    if len(arms) == 1:  # the common ``X | None``
-        try:
-            return _convert(arms[0], value, path)
-        except _TypeMismatch as err:
-            if err.path != path:  # something inside the value is wrong: say what
-                raise
-            raise _mismatch(tp, value, path) from None  # name the whole union
-    for arm in arms:
-        try:
-            return _convert(arm, value, path)
-        except ConfigError:
-            continue
-    raise _mismatch(tp, value, path)
-
-
-def _convert_scalar(tp: Any, value: Any, path: str) -> Any:
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                raise ConfigError(path, f"must be a finite number, got {value}")
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, date):  # YAML reads unquoted 2026-01-01 (and times) as dates
-            return value.isoformat()
-    elif tp is Path:
-        if isinstance(value, str | Path):
-            return Path(value)
-    else:
-        raise TypeError(f"{path}: the loader does not support type {tp!r}")
-    raise _mismatch(tp, value, path)
-
-
-def build_dataclass(cls: type[T], data: Mapping[str, Any], path: str, **loader_fields: Any) -> T:
-    """Build and validate dataclass ``cls`` from a mapping.
-
-    Args:
-        cls: a (frozen) dataclass whose fields are typed with the types above.
-        data: the section's keys and values, e.g. from YAML.
-        path: dotted path of the section, used in errors (``""`` for the top level).
-        **loader_fields: values for fields marked ``metadata={"yaml": False}``.
-
-    Raises:
-        ConfigError: naming the field path of the first wrong key or value.
-    """
-    fields = {f.name: f for f in dataclasses.fields(cast(Any, cls)) if f.init}
-    keys = [name for name, f in fields.items() if f.metadata.get("yaml", True)]
-    for key in data:
-        if not isinstance(key, str):
-            raise ConfigError(path, f"keys must be strings, got {_describe_value(key)}")
-        if key in keys:
-            continue
-        if key in fields:
-            raise ConfigError(_join(path, key), "is set by the loader, not in the job file")
-        raise ConfigError(_join(path, key), f"unknown key{_suggest(key, keys)}")
-
-    hints = _hints(cast(type, cls))
-    kwargs: dict[str, Any] = dict(loader_fields)
-    for name in keys:
-        f = fields[name]
-        if name in data:
-            kwargs[name] = _convert(hints[name], data[name], _join(path, name))
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(_join(path, name), "required")
-    obj = cls(**kwargs)
-
-    validate = getattr(obj, "validate", None)
-    if callable(validate):
-        try:
-            validate(path)
-        except ConfigError as err:
-            # A root-level section validated with path "" writes ".field"; tidy it.
-            if err.path.startswith("."):
-                raise ConfigError(err.path[1:], err.reason) from None
-            raise
-    return obj
 
 
 # ---------------------------------------------------------------------------
@@ -277,7 +74,7 @@ def _check_schema(job: JobSpec) -> None:
         if column not in seen:
             raise ConfigError(
                 f"data.schema.transforms.{column}",
-                f"not a column in data.schema.dense or data.schema.sparse{_suggest(column, seen)}",
+                f"not a column in data.schema.dense or data.schema.sparse{suggest(column, seen)}",
             )
     known = _known_columns(job)
     _check_features(job, seen, known)
@@ -336,7 +133,7 @@ def _check_columns_exist(job: JobSpec, known: list[str] | None) -> None:
                 if column not in known:
                     raise ConfigError(
                         f"data.schema.{role}[{i}]",
-                        f"{column!r} is not a column of the sources{_suggest(column, known)}",
+                        f"{column!r} is not a column of the sources{suggest(column, known)}",
                     )
     dataset = job.data.dataset
     if dataset is None:
@@ -356,7 +153,7 @@ def _check_columns_exist(job: JobSpec, known: list[str] | None) -> None:
                     raise ConfigError(
                         f"data.dataset.streams.{stream_name}.join.{field_name}",
                         f"{column!r} is not a column of the {side} source "
-                        f"{getattr(join, side)!r}{_suggest(column, columns)}",
+                        f"{getattr(join, side)!r}{suggest(column, columns)}",
                     )
 
 
@@ -382,7 +179,7 @@ def _check_features(job: JobSpec, seen: Mapping[str, str], known: list[str] | No
                 raise ConfigError(f"{where}.columns[{j}]", f"{column!r} is the label column")
             if known is not None and column not in known:
                 raise ConfigError(
-                    f"{where}.columns", f"{column!r} is not a column{_suggest(column, known)}"
+                    f"{where}.columns", f"{column!r} is not a column{suggest(column, known)}"
                 )
 
 
@@ -403,7 +200,7 @@ def _check_embedding(job: JobSpec) -> None:
                 raise ConfigError(
                     f"{where}[{i}]",
                     f"{feature!r} is not a sparse feature (data.schema.sparse)"
-                    + _suggest(feature, sparse),
+                    + suggest(feature, sparse),
                 )
             if feature in group_of:
                 raise ConfigError(
@@ -412,12 +209,12 @@ def _check_embedding(job: JobSpec) -> None:
             group_of[feature] = group
 
     names = [*sparse, *embedding.shared]
-    for name, override in embedding.tables.items():
+    for name in embedding.tables:
         where = f"model.embedding.tables.{name}"
         if name not in names:
             also = " or shared table (model.embedding.shared)" if embedding.shared else ""
             raise ConfigError(
-                where, f"not a sparse feature (data.schema.sparse){also}{_suggest(name, names)}"
+                where, f"not a sparse feature (data.schema.sparse){also}{suggest(name, names)}"
             )
         if name in group_of and name not in embedding.shared:
             group = group_of[name]
@@ -425,7 +222,8 @@ def _check_embedding(job: JobSpec) -> None:
                 where,
                 f"reads shared table {group!r}; configure model.embedding.tables.{group} instead",
             )
-        merge_table_spec(embedding.default, override, where)
+    # Every table's settings are resolved once, here at load; a wrong override names its path.
+    _ = job.tables
 
 
 def job_from_dict(data: Mapping[str, Any], base_dir: str | Path = Path(".")) -> JobSpec:
@@ -439,7 +237,7 @@ def job_from_dict(data: Mapping[str, Any], base_dir: str | Path = Path(".")) -> 
         ConfigError: naming the field path of the first problem.
     """
     if not isinstance(data, Mapping):
-        raise ConfigError("", f"a job must be a mapping of sections, got {_describe_value(data)}")
+        raise ConfigError("", f"a job must be a mapping of sections, got {describe_value(data)}")
     # Copy so later changes to the caller's dict cannot leak into the spec.
     job = build_dataclass(JobSpec, copy.deepcopy(dict(data)), "", base_dir=Path(base_dir))
     _check_schema(job)
@@ -514,7 +312,7 @@ def load_job(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
         raise ConfigError("", f"{file}: the job file is empty (it needs at least 'data.sources')")
     if not isinstance(data, dict):
         raise ConfigError(
-            "", f"{file}: the top level must be a mapping of sections, got {_describe_value(data)}"
+            "", f"{file}: the top level must be a mapping of sections, got {describe_value(data)}"
         )
     data = apply_overrides(data, overrides)
     try:
@@ -594,14 +392,14 @@ def _set_in(root: dict[str, Any], steps: list[str | int], value: Any, override: 
                 hint = " (index lists as key[0])" if isinstance(node, list) else ""
                 reason = f"not a mapping; cannot set {step!r}{hint}"
                 raise ConfigError(
-                    walked, f"is {_describe_value(node)}, {reason} (override {override!r})"
+                    walked, f"is {describe_value(node)}, {reason} (override {override!r})"
                 )
-            here = _join(walked, step)
+            here = join_path(walked, step)
         else:
             if not isinstance(node, list):
                 reason = f"not a list; cannot index [{step}]"
                 raise ConfigError(
-                    walked, f"is {_describe_value(node)}, {reason} (override {override!r})"
+                    walked, f"is {describe_value(node)}, {reason} (override {override!r})"
                 )
             here = f"{walked}[{step}]"
             if step > len(node):
@@ -621,57 +419,12 @@ def _set_in(root: dict[str, Any], steps: list[str | int], value: Any, override: 
 
 
 # ---------------------------------------------------------------------------
-# Table merge and serialisation.
+# Serialisation.
 # ---------------------------------------------------------------------------
 
-
-def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """``override`` over ``base``; nested mappings merge key by key, null keeps base."""
-    out = dict(base)
-    for key, value in override.items():
-        current = out.get(key)
-        if isinstance(current, Mapping) and isinstance(value, Mapping):
-            out[key] = _deep_merge(current, value)
-        elif isinstance(current, Mapping) and value is None:
-            continue  # an empty section changes nothing
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def merge_table_spec(default: TableSpec, override: Mapping[str, Any], path: str) -> TableSpec:
-    """One feature's table settings: a partial table dict merged over ``default``.
-
-    Nested sections merge field by field, so ``{"optimizer": {"lr": 0.1}}`` keeps
-    the default optimizer's name and other settings.
-
-    Args:
-        default: ``model.embedding.default``.
-        override: the feature's entry in ``model.embedding.tables`` (may be empty).
-        path: dotted path of the entry, e.g. ``model.embedding.tables.C1``.
-
-    Raises:
-        ConfigError: naming the field path inside ``path``.
-    """
-    if not isinstance(override, Mapping):
-        raise ConfigError(path, f"expected mapping, got {_describe_value(override)}")
-    return build_dataclass(TableSpec, _deep_merge(to_dict(default), override), path)
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: _plain(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if f.metadata.get("yaml", True)
-        }
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    return copy.deepcopy(value)
+merge_table_spec = merge_table
+"""One table's settings, a partial table dict merged over the default (the name
+this function had before ``config.spec.merge_table``)."""
 
 
 def to_dict(spec: Any, *, resolve_paths: bool = False) -> dict[str, Any]:
@@ -688,7 +441,7 @@ def to_dict(spec: Any, *, resolve_paths: bool = False) -> dict[str, Any]:
     """
     if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
         raise TypeError(f"to_dict expects a spec dataclass instance, got {type(spec).__name__}")
-    out = cast(dict[str, Any], _plain(spec))
+    out = cast(dict[str, Any], plain(spec))
     if resolve_paths and isinstance(spec, JobSpec):
         # The job's path-valued fields; keep in step with spec.py's docstrings.
         for source in out["data"]["sources"]:

@@ -9,14 +9,22 @@ documented in ``docs/job-spec.md``. Range checks live in each class's
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+from estuary.config.build import build_dataclass, deep_merge, describe_value, plain
 from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
+from estuary.plugins import DENSE_OPTIMIZERS, FORMATS, INITIALIZERS, MODELS, OPTIMIZERS
 
+# The built-in names of plugin kinds. A job file may name any registered
+# implementation (``estuary.plugins``): these fields are typed ``str`` and checked
+# against the registry at load.
 InitializerName = Literal["uniform", "normal", "truncated_normal", "zeros"]
 OptimizerName = Literal["sgd", "adagrad", "adam", "ftrl"]
 PoolingName = Literal["sum", "mean", "none"]
@@ -30,15 +38,17 @@ class InitializerSpec:
 
     Args:
         name: ``uniform`` (in ``[-scale, scale]``), ``normal`` / ``truncated_normal``
-            (mean 0, std ``scale``; truncated at 2 std), or ``zeros``.
+            (mean 0, std ``scale``; truncated at 2 std), ``zeros``, or another
+            registered initializer (``register_initializer``).
         scale: bound (uniform) or standard deviation (normal). ``None`` means
             ``1 / sqrt(dim)``.
     """
 
-    name: InitializerName = "uniform"
+    name: str = "uniform"
     scale: float | None = None
 
     def validate(self, path: str) -> None:
+        INITIALIZERS.check(self.name, f"{path}.name")
         if self.scale is not None and self.scale < 0:
             raise ConfigError(f"{path}.scale", "must be >= 0")
 
@@ -47,11 +57,16 @@ class InitializerSpec:
 class SparseOptimizerSpec:
     """Row-wise optimizer applied inside the embedding table.
 
+    The section is flat in the job file; each optimizer declares which of these
+    parameters it reads (``SparseOptimizer.params_type`` in the embedding layer),
+    and setting another one (``beta1`` for ``adagrad``) is an error at load.
+
     Args:
-        name: ``sgd``, ``adagrad``, ``adam`` or ``ftrl``.
+        name: ``sgd``, ``adagrad``, ``adam``, ``ftrl``, or another registered
+            optimizer (``register_optimizer``).
         lr: learning rate (> 0).
         eps: numerical floor in the denominator (adagrad, adam).
-        initial_accumulator: starting value of adagrad's squared-gradient sum.
+        initial_accumulator: starting value of the squared-gradient sum (adagrad, ftrl).
         beta1: adam first-moment decay.
         beta2: adam second-moment decay.
         l1: ftrl L1 strength.
@@ -61,7 +76,7 @@ class SparseOptimizerSpec:
         clip: if set, row values are clipped to ``[-clip, clip]`` after each update.
     """
 
-    name: OptimizerName = "adagrad"
+    name: str = "adagrad"
     lr: float = 0.05
     eps: float = 1e-8
     initial_accumulator: float = 0.0
@@ -74,6 +89,15 @@ class SparseOptimizerSpec:
     clip: float | None = None
 
     def validate(self, path: str) -> None:
+        OPTIMIZERS.check(self.name, f"{path}.name")
+        own = optimizer_parameters(self.name)
+        for f in dataclasses.fields(self):
+            if f.name != "name" and f.name not in own and getattr(self, f.name) != f.default:
+                raise ConfigError(
+                    f"{path}.{f.name}",
+                    f"not a parameter of optimizer {self.name!r} (its parameters: "
+                    f"{', '.join(own)})",
+                )
         if self.lr <= 0:
             raise ConfigError(f"{path}.lr", "must be > 0")
         if self.eps <= 0:
@@ -213,7 +237,8 @@ class ModelSpec:
     """The network.
 
     Args:
-        type: registered model name (``dlrm``, ``deepfm``, ``dcnv2``, ``logreg``).
+        type: registered model name (``dlrm``, ``deepfm``, ``dcnv2``, ``logreg``,
+            or one added with ``register_model``).
         params: keyword arguments for that model's constructor (see docs/job-spec.md).
         embedding: sparse tables.
     """
@@ -221,6 +246,9 @@ class ModelSpec:
     type: str = "dlrm"
     params: dict[str, Any] = field(default_factory=dict)
     embedding: EmbeddingSpec = field(default_factory=EmbeddingSpec)
+
+    def validate(self, path: str) -> None:
+        MODELS.check(self.type, f"{path}.type")
 
 
 @dataclass(frozen=True)
@@ -231,16 +259,20 @@ class SourceSpec:
         path: file path or glob; relative paths resolve against the job file.
         format: ``criteo_tsv`` (40 tab-separated columns, no header), ``csv``/``tsv``
             (with a header row), ``parquet`` (columns by name; "line" = row number)
-            or ``jsonl`` (one JSON object per line, keys = columns). See docs/data.md.
+            or ``jsonl`` (one JSON object per line, keys = columns), or another
+            registered format (``register_format``). See docs/data.md.
         columns: column names for header-less formats; ``criteo_tsv`` defaults to
             ``label, I1..I13, C1..C26``.
         compression: ``auto`` (by file suffix), ``none``, ``gzip`` or ``zstd``.
     """
 
     path: str
-    format: FormatName = "criteo_tsv"
+    format: str = "criteo_tsv"
     columns: list[str] | None = None
     compression: Literal["auto", "none", "gzip", "zstd"] = "auto"
+
+    def validate(self, path: str) -> None:
+        FORMATS.check(self.format, f"{path}.format")
 
 
 @dataclass(frozen=True)
@@ -316,16 +348,18 @@ class DenseOptimizerSpec:
     """Optimizer for the dense (torch) parameters.
 
     Args:
-        name: ``adam``, ``adamw``, ``adagrad`` or ``sgd``.
+        name: ``adam``, ``adamw``, ``adagrad``, ``sgd`` (torch.optim), or another
+            name in ``estuary.plugins.DENSE_OPTIMIZERS``.
         lr: learning rate (> 0).
         weight_decay: L2 / decoupled weight decay.
     """
 
-    name: Literal["adam", "adamw", "adagrad", "sgd"] = "adam"
+    name: str = "adam"
     lr: float = 1e-3
     weight_decay: float = 0.0
 
     def validate(self, path: str) -> None:
+        DENSE_OPTIMIZERS.check(self.name, f"{path}.name")
         if self.lr <= 0:
             raise ConfigError(f"{path}.lr", "must be > 0")
         if self.weight_decay < 0:
@@ -477,12 +511,83 @@ class JobSpec:
         p = Path(path).expanduser()
         return (p if p.is_absolute() else (self.base_dir / p)).resolve()
 
-    def table_spec(self, feature: str) -> TableSpec:
-        """The table settings for one sparse feature (default + its override)."""
-        from estuary.config.loader import merge_table_spec
+    @cached_property
+    def tables(self) -> dict[str, TableSpec]:
+        """Every embedding table's settings, by table name, in feature order: one
+        table per sparse feature (``data.schema.sparse``, then derived features),
+        or one per ``model.embedding.shared`` group, named by the group.
 
-        return merge_table_spec(
-            self.model.embedding.default,
-            self.model.embedding.tables.get(feature, {}),
-            f"model.embedding.tables.{feature}",
-        )
+        Each is ``model.embedding.default`` merged with the table's entry in
+        ``model.embedding.tables``, resolved once: the loader resolves them when
+        it builds the job (so a wrong override fails at load), and every user
+        (trainer, parameter server, checkpoints) looks them up here.
+
+        Raises:
+            ConfigError: a table's override is wrong (path inside
+                ``model.embedding.tables.<table>``).
+        """
+        embedding = self.model.embedding
+        group_of = {m: group for group, members in embedding.shared.items() for m in members}
+        schema = self.data.schema
+        features = [*schema.sparse, *(feature.name for feature in schema.features)]
+        out: dict[str, TableSpec] = {}
+        for name in dict.fromkeys(group_of.get(f, f) for f in features):
+            override = embedding.tables.get(name)
+            out[name] = (
+                embedding.default
+                if override is None
+                else merge_table(embedding.default, override, f"model.embedding.tables.{name}")
+            )
+        return out
+
+    def table_spec(self, table: str) -> TableSpec:
+        """The settings of one table (a sparse feature's, or a shared group's), as
+        resolved at load (``tables``); ``model.embedding.default`` for any other name."""
+        return self.tables.get(table, self.model.embedding.default)
+
+
+def merge_table(default: TableSpec, override: Mapping[str, Any], path: str) -> TableSpec:
+    """One table's settings: a partial table dict merged over ``default``.
+
+    Nested sections merge field by field, so ``{"optimizer": {"lr": 0.1}}`` keeps
+    the default optimizer's name and other settings.
+
+    Args:
+        default: ``model.embedding.default``.
+        override: the table's entry in ``model.embedding.tables`` (may be empty).
+        path: dotted path of the entry, e.g. ``model.embedding.tables.C1``.
+
+    Raises:
+        ConfigError: naming the field path inside ``path``.
+    """
+    if not isinstance(override, Mapping):
+        raise ConfigError(path, f"expected mapping, got {describe_value(override)}")
+    merged = deep_merge(plain(default), override)
+    optimizer = override.get("optimizer")
+    if isinstance(optimizer, Mapping) and isinstance(merged.get("optimizer"), dict):
+        _keep_own_parameters(merged["optimizer"], optimizer, default.optimizer.name)
+    return build_dataclass(TableSpec, merged, path)
+
+
+def optimizer_parameters(name: str) -> tuple[str, ...]:
+    """The ``optimizer`` parameters the registered sparse optimizer ``name`` reads
+    (imports its implementation)."""
+    own: tuple[str, ...] = OPTIMIZERS.get(name).parameters()
+    return own
+
+
+def _keep_own_parameters(
+    merged: dict[str, Any], override: Mapping[str, Any], default_name: str
+) -> None:
+    """A table that switches optimizer keeps only the default section's parameters
+    the new one reads (``lr`` carries over; adagrad's ``initial_accumulator`` does
+    not reach an ``sgd`` table); the others return to their defaults. Parameters
+    the override sets itself are kept and checked."""
+    name = override.get("name", default_name)
+    if name == default_name or not isinstance(name, str) or name not in OPTIMIZERS:
+        return
+    own = optimizer_parameters(name)
+    fresh = plain(SparseOptimizerSpec())
+    for key in list(merged):
+        if key != "name" and key not in own and key not in override and key in fresh:
+            merged[key] = fresh[key]

@@ -1,10 +1,11 @@
 """Job-spec section for one live stream source (NATS JetStream, Redis Streams).
 
-Self-contained (it imports only ``config.errors``) so that the dataset ->
-streams -> sources layer (``config.dataset``) can plug it in: a ``type: stream``
-source's ``stream`` section is one (docs/data.md). It is also built on its own::
+Self-contained (it imports only ``config.errors`` and the generic builder
+``config.build``) so that the dataset -> streams -> sources layer
+(``config.dataset``) can plug it in: a ``type: stream`` source's ``stream``
+section is one (docs/data.md). It is also built on its own::
 
-    from estuary.config.loader import build_dataclass
+    from estuary.config.build import build_dataclass
     spec = build_dataclass(StreamSourceSpec, {"kind": "nats", "url": ..., ...}, "stream")
 
 or with ``stream_source_from_dict``. The loader checks types and unknown keys;
@@ -19,7 +20,9 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from estuary.config.build import build_dataclass
 from estuary.config.errors import ConfigError
+from estuary.plugins import STREAM_BACKENDS
 
 __all__ = [
     "Offset",
@@ -30,6 +33,7 @@ __all__ = [
     "stream_source_from_dict",
 ]
 
+# The built-in kinds; ``kind`` takes any registered backend (``estuary.plugins``).
 StreamKind = Literal["nats", "redis", "memory"]
 StreamFormatName = Literal["criteo_tsv", "csv", "tsv", "jsonl"]
 StartKind = Literal["earliest", "latest", "timestamp", "after"]
@@ -44,6 +48,11 @@ _TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "redis": (("key",), ("key", "payload_field")),
     "memory": (("key",), ("key",)),
 }
+# A registered backend of another kind reads the target fields it needs itself.
+_PLUGIN_TARGETS: tuple[tuple[str, ...], tuple[str, ...]] = (
+    (),
+    ("subject", "stream", "key", "payload_field"),
+)
 # How each message format gets its column names.
 _COLUMNS_RULE: dict[str, str] = {
     "criteo_tsv": "optional",  # default label, I1..I13, C1..C26
@@ -139,8 +148,9 @@ class StreamSourceSpec:
     """One live stream whose messages are rows.
 
     Args:
-        kind: the connector: ``nats`` (JetStream), ``redis`` (Redis Streams) or
-            ``memory`` (in-process reference broker, for tests).
+        kind: the connector: ``nats`` (JetStream), ``redis`` (Redis Streams),
+            ``memory`` (in-process reference broker, for tests), or another
+            registered backend (``register_backend``).
         url: the server: ``nats://127.0.0.1:4222``, ``redis://127.0.0.1:6379/0``
             (the path is the database number), ``memory://``.
         subject: nats: the subject to read (a filter inside the stream).
@@ -165,7 +175,7 @@ class StreamSourceSpec:
             before a read fails.
     """
 
-    kind: StreamKind
+    kind: str
     url: str
     subject: str | None = None
     stream: str | None = None
@@ -189,19 +199,20 @@ class StreamSourceSpec:
         return StartPosition.parse(self.start)
 
     def validate(self, path: str) -> None:
+        STREAM_BACKENDS.check(self.kind, f"{path}.kind")
         scheme = urlsplit(self.url).scheme
         if scheme != self.kind:
             raise ConfigError(
                 f"{path}.url",
                 f"expected a {self.kind}:// URL for kind {self.kind!r}, got {self.url!r}",
             )
-        required, allowed = _TARGETS[self.kind]
+        required, allowed = _TARGETS.get(self.kind, _PLUGIN_TARGETS)
         for name in ("subject", "stream", "key", "payload_field"):
             if getattr(self, name) is not None and name not in allowed:
                 raise ConfigError(f"{path}.{name}", f"not used by kind {self.kind!r}")
             if getattr(self, name) == "":
                 raise ConfigError(f"{path}.{name}", "must not be empty")
-        if all(getattr(self, name) is None for name in required):
+        if required and all(getattr(self, name) is None for name in required):
             raise ConfigError(
                 f"{path}.{required[0]}", f"kind {self.kind!r} needs {' or '.join(required)}"
             )
@@ -234,10 +245,6 @@ def stream_source_from_dict(data: Mapping[str, Any], path: str = "stream") -> St
     Raises:
         ConfigError: naming the field path (``stream.start: ...``).
     """
-    # Imported here: this module imports only config.errors at load time, so that
-    # config.spec can import it (the loader imports config.spec).
-    from estuary.config.loader import build_dataclass
-
     if not isinstance(data, Mapping):
         raise ConfigError(path, "expected a mapping")
     return build_dataclass(StreamSourceSpec, dict(data), path)

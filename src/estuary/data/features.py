@@ -40,13 +40,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
 from estuary.data.dense import MISSING, OK, parse_numbers
 from estuary.data.formats.values import to_text
 from estuary.data.hashing import feature_seed, hash_array, hash_bytes
-from estuary.data.transforms import TRANSFORMS
+from estuary.data.transforms import TRANSFORMS, ColumnTransform
 from estuary.data.types import Int64Array
+from estuary.plugins import FEATURE_KINDS
 
 __all__ = [
     "CROSS_SEPARATOR",
@@ -103,15 +103,15 @@ class FeatureKind:
     jagged: bool = False
 
 
-FEATURE_KINDS: dict[str, FeatureKind] = {}
-"""Registry: kind name -> kind. Add to it with ``register_feature_kind``."""
+# ``FEATURE_KINDS`` (name -> FeatureKind) is ``estuary.plugins.FEATURE_KINDS``; add to
+# it with ``register_feature_kind``.
 
 
 def register_feature_kind(name: str, *, jagged: bool = False) -> Callable[[Builder], Builder]:
     """Decorator registering ``build`` as feature kind ``name``."""
 
     def add(build: Builder) -> Builder:
-        FEATURE_KINDS[name] = FeatureKind(name=name, build=build, jagged=jagged)
+        FEATURE_KINDS.register(name, FeatureKind(name=name, build=build, jagged=jagged))
         return build
 
     return add
@@ -143,11 +143,7 @@ def compile_features(
     out = []
     for i, spec in enumerate(specs):
         path = f"data.schema.features[{i}]"
-        try:
-            kind = FEATURE_KINDS[spec.kind]
-        except KeyError:
-            known = ", ".join(sorted(FEATURE_KINDS))
-            raise ConfigError(f"{path}.kind", f"unknown kind {spec.kind!r} ({known})") from None
+        kind: FeatureKind = FEATURE_KINDS.get(spec.kind, f"{path}.kind")
         seed = feature_seed(hash_names.get(spec.name, spec.name))
         out.append(CompiledFeature(spec.name, spec, kind.jagged, kind.build(spec, path, seed)))
     return out
@@ -250,13 +246,7 @@ def _sequence(spec: FeatureSpec, path: str, seed: int) -> Compute:
 @register_feature_kind("transform")
 def _transform(spec: FeatureSpec, path: str, seed: int) -> Compute:
     assert spec.transform is not None  # FeatureSpec.validate
-    try:
-        transform = TRANSFORMS[spec.transform]
-    except KeyError:
-        known = ", ".join(sorted(TRANSFORMS))
-        raise ConfigError(
-            f"{path}.transform", f"unknown transform {spec.transform!r} (registered: {known})"
-        ) from None
+    transform: ColumnTransform = TRANSFORMS.get(spec.transform, f"{path}.transform")
     (column,) = spec.columns
 
     def compute(cols: Columns) -> FeatureValues:

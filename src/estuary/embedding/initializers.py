@@ -24,6 +24,7 @@ from estuary.config.spec import InitializerSpec
 from estuary.embedding.hashing import unit_float
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch_span
 from estuary.embedding.types import Float32Array, Int64Array
+from estuary.plugins import INITIALIZERS
 
 _TWO_PI = 2.0 * math.pi
 _TRUNCATE_AT_STD = 2.0
@@ -121,26 +122,24 @@ class Initializer:
         _fill_kernel(storage, rows, ids, np.uint64(seed), self.dim, dist, scale, trunc)
 
 
-_REGISTRY: dict[str, type[Initializer]] = {}
-
-
 def register_initializer(name: str) -> Callable[[type[Initializer]], type[Initializer]]:
-    """Class decorator: make an initializer available as ``initializer.name``."""
+    """Class decorator: make an initializer available as ``initializer.name``
+    (in ``estuary.plugins.INITIALIZERS``)."""
 
     def wrap(cls: type[Initializer]) -> type[Initializer]:
-        _REGISTRY[name] = cls
+        INITIALIZERS.register(name, cls)
         return cls
 
     return wrap
 
 
-def make_initializer(spec: InitializerSpec, dim: int) -> Initializer:
-    """The registered initializer named ``spec.name``, built for width ``dim``."""
-    try:
-        cls = _REGISTRY[spec.name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise ValueError(f"unknown initializer {spec.name!r}; registered: {known}") from None
+def make_initializer(spec: InitializerSpec, dim: int, where: str = "initializer") -> Initializer:
+    """The registered initializer named ``spec.name``, built for width ``dim``.
+
+    Raises:
+        ConfigError: (a ``ValueError``) an unknown name, at ``{where}.name``.
+    """
+    cls: type[Initializer] = INITIALIZERS.get(spec.name, f"{where}.name")
     return cls(spec, dim)
 
 

@@ -34,10 +34,12 @@ row a few ids ahead (``estuary.embedding.prefetch``); neither changes results.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, Self
 
 import numpy as np
 from numba import njit
@@ -45,6 +47,7 @@ from numba import njit
 from estuary.config.spec import SparseOptimizerSpec
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch_span
 from estuary.embedding.types import Float32Array, Int64Array
+from estuary.plugins import OPTIMIZERS
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -222,6 +225,60 @@ def _fill_columns(
             storage[rows[n], c] = v
 
 
+@dataclass(frozen=True)
+class SGDParams:
+    """The parameters of ``sgd``, which every optimizer reads.
+
+    An optimizer declares its parameters as one of these dataclasses
+    (``SparseOptimizer.params_type``); the config loader refuses any other
+    parameter of the ``optimizer`` section set for it, naming the field
+    (``...optimizer.beta1: not a parameter of optimizer 'adagrad' (its
+    parameters: lr, weight_decay, clip, eps, initial_accumulator)``). Values and
+    their checks are ``SparseOptimizerSpec``'s.
+
+    Args:
+        lr: learning rate.
+        weight_decay: decoupled L2 decay applied to touched rows, per step.
+        clip: row values are clipped to ``[-clip, clip]`` after each update.
+    """
+
+    lr: float
+    weight_decay: float
+    clip: float | None
+
+    @classmethod
+    def from_spec(cls, spec: SparseOptimizerSpec) -> Self:
+        """This optimizer's parameters out of the job's ``optimizer`` section."""
+        return cls(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class AdagradParams(SGDParams):
+    """``adagrad``: ``eps`` (denominator floor), ``initial_accumulator``."""
+
+    eps: float
+    initial_accumulator: float
+
+
+@dataclass(frozen=True)
+class AdamParams(SGDParams):
+    """``adam``: ``beta1``, ``beta2`` (moment decays), ``eps``."""
+
+    beta1: float
+    beta2: float
+    eps: float
+
+
+@dataclass(frozen=True)
+class FTRLParams(SGDParams):
+    """``ftrl``: ``initial_accumulator``, ``l1``, ``l2``, ``lr_power``."""
+
+    initial_accumulator: float
+    l1: float
+    l2: float
+    lr_power: float
+
+
 class SparseOptimizer(ABC):
     """A row-wise optimizer over a (R, W) float32 storage (layout: module docstring).
 
@@ -230,17 +287,25 @@ class SparseOptimizer(ABC):
         dim: embedding width D.
 
     Subclasses name their D-wide state slots in ``state_names`` and their per-row
-    scalars in ``scalar_names``, and give initial values in ``initial_values``.
+    scalars in ``scalar_names``, give initial values in ``initial_values``, and
+    declare their parameters in ``params_type`` (read from ``self.params``).
     """
 
     state_names: ClassVar[tuple[str, ...]] = ()
     scalar_names: ClassVar[tuple[str, ...]] = ()
+    params_type: ClassVar[type[SGDParams]] = SGDParams
 
     def __init__(self, spec: SparseOptimizerSpec, dim: int) -> None:
         self.spec = spec
+        self.params = self.params_type.from_spec(spec)
         self.dim = dim
         self.decay = 1.0 - spec.lr * spec.weight_decay
         self.clip = float(spec.clip) if spec.clip is not None else math.inf
+
+    @classmethod
+    def parameters(cls) -> tuple[str, ...]:
+        """The ``optimizer`` section's parameters this optimizer reads."""
+        return tuple(f.name for f in dataclasses.fields(cls.params_type))
 
     @property
     def width(self) -> int:
@@ -282,26 +347,26 @@ class SparseOptimizer(ABC):
         """One update of ``rows`` int64 (N,) (unique) with ``grads`` float32 (N, D)."""
 
 
-_REGISTRY: dict[str, type[SparseOptimizer]] = {}
-
-
 def register_optimizer(name: str) -> Callable[[type[SparseOptimizer]], type[SparseOptimizer]]:
-    """Class decorator: make an optimizer available as ``optimizer.name``."""
+    """Class decorator: make an optimizer available as ``optimizer.name``
+    (in ``estuary.plugins.OPTIMIZERS``)."""
 
     def wrap(cls: type[SparseOptimizer]) -> type[SparseOptimizer]:
-        _REGISTRY[name] = cls
+        OPTIMIZERS.register(name, cls)
         return cls
 
     return wrap
 
 
-def make_optimizer(spec: SparseOptimizerSpec, dim: int) -> SparseOptimizer:
-    """The registered optimizer named ``spec.name``, built for width ``dim``."""
-    try:
-        cls = _REGISTRY[spec.name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise ValueError(f"unknown sparse optimizer {spec.name!r}; registered: {known}") from None
+def make_optimizer(
+    spec: SparseOptimizerSpec, dim: int, where: str = "optimizer"
+) -> SparseOptimizer:
+    """The registered optimizer named ``spec.name``, built for width ``dim``.
+
+    Raises:
+        ConfigError: (a ``ValueError``) an unknown name, at ``{where}.name``.
+    """
+    cls: type[SparseOptimizer] = OPTIMIZERS.get(spec.name, f"{where}.name")
     return cls(spec, dim)
 
 
@@ -310,7 +375,7 @@ class SGD(SparseOptimizer):
     """``w -= lr * g`` (matches torch.optim.SGD without momentum)."""
 
     def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
-        s = self.spec
+        s = self.params
         _sgd_kernel(storage, rows, grads, self.dim, s.lr, self.decay, self.clip)
 
 
@@ -319,12 +384,14 @@ class Adagrad(SparseOptimizer):
     """``accum += g^2; w -= lr * g / (sqrt(accum) + eps)`` (torch.optim.Adagrad)."""
 
     state_names = ("accum",)
+    params_type = AdagradParams
+    params: AdagradParams
 
     def initial_values(self) -> dict[str, float]:
-        return {"accum": self.spec.initial_accumulator}
+        return {"accum": self.params.initial_accumulator}
 
     def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
-        s = self.spec
+        s = self.params
         _adagrad_kernel(storage, rows, grads, self.dim, s.lr, s.eps, self.decay, self.clip)
 
 
@@ -334,9 +401,11 @@ class Adam(SparseOptimizer):
 
     state_names = ("exp_avg", "exp_avg_sq")
     scalar_names = ("step",)
+    params_type = AdamParams
+    params: AdamParams
 
     def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
-        s = self.spec
+        s = self.params
         _adam_kernel(
             storage, rows, grads, self.dim, s.lr, s.beta1, s.beta2, s.eps, self.decay, self.clip
         )
@@ -351,12 +420,14 @@ class FTRL(SparseOptimizer):
     """
 
     state_names = ("accum", "linear")
+    params_type = FTRLParams
+    params: FTRLParams
 
     def initial_values(self) -> dict[str, float]:
-        return {"accum": self.spec.initial_accumulator}
+        return {"accum": self.params.initial_accumulator}
 
     def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
-        s = self.spec
+        s = self.params
         _ftrl_kernel(
             storage, rows, grads, self.dim, s.lr, s.l1, s.l2, s.lr_power, self.decay, self.clip
         )

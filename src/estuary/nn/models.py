@@ -30,6 +30,7 @@ from torch import nn
 
 from estuary.config.errors import ConfigError
 from estuary.nn.sequence_pooling import build_sequence_pooling
+from estuary.plugins import MODELS
 
 
 def make_mlp(
@@ -218,18 +219,13 @@ class LogisticRegression(nn.Module):
 
 ModelFactory = Callable[..., nn.Module]
 
-MODELS: dict[str, ModelFactory] = {
-    "dlrm": DLRM,
-    "deepfm": DeepFM,
-    "dcnv2": DCNv2,
-    "logreg": LogisticRegression,
-}
+# ``MODELS`` (dlrm, deepfm, dcnv2, logreg) is ``estuary.plugins.MODELS``.
 
 
 def register_model(name: str, factory: ModelFactory) -> None:
     """Make ``factory(num_dense=, num_sparse=, embedding_dim=, **params)`` available
-    as ``model.type: name`` in job files."""
-    MODELS[name] = factory
+    as ``model.type: name`` in job files (in ``estuary.plugins.MODELS``)."""
+    MODELS.register(name, factory)
 
 
 def build_model(
@@ -284,9 +280,7 @@ def accepts_sequences(model: nn.Module) -> bool:
 def _build_registered(
     name: str, params: dict[str, Any], num_dense: int, num_sparse: int, embedding_dim: int
 ) -> nn.Module:
-    factory = MODELS.get(name)
-    if factory is None:
-        raise ConfigError("model.type", f"unknown model {name!r}; known: {sorted(MODELS)}")
+    factory: ModelFactory = MODELS.get(name, "model.type")
     accepted = inspect.signature(factory).parameters
     for key in params:
         if key not in accepted or key in ("num_dense", "num_sparse", "embedding_dim"):

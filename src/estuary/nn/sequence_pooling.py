@@ -28,6 +28,7 @@ from torch import nn
 
 from estuary.config.errors import ConfigError
 from estuary.nn.types import SequenceEmbedding, Sequences
+from estuary.plugins import SEQUENCE_POOLINGS
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -136,15 +137,13 @@ def _target_attention(
     return TargetAttention(embedding_dim, list(features).index(query), hidden, softmax)
 
 
-SEQUENCE_POOLINGS: dict[str, PoolerFactory] = {
-    "attention": _attention,
-    "target_attention": _target_attention,
-}
+# ``SEQUENCE_POOLINGS`` (attention, target_attention) is ``estuary.plugins.SEQUENCE_POOLINGS``.
 
 
 def register_sequence_pooling(name: str, factory: PoolerFactory) -> None:
-    """Make ``factory`` available as ``type: name`` in ``model.params.sequence_pooling``."""
-    SEQUENCE_POOLINGS[name] = factory
+    """Make ``factory`` available as ``type: name`` in ``model.params.sequence_pooling``
+    (in ``estuary.plugins.SEQUENCE_POOLINGS``)."""
+    SEQUENCE_POOLINGS.register(name, factory)
 
 
 class SequencePooling(nn.Module):
@@ -214,12 +213,7 @@ def build_sequence_pooling(
             raise ConfigError(f"{path}.{name}", "expected a mapping like {type: attention}")
         params = dict(entry)
         kind = params.pop("type", "attention")
-        factory = SEQUENCE_POOLINGS.get(kind)
-        if factory is None:
-            raise ConfigError(
-                f"{path}.{name}.type",
-                f"unknown pooling {kind!r}; known: {sorted(SEQUENCE_POOLINGS)}",
-            )
+        factory: PoolerFactory = SEQUENCE_POOLINGS.get(kind, f"{path}.{name}.type")
         accepted = [
             p
             for p in inspect.signature(factory).parameters

@@ -117,7 +117,7 @@ class FormatConformance(ABC):
     ) -> list[RawChunk]:
         source = SourceSpec(
             path=str(path),
-            format=self.format_name,  # type: ignore[arg-type]
+            format=self.format_name,
             columns=source_columns or self.source_columns,
             compression=compression,  # type: ignore[arg-type]
         )

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from estuary import plugins
 from estuary.config import JobSpec, to_dict
 from estuary.data import DataError, DataPart, TabularDataset
 from estuary.data.types import Batch
@@ -31,6 +32,7 @@ from estuary.metrics.training import TrainingMetrics
 from estuary.nn.embedding_collection import EmbeddingCollection, LookedUpBatch
 from estuary.nn.models import accepts_sequences, build_model
 from estuary.nn.types import SequenceEmbedding, Sequences
+from estuary.registry import Registry
 from estuary.train.checkpoint import load_checkpoint, restore_dense_warned, save_checkpoint
 from estuary.train.checkpoint_chain import (
     ChainLink,
@@ -47,12 +49,8 @@ KEEP_CHECKPOINTS = 2
 checkpoint and deltas they are built on); older ones and partial ones left by a
 killed run are deleted after each checkpoint."""
 
-DENSE_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "adam": torch.optim.Adam,
-    "adamw": torch.optim.AdamW,
-    "adagrad": torch.optim.Adagrad,
-    "sgd": torch.optim.SGD,
-}
+DENSE_OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = plugins.DENSE_OPTIMIZERS
+"""``train.dense_optimizer.name`` -> torch optimizer class (adam, adamw, adagrad, sgd)."""
 
 
 class TableStore(EmbeddingStore, Protocol):

@@ -28,17 +28,17 @@ from estuary.config.spec import SourceSpec
 from estuary.data.errors import DataFileError
 from estuary.data.formats import RawChunk, ReadRequest, get_format
 from estuary.data.graph.types import Readiness, SourceOperator, Split, Task
+from estuary.plugins import SOURCE_TYPES
 
 __all__ = ["FileSource", "build_operators", "register_source_type"]
 
 SourceFactory = Callable[[BatchSourceSpec, str, int, Path, str, "int | None"], SourceOperator]
-_SOURCE_TYPES: dict[str, SourceFactory] = {}
 
 
 def register_source_type(name: str, factory: SourceFactory) -> None:
     """Make ``type: name`` sources buildable: ``factory(spec, stream, priority,
-    base_dir, where, until_s)`` returns the operator."""
-    _SOURCE_TYPES[name] = factory
+    base_dir, where, until_s)`` returns the operator (``estuary.plugins.SOURCE_TYPES``)."""
+    SOURCE_TYPES.register(name, factory)
 
 
 def display_path(path: Path, base_dir: Path) -> str:
@@ -221,12 +221,7 @@ def build_operators(
         where = f"data.dataset.streams.{stream_name}"
         built: dict[str, SourceOperator] = {}
         for i, source in enumerate(stream.sources):
-            factory = _SOURCE_TYPES.get(source.type)
-            if factory is None:
-                known = ", ".join(sorted(_SOURCE_TYPES))
-                raise ConfigError(
-                    f"{where}.sources[{i}].type", f"unknown {source.type!r} ({known})"
-                )
+            factory: SourceFactory = SOURCE_TYPES.get(source.type, f"{where}.sources[{i}].type")
             built[source.name] = factory(
                 source, stream_name, stream.priority, base_dir, f"{where}.sources[{i}]", until_s
             )

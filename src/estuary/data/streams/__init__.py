@@ -7,15 +7,16 @@
     saved = chunk.position                                 # goes into the checkpoint
 
 Backends (``nats``: JetStream, ``redis``: Redis Streams, ``memory``: in-process
-reference) are imported lazily from the table below, so the client packages are
-needed only by jobs that use them (``pip install 'estuary[streams]'``);
-``register_backend`` adds more. Adding a broker = one module with a backend
-object + one line here + a subclass of ``estuary.testing.streams.StreamConformance``.
+reference) are imported lazily from the ``STREAM_BACKENDS`` table in
+``estuary.plugins``, so the client packages are needed only by jobs that use them
+(``pip install 'estuary[streams]'``); ``register_backend`` (or an
+``estuary.streams`` entry point) adds more. Adding a broker = one module with a
+backend object + one line in that table + a subclass of
+``estuary.testing.streams.StreamConformance``.
 """
 
 from __future__ import annotations
 
-import importlib
 from urllib.parse import urlsplit
 
 from estuary.config.errors import ConfigError
@@ -31,6 +32,8 @@ from estuary.data.streams.types import (
     StreamMessage,
     StreamPublisher,
 )
+from estuary.plugins import STREAM_BACKENDS
+from estuary.registry import PluginImportError, Registry
 
 __all__ = [
     "MESSAGE_FORMATS",
@@ -52,23 +55,18 @@ __all__ = [
     "register_backend",
 ]
 
-# name -> (module:attribute, the pip package its client comes from)
-_BUILTIN: dict[str, tuple[str, str | None]] = {
-    "memory": ("estuary.data.streams.memory:BACKEND", None),
-    "nats": ("estuary.data.streams.nats:BACKEND", "nats-py"),
-    "redis": ("estuary.data.streams.redis:BACKEND", "redis"),
-}
-_REGISTERED: dict[str, StreamBackend] = {}
+BACKENDS: Registry[StreamBackend] = STREAM_BACKENDS
+"""The backends by name (``estuary.plugins.STREAM_BACKENDS``)."""
 
 
 def register_backend(backend: StreamBackend, *, name: str | None = None) -> None:
     """Make ``backend`` available as ``name`` (default ``backend.name``)."""
-    _REGISTERED[name or backend.name] = backend
+    BACKENDS.register(name or backend.name, backend)
 
 
 def available_backends() -> list[str]:
     """Names ``get_backend`` accepts, sorted."""
-    return sorted(set(_BUILTIN) | set(_REGISTERED))
+    return BACKENDS.names()
 
 
 def get_backend(name: str, where: str = "stream.kind") -> StreamBackend:
@@ -78,26 +76,10 @@ def get_backend(name: str, where: str = "stream.kind") -> StreamBackend:
         ConfigError: unknown name (the path is ``where``).
         StreamError: its client package is not installed (with the pip command).
     """
-    if name in _REGISTERED:
-        return _REGISTERED[name]
-    entry = _BUILTIN.get(name)
-    if entry is None:
-        known = ", ".join(available_backends())
-        raise ConfigError(where, f"stream kind {name!r} is unknown (available: {known})")
-    target, package = entry
-    module_name, _, attr = target.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if package is None or e.name is None or e.name.partition(".")[0] == "estuary":
-            raise
-        raise StreamError(
-            f"stream kind {name!r} needs the {package!r} package: "
-            f"pip install 'estuary[streams]' (or pip install {package})"
-        ) from e
-    backend: StreamBackend = getattr(module, attr)
-    _REGISTERED[name] = backend
-    return backend
+        return BACKENDS.get(name, where)
+    except PluginImportError as e:
+        raise StreamError(str(e)) from e
 
 
 def open_connector(

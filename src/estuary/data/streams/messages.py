@@ -177,7 +177,7 @@ class MessageParser:
         request = ReadRequest(
             path=Path(source),
             display=source,
-            source=SourceSpec(path=source, format=format, columns=field_names),  # type: ignore[arg-type]
+            source=SourceSpec(path=source, format=format, columns=field_names),
             where=where,
             columns=self.columns,
             threads=1,

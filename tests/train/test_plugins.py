@@ -1,0 +1,136 @@
+"""Plugins end to end: an optimizer and a model that are not built in, one added
+through a Python entry point and one registered in Python, named from a job file
+and trained through ``Trainer``."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import estuary
+from estuary import plugins
+from estuary.config import ConfigError
+
+# An entry-point plugin: a sign-SGD sparse optimizer (w -= lr * sign(g)) in a
+# third-party module, counting its steps so the test sees it ran.
+PLUGIN = """
+import numpy as np
+from estuary.embedding.optimizers import SGDParams, SparseOptimizer
+
+STEPS = []
+
+class SignSGD(SparseOptimizer):
+    params_type = SGDParams
+
+    def step(self, storage, rows, grads):
+        STEPS.append(rows.size)
+        d = self.dim
+        storage[rows, :d] -= np.float32(self.params.lr) * np.sign(grads)
+"""
+
+
+def write_data(path: Path, rows: int, seed: int = 0) -> None:
+    """CSV rows whose label depends on the sparse column C1 (so it is learnable)."""
+    rng = np.random.default_rng(seed)
+    lines = ["label,I1,C1,C2"]
+    for _ in range(rows):
+        c1, c2 = int(rng.integers(0, 30)), int(rng.integers(0, 30))
+        label = int(rng.random() < (0.85 if c1 % 3 == 0 else 0.15))
+        lines.append(f"{label},{int(rng.integers(0, 9))},c{c1},d{c2}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+class Bilinear(torch.nn.Module):
+    """A model registered in Python: logits = w . flatten(sparse) + v . dense."""
+
+    def __init__(self, num_dense: int, num_sparse: int, embedding_dim: int, scale: float = 1.0):
+        super().__init__()
+        self.scale = scale
+        self.linear = torch.nn.Linear(num_dense + num_sparse * embedding_dim, 1)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.scale * self.linear(torch.cat([dense, sparse.flatten(1)], 1)).squeeze(1)
+
+
+@pytest.fixture
+def plugin_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``sign_sgd`` as an ``estuary.optimizers`` entry point of an installed
+    distribution, and ``bilinear`` registered with ``register_model``."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "estuary_sign_sgd.py").write_text(textwrap.dedent(PLUGIN))
+    info = site / "estuary_sign_sgd-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: estuary-sign-sgd\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[estuary.optimizers]\nsign_sgd = estuary_sign_sgd:SignSGD\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    estuary.register_model("bilinear", Bilinear)
+    try:
+        yield
+    finally:
+        plugins.MODELS.unregister("bilinear")
+        plugins.OPTIMIZERS.unregister("sign_sgd")
+        sys.modules.pop("estuary_sign_sgd", None)
+
+
+def write_job(tmp_path: Path, optimizer: dict[str, object]) -> Path:
+    write_data(tmp_path / "train.csv", 3000)
+    job = {
+        "data": {
+            "sources": [{"path": "train.csv", "format": "csv"}],
+            "schema": {"label": "label", "dense": ["I1"], "sparse": ["C1", "C2"]},
+            "eval_fraction": 0.2,
+        },
+        "model": {
+            "type": "bilinear",
+            "params": {"scale": 2.0},
+            "embedding": {"default": {"dim": 4, "optimizer": optimizer}},
+        },
+        "train": {"batch_size": 64, "epochs": 2, "seed": 3},
+        "output": {"dir": "out", "progress": False, "checkpoint": False},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+@pytest.mark.usefixtures("plugin_installed")
+def test_plugin_optimizer_and_model_named_in_a_job_file_train_end_to_end(tmp_path: Path) -> None:
+    job = estuary.load_job(write_job(tmp_path, {"name": "sign_sgd", "lr": 0.05}))
+    assert job.table_spec("C1").optimizer.name == "sign_sgd"
+    trainer = estuary.Trainer(job)
+    assert isinstance(trainer.model, Bilinear) and trainer.model.scale == 2.0
+    result = trainer.fit(progress=False)
+    steps = sys.modules["estuary_sign_sgd"].STEPS
+    assert len(steps) == 2 * 2 * (2400 // 64 + 1)  # 2 tables x 2 epochs x batches
+    assert result.auc > 0.75  # C1 carries the label: the plugin optimizer learned it
+
+
+@pytest.mark.usefixtures("plugin_installed")
+def test_a_plugin_optimizer_refuses_parameters_it_does_not_declare(tmp_path: Path) -> None:
+    path = write_job(tmp_path, {"name": "sign_sgd", "lr": 0.05, "eps": 0.1})
+    with pytest.raises(ConfigError) as err:
+        estuary.load_job(path)
+    assert str(err.value) == (
+        "model.embedding.default.optimizer.eps: not a parameter of optimizer 'sign_sgd' "
+        "(its parameters: lr, weight_decay, clip)"
+    )
+
+
+def test_an_unknown_optimizer_lists_the_known_names_with_the_field_path(tmp_path: Path) -> None:
+    path = write_job(tmp_path, {"name": "adagard", "lr": 0.05})
+    with pytest.raises(ConfigError) as err:
+        estuary.load_job(path)
+    assert str(err.value) == (
+        "model.embedding.default.optimizer.name: must be one of 'sgd', 'adagrad', 'adam', "
+        "'ftrl'; got str 'adagard' (did you mean 'adagrad'?)"
+    )
