@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import estuary.data.streams as streams
+import estuary.data.streams.backends as backends
 from estuary.config.errors import ConfigError
 from estuary.config.streams import StreamSourceSpec
 from estuary.data.streams import StreamError, StreamReader, get_backend, open_publisher
@@ -36,7 +37,7 @@ def test_a_missing_client_package_says_what_to_install(monkeypatch: pytest.Monke
             raise ModuleNotFoundError("No module named 'nats'", name="nats")
         return real(name, *args)
 
-    monkeypatch.setattr(streams, "BACKENDS", streams.BACKENDS.copy())  # nats not yet imported
+    monkeypatch.setattr(backends, "BACKENDS", backends.BACKENDS.copy())  # nats not yet imported
     monkeypatch.setattr(importlib, "import_module", without_nats)
     with pytest.raises(StreamError, match=r"needs the 'nats-py' package: pip install"):
         get_backend("nats")
@@ -46,7 +47,7 @@ def test_a_registered_backend_is_used_by_name(monkeypatch: pytest.MonkeyPatch) -
     class Mine(MemoryBackend):
         name = "mine"
 
-    monkeypatch.setattr(streams, "BACKENDS", streams.BACKENDS.copy())
+    monkeypatch.setattr(backends, "BACKENDS", backends.BACKENDS.copy())
     streams.register_backend(Mine())
     assert "mine" in streams.available_backends()
     key = uuid.uuid4().hex

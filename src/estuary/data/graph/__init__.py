@@ -26,9 +26,10 @@ See docs/data.md, "Datasets, streams and the task graph".
 from estuary.data.graph.driver import Driver
 from estuary.data.graph.executors import RetryDecision, RetryPolicy, TaskFailedError
 from estuary.data.graph.joiner import Joiner, label_within
+from estuary.data.graph.operators import build_operators, register_source_type
 from estuary.data.graph.progress import Progress, RowIdentity
 from estuary.data.graph.sinks import BatchSink, MaterializeReport, materialize
-from estuary.data.graph.sources import FileSource, build_operators, register_source_type
+from estuary.data.graph.sources import FileSource
 from estuary.data.graph.streams import StreamSource
 from estuary.data.graph.timer import PartitionNotReadyError, Timer, WaitOutcome, plan_tasks
 from estuary.data.graph.types import Readiness, SourceOperator, Split, Task, TaskState

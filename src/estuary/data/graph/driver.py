@@ -40,9 +40,9 @@ from estuary.data.graph.executors import (
     TaskFailedError,
     read_split_whole,
 )
+from estuary.data.graph.operators import build_operators
 from estuary.data.graph.progress import Progress
 from estuary.data.graph.sinks import BatchSink, EmptyTask, OpenedSplit, SinkFailure, SplitEnd
-from estuary.data.graph.sources import build_operators
 from estuary.data.graph.timer import Timer, WaitOutcome
 from estuary.data.graph.types import SourceOperator, Split, Task, TaskState
 from estuary.data.types import Batch

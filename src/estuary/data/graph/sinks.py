@@ -27,9 +27,9 @@ from estuary.data.badrows import BadRowTracker
 from estuary.data.decode import RowDecoder
 from estuary.data.errors import DataError
 from estuary.data.graph.executors import Block
+from estuary.data.graph.operators import build_operators
 from estuary.data.graph.progress import ROW_BITS, Progress
 from estuary.data.graph.shuffle import RowBuffer
-from estuary.data.graph.sources import build_operators
 from estuary.data.graph.timer import Timer, WaitOutcome
 from estuary.data.graph.types import Split, Task
 from estuary.data.types import Batch, JaggedIds

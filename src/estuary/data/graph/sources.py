@@ -6,9 +6,8 @@
     window 2026-01-01T13 -> logs/20260101/13/part-*.tsv, ready once
                             logs/20260101/13/_SUCCESS exists
 
-Source kinds are found by name (``register_source_type``); ``build_operators``
-turns a ``DatasetSpec`` into one operator per task-producing source (a joined
-stream gives one ``Joiner``; either of its sides may be files or a stream).
+Source kinds are found by name (``estuary.plugins.SOURCE_TYPES``);
+``operators.build_operators`` turns a ``DatasetSpec`` into operators.
 """
 
 from __future__ import annotations
@@ -16,29 +15,20 @@ from __future__ import annotations
 import glob
 import itertools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from estuary.config.dataset import PLACEHOLDERS, BatchSourceSpec, DatasetSpec, parse_time
+from estuary.config.dataset import PLACEHOLDERS, BatchSourceSpec
 from estuary.config.errors import ConfigError
 from estuary.config.spec import SourceSpec
 from estuary.data.errors import DataFileError
 from estuary.data.formats import RawChunk, ReadRequest, get_format
-from estuary.data.graph.types import Readiness, SourceOperator, Split, Task
-from estuary.plugins import SOURCE_TYPES
+from estuary.data.graph.types import Readiness, Split, Task
 
-__all__ = ["FileSource", "build_operators", "register_source_type"]
-
-SourceFactory = Callable[[BatchSourceSpec, str, int, Path, str, "int | None"], SourceOperator]
-
-
-def register_source_type(name: str, factory: SourceFactory) -> None:
-    """Make ``type: name`` sources buildable: ``factory(spec, stream, priority,
-    base_dir, where, until_s)`` returns the operator (``estuary.plugins.SOURCE_TYPES``)."""
-    SOURCE_TYPES.register(name, factory)
+__all__ = ["FileSource"]
 
 
 def display_path(path: Path, base_dir: Path) -> str:
@@ -192,49 +182,3 @@ def _parquet_rows(path: Path, shown: str) -> int:
         return int(pq.read_metadata(str(path)).num_rows)
     except (OSError, ValueError) as exc:
         raise DataFileError(f"{shown}: cannot read the Parquet footer: {exc}") from exc
-
-
-register_source_type("files", FileSource)
-
-
-def build_operators(
-    spec: DatasetSpec, base_dir: Path, label: str, streams: Sequence[str] | None = None
-) -> list[SourceOperator]:
-    """One operator per task-producing source of ``streams`` (default: the training
-    streams): a ``FileSource`` per source, a ``Joiner`` per joined stream.
-
-    Args:
-        spec: ``data.dataset``.
-        base_dir: the job file's folder.
-        label: ``data.schema.label`` (a join writes it).
-        streams: stream names to build.
-    """
-    from estuary.data.graph.joiner import Joiner  # joiner imports this module
-    from estuary.data.graph.streams import StreamSource  # so does streams
-
-    until_s = None if spec.timer.until is None else parse_time(spec.timer.until, "until")
-    operators: list[SourceOperator] = []
-    for stream_name in spec.train_streams() if streams is None else streams:
-        if stream_name not in spec.streams:
-            raise ValueError(f"no stream {stream_name!r} in data.dataset.streams")
-        stream = spec.streams[stream_name]
-        where = f"data.dataset.streams.{stream_name}"
-        built: dict[str, SourceOperator] = {}
-        for i, source in enumerate(stream.sources):
-            factory: SourceFactory = SOURCE_TYPES.get(source.type, f"{where}.sources[{i}].type")
-            built[source.name] = factory(
-                source, stream_name, stream.priority, base_dir, f"{where}.sources[{i}]", until_s
-            )
-        if stream.join is None:
-            operators.extend(built.values())
-            continue
-        left, right = built[stream.join.left], built[stream.join.right]
-        for side, op in (("left", left), ("right", right)):
-            if not isinstance(op, FileSource | StreamSource):
-                raise ConfigError(
-                    f"{where}.join.{side}", f"joins take file or stream sources, not {op!r}"
-                )
-        assert isinstance(left, FileSource | StreamSource)
-        assert isinstance(right, FileSource | StreamSource)
-        operators.append(Joiner(stream.join, left, right, label, f"{where}.join"))
-    return operators

@@ -40,7 +40,6 @@ from estuary.config.dataset import BatchSourceSpec
 from estuary.config.streams import Offset, StartPosition, StreamSourceSpec
 from estuary.data.formats import RawChunk
 from estuary.data.graph.progress import Progress
-from estuary.data.graph.sources import register_source_type
 from estuary.data.graph.types import Readiness, Split, Task
 from estuary.data.streams import MessageParser, StreamConnector, StreamError, get_backend
 from estuary.data.streams.guard import GuardedConnector
@@ -337,6 +336,3 @@ class StreamSource:
         connector, self._connector = self._connector, None
         if connector is not None:
             connector.close()
-
-
-register_source_type("stream", StreamSource)

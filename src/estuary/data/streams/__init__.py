@@ -21,6 +21,12 @@ from urllib.parse import urlsplit
 
 from estuary.config.errors import ConfigError
 from estuary.config.streams import StartPosition, StreamSourceSpec
+from estuary.data.streams.backends import (
+    BACKENDS,
+    available_backends,
+    get_backend,
+    register_backend,
+)
 from estuary.data.streams.messages import MESSAGE_FORMATS, MessageParser, StreamChunk
 from estuary.data.streams.reader import StreamReader
 from estuary.data.streams.types import (
@@ -32,10 +38,9 @@ from estuary.data.streams.types import (
     StreamMessage,
     StreamPublisher,
 )
-from estuary.plugins import STREAM_BACKENDS
-from estuary.registry import PluginImportError, Registry
 
 __all__ = [
+    "BACKENDS",
     "MESSAGE_FORMATS",
     "MessageParser",
     "Offset",
@@ -54,32 +59,6 @@ __all__ = [
     "open_publisher",
     "register_backend",
 ]
-
-BACKENDS: Registry[StreamBackend] = STREAM_BACKENDS
-"""The backends by name (``estuary.plugins.STREAM_BACKENDS``)."""
-
-
-def register_backend(backend: StreamBackend, *, name: str | None = None) -> None:
-    """Make ``backend`` available as ``name`` (default ``backend.name``)."""
-    BACKENDS.register(name or backend.name, backend)
-
-
-def available_backends() -> list[str]:
-    """Names ``get_backend`` accepts, sorted."""
-    return BACKENDS.names()
-
-
-def get_backend(name: str, where: str = "stream.kind") -> StreamBackend:
-    """The backend registered as ``name``, importing it on first use.
-
-    Raises:
-        ConfigError: unknown name (the path is ``where``).
-        StreamError: its client package is not installed (with the pip command).
-    """
-    try:
-        return BACKENDS.get(name, where)
-    except PluginImportError as e:
-        raise StreamError(str(e)) from e
 
 
 def open_connector(

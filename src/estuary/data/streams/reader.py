@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from estuary.config.streams import StartPosition, StreamSourceSpec
+from estuary.data.streams.backends import get_backend
 from estuary.data.streams.guard import GuardedConnector
 from estuary.data.streams.messages import MessageParser, StreamChunk
 from estuary.data.streams.types import Offset, StreamConnector, StreamError
@@ -45,8 +46,6 @@ class StreamReader:
         where: str = "stream",
         connector: StreamConnector | None = None,
     ) -> None:
-        from estuary.data.streams import get_backend
-
         spec.validate(where)  # the loader does too; this covers specs built in code
         self.spec = spec
         self.where = where
