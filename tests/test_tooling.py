@@ -32,6 +32,20 @@ def test_importing_estuary_does_not_import_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_loading_a_job_imports_neither_torch_nor_numba() -> None:
+    """A parameter-server process or ``estuary render`` loads jobs without the heavy
+    libraries (an optimizer's implementation is imported only to check a
+    parameter of its own)."""
+    code = (
+        "import sys, estuary; estuary.load_job('examples/criteo.yaml');"
+        "print(sorted(m for m in ('torch', 'numba') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]"
+
+
 def test_layers_import_only_downwards() -> None:
     """config <- {data, embedding} <- nn <- train <- cli (ARCHITECTURE.md)."""
     forbidden = {

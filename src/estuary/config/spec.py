@@ -90,11 +90,18 @@ class SparseOptimizerSpec:
 
     def validate(self, path: str) -> None:
         OPTIMIZERS.check(self.name, f"{path}.name")
-        own = optimizer_parameters(self.name)
-        for f in dataclasses.fields(self):
-            if f.name != "name" and f.name not in own and getattr(self, f.name) != f.default:
+        changed = [
+            f.name
+            for f in dataclasses.fields(self)
+            if f.name not in _EVERY_OPTIMIZER_READS and getattr(self, f.name) != f.default
+        ]
+        # Only a section that sets an optimizer-specific parameter needs the
+        # optimizer's own list (which imports its numba implementation).
+        own = optimizer_parameters(self.name) if changed else ()
+        for name in changed:
+            if name not in own:
                 raise ConfigError(
-                    f"{path}.{f.name}",
+                    f"{path}.{name}",
                     f"not a parameter of optimizer {self.name!r} (its parameters: "
                     f"{', '.join(own)})",
                 )
@@ -567,6 +574,9 @@ def merge_table(default: TableSpec, override: Mapping[str, Any], path: str) -> T
     if isinstance(optimizer, Mapping) and isinstance(merged.get("optimizer"), dict):
         _keep_own_parameters(merged["optimizer"], optimizer, default.optimizer.name)
     return build_dataclass(TableSpec, merged, path)
+
+
+_EVERY_OPTIMIZER_READS = ("name", "lr", "weight_decay", "clip")  # SGDParams, the base of all
 
 
 def optimizer_parameters(name: str) -> tuple[str, ...]:
