@@ -81,8 +81,10 @@ class ShareLoss(torch.nn.Module):
         super().__init__()
         self.scale = 1.0
 
-    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+    def forward(
+        self, logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        loss = F.binary_cross_entropy_with_logits(logits, labels, weight=weight, reduction="sum")
         return loss * self.scale
 
 

@@ -41,15 +41,17 @@ from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedExc
 from torch.nn.parallel import DistributedDataParallel
 
 from estuary.config import JobSpec
-from estuary.config.spec import TrainSpec
 from estuary.data import DataPart, TabularDataset
 from estuary.data.types import Batch, Int64Array
 from estuary.ps import HostedTable, PSClient, ServerConfig, ServerProcess
 from estuary.ps.types import Address
 from estuary.train.checkpoint import load_checkpoint, restore_dense_warned
 from estuary.train.checkpoint_chain import LATEST
+from estuary.train.engine import resolve_device
+from estuary.train.plan import TrainPlan, server_staleness
+from estuary.train.result import FitResult, TrainingStopped
 from estuary.train.streaming import fit_streaming
-from estuary.train.trainer import FitResult, Trainer, TrainingStopped, resolve_device
+from estuary.train.trainer import Trainer
 
 BACKENDS = ("gloo", "nccl")  # nccl: dense models on CUDA (``train.device``)
 # How long a rank waits for rank 0's next data.dataset batch: as long as rank 0
@@ -70,23 +72,8 @@ def default_backend(job: JobSpec) -> str:
 
 
 def table_plan(job: JobSpec) -> dict[str, HostedTable]:
-    """The job's tables as ``Trainer`` builds them: one per sparse feature, or one per
-    ``model.embedding.shared`` group, with the same names, specs and seeds (so a
-    table on the server starts with exactly the rows a local one would)."""
-    shared = {m: g for g, members in job.model.embedding.shared.items() for m in members}
-    schema = job.data.schema
-    features = [*schema.sparse, *(f.name for f in schema.features)]
-    names = dict.fromkeys(shared.get(f, f) for f in features)
-    return {
-        name: HostedTable(job.table_spec(name), seed=job.train.seed * 1_000_003 + i)
-        for i, name in enumerate(names)
-    }
-
-
-def server_staleness(train: TrainSpec) -> int | None:
-    """The server's staleness bound for ``train.mode``: sync 0, hybrid
-    ``train.staleness``, async none."""
-    return {"sync": 0, "hybrid": train.staleness, "async": None}[train.mode]
+    """The job's tables as ``Trainer`` builds them (``TrainPlan.hosted_tables``)."""
+    return TrainPlan.from_job(job).hosted_tables()
 
 
 def rank_rows(

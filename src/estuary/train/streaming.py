@@ -133,7 +133,7 @@ def _fit_streaming(
     )
     share_loss, mean_loss = ShareLoss(), trainer.loss_fn
     if world_size > 1:
-        trainer.loss_fn = share_loss  # type: ignore[assignment]  # same call signature
+        trainer.loss_fn = share_loss
     updater = trainer.sparse_updater()
     every = job.output.checkpoint_every_steps if chief else None
     write_final = chief and (job.output.checkpoint or every is not None)

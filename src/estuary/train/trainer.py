@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +28,6 @@ from estuary.metrics.progress import ProgressBar
 from estuary.metrics.training import TrainingMetrics
 from estuary.nn.embedding_collection import EmbeddingCollection, LookedUpBatch
 from estuary.nn.models import accepts_sequences, build_model
-from estuary.nn.types import SequenceEmbedding, Sequences
 from estuary.train.checkpoint import load_checkpoint, restore_dense_warned, save_checkpoint
 from estuary.train.checkpoint_chain import (
     ChainLink,
@@ -38,8 +35,9 @@ from estuary.train.checkpoint_chain import (
     prune_checkpoints,
     read_link,
 )
-from estuary.train.pipeline import Prefetcher, StageTimes
-from estuary.train.placement import Placement
+from estuary.train.engine import Engine, resolve_device
+from estuary.train.plan import TrainPlan, shared_names
+from estuary.train.result import FitResult, TrainingStopped
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
 KEEP_CHECKPOINTS = 2
@@ -65,98 +63,6 @@ class TableStore(EmbeddingStore, Protocol):
     def delta_state_dict(self) -> dict[str, np.ndarray]: ...
 
     def apply_delta(self, delta: dict[str, np.ndarray]) -> None: ...
-
-
-class TrainingStopped(Exception):
-    """``fit`` stopped early on ``Trainer.request_stop`` (e.g. SIGTERM), after the
-    step in progress and a checkpoint of it: ``--resume`` continues from there.
-
-    Args:
-        reason: what asked for the stop (e.g. ``SIGTERM``).
-        step: the global step the run stopped after.
-        checkpoint: the checkpoint written (None when the job writes none).
-    """
-
-    def __init__(self, reason: str, step: int, checkpoint: Path | None) -> None:
-        where = f"checkpoint {checkpoint}" if checkpoint is not None else "no checkpoint"
-        super().__init__(f"stopped by {reason} after step {step}; {where}")
-        self.reason, self.step, self.checkpoint = reason, step, checkpoint
-
-    def __reduce__(self) -> tuple[type[TrainingStopped], tuple[str, int, Path | None]]:
-        return TrainingStopped, (self.reason, self.step, self.checkpoint)  # crosses processes
-
-
-@dataclass
-class FitResult:
-    """What a training run produced (also written as ``summary.json``).
-
-    Args:
-        eval: metrics on the eval split (``None`` when ``eval_fraction`` is 0).
-        train_rows: training rows processed (over all epochs).
-        eval_rows: rows in the eval split.
-        bad_rows: malformed input rows skipped.
-        samples_per_s: training rows per second of training-loop wall time.
-        wall_s: whole run, data loading included.
-        mode: ``train.mode``.
-        checkpoint: the checkpoint folder written, if any.
-        profile: per-stage seconds.
-        extra: more figures (epochs, steps, table stats).
-    """
-
-    eval: EvalResult | None
-    train_rows: int
-    eval_rows: int
-    bad_rows: int
-    samples_per_s: float
-    wall_s: float
-    mode: str
-    checkpoint: Path | None = None
-    profile: dict[str, float] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def auc(self) -> float:
-        return self.eval.auc if self.eval else float("nan")
-
-    @property
-    def logloss(self) -> float:
-        return self.eval.logloss if self.eval else float("nan")
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-able summary (NaN written as null)."""
-
-        def clean(x: float) -> float | None:
-            return None if math.isnan(x) else x
-
-        out: dict[str, Any] = {
-            "auc": clean(self.auc),
-            "logloss": clean(self.logloss),
-            "train_rows": self.train_rows,
-            "eval_rows": self.eval_rows,
-            "bad_rows": self.bad_rows,
-            "samples_per_s": self.samples_per_s,
-            "wall_s": self.wall_s,
-            "mode": self.mode,
-            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
-        }
-        if self.eval is not None:
-            out["calibration"] = clean(self.eval.calibration)
-            out["label_mean"] = clean(self.eval.label_mean)
-        out["profile"] = self.profile
-        out.update(self.extra)
-        return out
-
-
-def resolve_device(name: str) -> torch.device:
-    """``train.device`` -> a torch device: ``auto`` takes CUDA when present."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            "train.device: 'cuda' requested but torch sees no CUDA device "
-            f"(torch {torch.__version__}, built with CUDA: {torch.version.cuda or 'no'})"
-        )
-    return torch.device(name)
 
 
 def seed_everything(seed: int) -> None:
@@ -198,66 +104,65 @@ class Trainer:
         seed_everything(job.train.seed)
         if job.train.threads:
             torch.set_num_threads(job.train.threads)
-        # Tables: one per feature, or one per `shared` group. Features sharing a
-        # table hash their values with the group's seed, so equal values meet.
-        shared_names = {m: g for g, ms in job.model.embedding.shared.items() for m in ms}
         self.dataset = (
             dataset
             if dataset is not None
-            else TabularDataset(job.data, job.base_dir, hash_names=shared_names)
+            else TabularDataset(job.data, job.base_dir, hash_names=shared_names(job))
         )
-        self.features = list(self.dataset.feature_names)
+        self.plan = TrainPlan.from_job(job, self.dataset.feature_names)
+        self.features = list(self.plan.features)
         self.load_s = time.perf_counter() - t0
-        feature_tables = {f: shared_names.get(f, f) for f in self.features}
+        # Tables: one per feature, or one per `shared` group. Features sharing a
+        # table hash their values with the group's name, so equal values meet.
         self.tables: dict[str, TableStore] = {}
-        for i, table in enumerate(dict.fromkeys(feature_tables.values())):
-            spec = job.table_spec(table)
+        for table, spec in self.plan.tables.items():
             if tables is not None:
                 if table not in tables or tables[table].dim != spec.dim:
                     raise ValueError(f"tables: need table {table!r} with dim {spec.dim}")
                 self.tables[table] = tables[table]
                 continue
-            self.tables[table] = EmbeddingTable(
-                spec, seed=job.train.seed * 1_000_003 + i, name=table
-            )
+            self.tables[table] = EmbeddingTable(spec, seed=self.plan.seeds[table], name=table)
         # External tables lock themselves: a LockedStore would hold its lock through a
         # parameter server's staleness wait and so block the push that ends the wait.
-        self.stores: dict[str, EmbeddingStore] = (
+        stores: dict[str, EmbeddingStore] = (
             dict(self.tables)
             if tables is not None
             else {name: LockedStore(t) for name, t in self.tables.items()}
         )
         # `pooling: none` leaves sequence features unpooled (the model gets them
         # padded); a one-id feature's row is already unpooled and stays in (B, F, D).
-        pooling = {f: job.table_spec(feature_tables[f]).pooling for f in self.features}
+        feature_tables = self.plan.feature_tables
+        pooling = {f: self.plan.tables[feature_tables[f]].pooling for f in self.features}
         jagged = self.dataset.jagged
         pooling = {f: "sum" if p == "none" and f not in jagged else p for f, p in pooling.items()}
-        self.embeddings = EmbeddingCollection(self.features, self.stores, feature_tables, pooling)
-        sequence_features = self.embeddings.sequence_features
+        embeddings = EmbeddingCollection(self.features, stores, feature_tables, pooling)
+        sequence_features = embeddings.sequence_features
         if model is not None and sequence_features and not accepts_sequences(model):
             raise TypeError(
                 f"features {sequence_features} have pooling: none, so the model is called as "
                 f"forward(dense, sparse, sequences); accept the third argument or wrap the "
                 f"model in estuary.nn.SequencePooling"
             )
-
-        num_dense = len(self.dataset.dense_names)
-        self.model = model or build_model(
+        model = model or build_model(
             job.model.type,
             job.model.params,
-            num_dense=num_dense,
+            num_dense=len(self.dataset.dense_names),
             num_sparse=len(self.features),
-            embedding_dim=self.embeddings.dim,
+            embedding_dim=embeddings.dim,
             features=self.features,
             sequence_features=sequence_features,
         )
         # The dense network runs on `device`; tables stay in host memory, looked-up
         # rows go to the device and their gradients come back through autograd.
-        self.device = resolve_device(job.train.device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.model.to(self.device)
-        self.train_model = self.model  # what steps call: a DDP wrapper with several trainers
+        device = resolve_device(job.train.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        model.to(device)
+        opt = job.train.dense_optimizer
+        optimizer = DENSE_OPTIMIZERS[opt.name](
+            model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay
+        )
+        self.engine = Engine(model, embeddings, stores, optimizer, job.train, device)
         self.rank = rank
         # Prometheus metrics (``output.metrics_port``); rank 0 serves them.
         self.metrics = TrainingMetrics(
@@ -266,16 +171,9 @@ class Trainer:
             job=job.name,
             mode=job.train.mode,
         )
-        opt = job.train.dense_optimizer
-        self.optimizer = DENSE_OPTIMIZERS[opt.name](
-            self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay
-        )
-        self.loss_fn = nn.BCEWithLogitsLoss()
-        self.bf16 = job.train.precision == "bf16"
         self.step = 0
         self.epoch = 0
         self.epoch_step = 0  # steps done in epoch `epoch` (a mid-epoch checkpoint resumes there)
-        self.times = StageTimes()
         # data.dataset runs: rows trained (``estuary.data.graph.Progress`` JSON),
         # saved with and restored from checkpoints (train/streaming.py).
         self.data_progress: dict[str, Any] | None = None
@@ -286,84 +184,46 @@ class Trainer:
 
     # -- training ---------------------------------------------------------------
 
-    def _train_step(self, batch: Batch, looked_up: LookedUpBatch, updater: SparseUpdater) -> float:
-        t0 = time.perf_counter()
-        self.model.train()
-        self.embeddings.train()
-        sparse, sequences = self.embeddings.embed(looked_up)  # (B, F, D), {f: (B, L, D)}
-        dense = torch.from_numpy(batch.dense)  # (B, Dd)
-        labels = torch.from_numpy(batch.labels)  # (B,)
-        logits = self._forward(self.train_model, dense, sparse, sequences)
-        loss = self.loss_fn(logits, labels.to(self.device))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        t1 = time.perf_counter()
-        self.optimizer.step()
-        t2 = time.perf_counter()
-        updater.submit(self.embeddings.gradients())
-        t3 = time.perf_counter()
-        self.times.forward_backward_s += t1 - t0
-        self.times.dense_step_s += t2 - t1
-        self.times.sparse_submit_s += t3 - t2
-        self.times.steps += 1
-        return float(loss.detach())
+    # The engine's parts, under the names users and tests know.
+    model = property(lambda self: self.engine.model, doc="the dense network")
+    optimizer = property(lambda self: self.engine.optimizer, doc="the dense optimizer")
+    embeddings = property(lambda self: self.engine.embeddings, doc="the EmbeddingCollection")
+    device = property(lambda self: self.engine.device, doc="where the dense network runs")
+    times = property(lambda self: self.engine.times, doc="per-stage seconds (StageTimes)")
 
-    def _forward(
-        self, model: nn.Module, dense: torch.Tensor, sparse: torch.Tensor, sequences: Sequences
-    ) -> torch.Tensor:
-        """Logits float32 (B,) on ``self.device``, under bf16 autocast when asked.
-        ``sequences`` (the ``pooling: none`` features) is passed only when not empty."""
-        dense = dense.to(self.device, non_blocking=True)
-        sparse = sparse.to(self.device, non_blocking=True)
-        inputs: list[Any] = [dense, sparse]
-        if sequences:
-            moved = {
-                name: SequenceEmbedding(
-                    s.values.to(self.device, non_blocking=True),
-                    s.mask.to(self.device, non_blocking=True),
-                )
-                for name, s in sequences.items()
-            }
-            inputs.append(moved)
-        autocast = (
-            torch.autocast(self.device.type, dtype=torch.bfloat16)
-            if self.bf16
-            else contextlib.nullcontext()
-        )
-        with autocast:
-            logits = model(*inputs)
-        return logits.float()
+    @property
+    def stores(self) -> dict[str, EmbeddingStore]:
+        return self.engine.stores
+
+    @property
+    def train_model(self) -> nn.Module:
+        """What steps call: ``model``, or a DDP wrapper of it with several trainers."""
+        return self.engine.train_model
+
+    @train_model.setter
+    def train_model(self, module: nn.Module) -> None:
+        self.engine.train_model = module
+
+    @property
+    def loss_fn(self) -> Any:
+        """The loss: ``loss_fn(logits (B,), labels (B,), weight (B,) | None)``."""
+        return self.engine.loss_fn
+
+    @loss_fn.setter
+    def loss_fn(self, fn: Any) -> None:
+        self.engine.loss_fn = fn
+
+    def _train_step(self, batch: Batch, looked_up: LookedUpBatch, updater: SparseUpdater) -> float:
+        return self.engine.step(batch, looked_up, updater)
 
     def sparse_updater(self) -> SparseUpdater:
         """The ``SparseUpdater`` for ``train.mode`` / ``staleness`` / ``sparse_placement``."""
-        train = self.job.train
-        placement = None if train.sparse_placement == "auto" else Placement(train.sparse_placement)
-        return SparseUpdater(self.stores, train.mode, train.staleness, placement=placement)
-
-    def _lookup_train(self, batch: Batch) -> LookedUpBatch:
-        return self.embeddings.lookup(batch.sparse, train=True)
+        return self.engine.sparse_updater()
 
     def _steps(
         self, batches: Iterator[Batch], updater: SparseUpdater
     ) -> Iterator[tuple[Batch, LookedUpBatch]]:
-        """Yield looked-up batches: inline in sync mode, prefetched otherwise."""
-        if self.job.train.mode == "sync":
-            for batch in batches:
-                t0 = time.perf_counter()
-                looked_up = self._lookup_train(batch)
-                self.times.lookup_s += time.perf_counter() - t0
-                yield batch, looked_up
-            return
-        prefetch = Prefetcher(
-            batches,
-            self._lookup_train,
-            updater.before_lookup,
-            first_step=updater.submitted + 1,
-            times=self.times,
-            placement=updater.placement,
-        )
-        for _, batch, looked_up in prefetch:
-            yield batch, looked_up
+        return self.engine.looked_up(batches, updater)
 
     def _epoch_batches(self, part: DataPart, epoch: int) -> Iterator[Batch]:
         """This trainer's training batches of one epoch (a multi-trainer run's
@@ -511,15 +371,9 @@ class Trainer:
 
     # -- evaluation -------------------------------------------------------------
 
-    @torch.no_grad()
     def predict(self, batch: Batch) -> np.ndarray:
         """Click probabilities float32 (B,); lookups never insert ids."""
-        self.model.eval()
-        self.embeddings.eval()
-        looked_up = self.embeddings.lookup(batch.sparse, train=False)
-        sparse, sequences = self.embeddings.embed(looked_up)
-        logits = self._forward(self.model, torch.from_numpy(batch.dense), sparse, sequences)
-        return torch.sigmoid(logits).cpu().numpy()
+        return self.engine.predict(batch)
 
     def evaluate(self, part: Any | None = None) -> EvalResult:
         """AUC / logloss on the eval split (or ``part``)."""
