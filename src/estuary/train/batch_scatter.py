@@ -21,7 +21,8 @@ last batch had fewer than W rows) still runs the step: zero rows, zero dense
 gradients, one empty push per table (the parameter server applies a step once
 all W ranks have pushed it).
 
-Loss: each rank's loss is the sum over its part times W / N (``ShareLoss``);
+Loss: each rank's loss is the sum over its part times W / N (the feed's
+``StepShare.loss_scale``, applied by ``Engine.step``);
 DDP averages over W ranks and the ranks push sparse gradients times 1/W, so
 both halves follow the gradient of the mean loss over the step's N rows: a
 W-trainer step is the step one trainer takes on the whole batch of W x B rows.
@@ -39,11 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from estuary.data.types import Batch, Int64Array, JaggedIds
 
-__all__ = ["BatchScatter", "ShareLoss", "StepShare", "split_rows"]
+__all__ = ["BatchScatter", "StepShare", "split_rows"]
 
 _END = -1  # header[0] of the message that ends the data
 
@@ -71,21 +71,6 @@ class StepShare:
 
     rows: int
     row_ids: Int64Array | None
-
-
-class ShareLoss(torch.nn.Module):
-    """BCE of one rank's part of a step: ``sum over its rows x scale``, where the
-    trainer sets ``scale = W / N`` before each step (see module docstring)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scale = 1.0
-
-    def forward(
-        self, logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        loss = F.binary_cross_entropy_with_logits(logits, labels, weight=weight, reduction="sum")
-        return loss * self.scale
 
 
 class BatchScatter:

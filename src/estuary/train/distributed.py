@@ -28,12 +28,9 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
@@ -41,24 +38,33 @@ from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedExc
 from torch.nn.parallel import DistributedDataParallel
 
 from estuary.config import JobSpec
-from estuary.data import DataPart, TabularDataset
-from estuary.data.types import Batch, Int64Array
+from estuary.data import TabularDataset
 from estuary.ps import HostedTable, PSClient, ServerConfig, ServerProcess
 from estuary.ps.types import Address
-from estuary.train.checkpoint import load_checkpoint, restore_dense_warned
 from estuary.train.checkpoint_chain import LATEST
 from estuary.train.engine import resolve_device
+from estuary.train.feeds import rank_batches, rank_rows
 from estuary.train.plan import TrainPlan, server_staleness
 from estuary.train.result import FitResult, TrainingStopped
-from estuary.train.streaming import fit_streaming
+from estuary.train.stop import STOP_POLL_STEPS, CollectiveStop
 from estuary.train.trainer import Trainer
+
+__all__ = [
+    "STOP_POLL_STEPS",
+    "DistributedError",
+    "DistributedTrainer",
+    "rank_batches",
+    "rank_rows",
+    "run_distributed",
+    "server_staleness",
+    "stop_value",
+    "table_plan",
+]
 
 BACKENDS = ("gloo", "nccl")  # nccl: dense models on CUDA (``train.device``)
 # How long a rank waits for rank 0's next data.dataset batch: as long as rank 0
 # may wait for data (readiness, idle streams); a failed rank 0 ends the run anyway.
 DATA_TIMEOUT = datetime.timedelta(days=7)
-# Ranks agree whether to stop (SIGTERM / SIGINT at the launcher) every this many steps.
-STOP_POLL_STEPS = 8
 
 
 class DistributedError(RuntimeError):
@@ -76,44 +82,13 @@ def table_plan(job: JobSpec) -> dict[str, HostedTable]:
     return TrainPlan.from_job(job).hosted_tables()
 
 
-def rank_rows(
-    part: DataPart, rank: int, world_size: int, *, shuffle: bool, seed: int, epoch: int
-) -> Int64Array:
-    """Row ids rank ``rank`` trains in one epoch -> int64 (R // W,).
-
-    The epoch's order is the one ``DataPart.batches`` uses (a permutation drawn from
-    (seed, epoch) when ``shuffle``); rank r takes every W-th row from r, after
-    dropping the last ``R mod W`` rows so every rank takes as many steps (DDP needs
-    that). Batch t of every rank together is rows ``[t W B, (t + 1) W B)`` of the
-    epoch order.
-    """
-    rows = part.row_ids
-    if shuffle:
-        rng = np.random.default_rng([seed, epoch])  # as DataPart.batches
-        rows = rows[rng.permutation(rows.shape[0])]
-    usable = rows.shape[0] - rows.shape[0] % world_size
-    return rows[rank:usable:world_size]
-
-
-def rank_batches(
-    part: DataPart,
-    batch_size: int,
-    rank: int,
-    world_size: int,
-    *,
-    shuffle: bool,
-    seed: int,
-    epoch: int,
-) -> Iterator[Batch]:
-    """Rank ``rank``'s batches of ``batch_size`` rows (per rank) of one epoch."""
-    rows = rank_rows(part, rank, world_size, shuffle=shuffle, seed=seed, epoch=epoch)
-    for begin in range(0, rows.shape[0], batch_size):
-        yield part.dataset.take(rows[begin : begin + batch_size])
-
-
 class DistributedTrainer(Trainer):
     """One rank of a multi-trainer run: tables are ``RemoteTable``s of a parameter
-    server, the dense model is wrapped in ``DistributedDataParallel``.
+    server, the dense model is wrapped in ``DistributedDataParallel``, stops are
+    agreed on by all ranks (``CollectiveStop``) and only rank 0 restores the
+    tables. Everything else is the ``Trainer``'s: the feeds split the data by
+    rank (``EpochFeed``: rows ``perm[r::W]``; ``GraphFeed``: rank 0 reads and
+    scatters).
 
     Args:
         job: the job (every rank gets the same one).
@@ -123,6 +98,7 @@ class DistributedTrainer(Trainer):
         model: as for ``Trainer``.
         dataset: as for ``Trainer`` (every rank reads the whole dataset and trains
             its share).
+        stop_signal: a shared int the launcher sets to a signal number to stop.
 
     ``train.batch_size`` is per rank: a step trains W x batch_size rows.
     """
@@ -139,105 +115,43 @@ class DistributedTrainer(Trainer):
         stop_signal: Any = None,
     ) -> None:
         self.client = client
-        self.stop_signal = stop_signal  # shared int (0 = run), set by the launcher
-        self.world_size = world_size
         self.remote_tables = client.tables(rank=rank, grad_scale=1.0 / world_size)
-        super().__init__(job, model, dataset=dataset, tables=self.remote_tables, rank=rank)
-        self.data_group: Any = None
+        stop = CollectiveStop(stop_signal, world_size)
+        super().__init__(
+            job,
+            model,
+            dataset=dataset,
+            tables=self.remote_tables,
+            rank=rank,
+            world_size=world_size,
+            stop=stop,
+        )
+        self.restores_tables = rank == 0  # into the server, for every rank
         if world_size > 1:
             # Construction broadcasts rank 0's parameters (a collective).
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = DistributedDataParallel(self.model, device_ids=device_ids)
+            self.engine.train_model = DistributedDataParallel(self.model, device_ids=device_ids)
             # data.dataset batches go from rank 0 to the others on their own gloo
             # group (CPU tensors, never ordered against DDP's collectives). Its
             # timeout is long: a rank waits as long as rank 0 waits for data.
             self.data_group = dist.new_group(backend="gloo", timeout=DATA_TIMEOUT)
             # Stop polls: a one-int all-reduce every STOP_POLL_STEPS steps, on its own
             # group so it never interleaves with the data group's scatters.
-            self.stop_group = dist.new_group(backend="gloo")
+            stop.group = dist.new_group(backend="gloo")
 
-    def poll_stop(self) -> bool:
-        """Whether to stop now. With W > 1 the ranks agree every
-        ``STOP_POLL_STEPS`` steps (MAX over a one-int all-reduce of the signal
-        asked for), so all stop after the same step."""
-        asked = self._asked_signal()
-        if self.world_size > 1:
-            if self.step % STOP_POLL_STEPS:
-                return False
-            flag = torch.tensor([asked], dtype=torch.int64)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.stop_group)
-            asked = int(flag.item())
-        if asked and self.stop_reason is None:
-            self.stop_reason = signal.Signals(asked).name
-        return bool(asked)
-
-    def stop_asked(self) -> bool:
-        return bool(self._asked_signal())
-
-    def asked_reason(self) -> str:
-        return signal.Signals(self._asked_signal()).name
-
-    def _asked_signal(self) -> int:
-        # The launcher's shared value, else request_stop's reason (a signal name,
-        # or SIGTERM for any other reason); 0 = keep going.
-        if self.stop_signal is not None and self.stop_signal.value:
-            return int(self.stop_signal.value)
-        if self.stop_reason is None:
-            return 0
-        known = self.stop_reason in signal.Signals.__members__
-        return int(signal.Signals[self.stop_reason] if known else signal.SIGTERM)
-
-    def _epoch_batches(self, part: DataPart, epoch: int) -> Iterator[Batch]:
-        train = self.job.train
-        return rank_batches(
-            part,
-            train.batch_size,
-            self.rank,
-            self.world_size,
-            shuffle=train.shuffle,
-            seed=train.seed,
-            epoch=epoch,
-        )
-
-    def load_checkpoint(self, path: Path) -> None:
-        """Restore from ``path`` (as ``Trainer.load_checkpoint``): every rank its dense
-        model, optimizer, step and data progress; rank 0 also the tables, into the
-        parameter server. Every rank must call it, and none train before rank 0 is
-        done (``run_distributed`` puts a barrier after it)."""
-        if self.rank == 0:
-            super().load_checkpoint(path)
-            return
-        ckpt = load_checkpoint(path, tables=False)  # rank 0 restores the tables
-        restore_dense_warned(ckpt, self.job, self.model, self.optimizer)
-        self.step = int(ckpt.manifest["step"])
-        self.epoch = int(ckpt.manifest["metadata"].get("epoch", 0))
-        self.epoch_step = int(ckpt.manifest["metadata"].get("epoch_step", 0))
-        self.data_progress = ckpt.manifest["metadata"].get("data_progress")
-
-    def fit(self, *, progress: bool | None = None) -> FitResult:
-        """Train this rank's share; rank 0 also evaluates and checkpoints. Figures
-        in the result are for all ranks (every rank trains as many rows)."""
-        # The bar would count one rank's rows against the whole run's total.
-        show = progress if self.world_size == 1 else False
-        if self.job.data.dataset is not None:  # rank 0 reads; counts are all ranks'
-            result = fit_streaming(
-                self, progress=show, world_size=self.world_size, group=self.data_group
-            )
-        else:
-            result = super().fit(progress=show)
-            result.train_rows *= self.world_size
-            result.samples_per_s *= self.world_size
+    def server_figures(self) -> dict[str, int]:
+        """The parameter server's step figures, once every rank's last step has
+        landed (summary.json: ``ps_applied_steps``, ``ps_duplicate_pushes``, ...)."""
         for table in self.remote_tables.values():
             table.wait_applied()  # Blocking wait: every rank's last step has landed.
         ps = self.client.server_stats()
-        result.extra.update(
-            trainers=self.world_size,
-            ps_applied_steps=min((s["applied"] for s in ps.values()), default=0),
-            ps_duplicate_pushes=sum(s["duplicates"] for s in ps.values()),
-            ps_waits=sum(s["waits"] for s in ps.values()),
-            ps_max_behind=max((s["max_behind"] for s in ps.values()), default=0),
-        )
-        return result
+        return {
+            "trainers": self.world_size,
+            "ps_applied_steps": min((s["applied"] for s in ps.values()), default=0),
+            "ps_duplicate_pushes": sum(s["duplicates"] for s in ps.values()),
+            "ps_waits": sum(s["waits"] for s in ps.values()),
+            "ps_max_behind": max((s["max_behind"] for s in ps.values()), default=0),
+        }
 
 
 @dataclass(frozen=True)
@@ -301,9 +215,9 @@ def _trainer_main(rank: int, launch: _Launch, results: Any, stop_signal: Any) ->
             trainer.load_checkpoint(out)  # nothing writes a checkpoint before the barrier
         dist.barrier()  # Blocking wait: rank 0 has loaded the tables into the server.
         try:
-            result: FitResult | TrainingStopped = trainer.fit(
-                progress=launch.progress and rank == 0
-            )
+            fitted = trainer.fit(progress=launch.progress and rank == 0)
+            fitted.extra.update(trainer.server_figures())
+            result: FitResult | TrainingStopped = fitted
         except TrainingStopped as stop:  # every rank, after the same step
             result = stop
         if rank == 0:
