@@ -29,9 +29,9 @@ import yaml
 
 from estuary.cli import main
 from estuary.config import load_job
+from estuary.runtime.launcher import run_distributed
 from estuary.train import load_checkpoint
 from estuary.train.checkpoint_chain import LATEST
-from estuary.train.distributed import run_distributed
 
 from .conftest import write_job
 

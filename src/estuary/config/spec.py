@@ -393,14 +393,15 @@ class RuntimeSpec:
     """Where the job runs.
 
     Args:
-        backend: ``local`` (one process, no extra dependencies).
+        backend: the runtime backend (``estuary.runtime.BACKENDS``): ``local``
+            runs on this machine, no extra dependencies.
         trainers: trainer processes on this machine. 1 = one process with the
             tables in memory; W > 1 = W trainers (dense model replicated, gradients
             averaged) sharing tables on a parameter-server process;
             ``train.batch_size`` is then per trainer.
     """
 
-    backend: Literal["local"] = "local"
+    backend: str = "local"
     trainers: int = 1
 
     def validate(self, path: str) -> None:

@@ -74,7 +74,7 @@ class Trainer:
 
     default_callbacks: ClassVar[list[Callable[[], Callback]]] = []
     """Factories of callbacks every Trainer gets, e.g. a ``FaultInjection`` that a
-    test installs before ``estuary.cli.main`` runs in a subprocess."""
+    test installs before the command line runs in a subprocess."""
 
     def __init__(
         self,
