@@ -32,6 +32,7 @@ from estuary.data import DataError, DataPart, TabularDataset
 from estuary.data.graph import Driver, Progress
 from estuary.data.types import Batch, Int64Array
 from estuary.train.batch_scatter import BatchScatter
+from estuary.train.callbacks import LoopState
 from estuary.train.plan import TrainPlan
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "Feed",
     "GraphFeed",
     "StepShare",
+    "feed_for",
     "rank_batches",
     "rank_rows",
     "stream_batches",
@@ -378,3 +380,27 @@ def stream_batches(
         shuffle=False,
     )
     return driver.batches()
+
+
+def feed_for(
+    job: JobSpec,
+    dataset: TabularDataset,
+    plan: TrainPlan,
+    state: LoopState,
+    group: Any = None,
+    data_progress: dict[str, Any] | None = None,
+) -> Feed:
+    """The feed of one rank (``state``) for the job's data path: an ``EpochFeed``
+    for ``data.sources``, a ``GraphFeed`` for ``data.dataset``."""
+    if job.data.dataset is None:
+        return EpochFeed(job, dataset, state.rank, state.world_size)
+    return GraphFeed(
+        job,
+        plan,
+        len(dataset.dense_names),
+        rank=state.rank,
+        world_size=state.world_size,
+        group=group,
+        data_progress=data_progress,
+        should_stop=state.stop.asked,
+    )

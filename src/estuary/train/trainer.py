@@ -33,23 +33,15 @@ from estuary.train.build import (
 from estuary.train.callbacks import AdmissionSwitch, Callback, LoopState
 from estuary.train.checkpointer import KEEP_CHECKPOINTS, Checkpointer
 from estuary.train.engine import resolve_device
-from estuary.train.feeds import EpochFeed, Feed, GraphFeed
+from estuary.train.feeds import Feed, feed_for
 from estuary.train.loop import FitLoop, evaluate_batches
 from estuary.train.plan import TrainPlan, shared_names
 from estuary.train.result import FitResult, TrainingStopped
 from estuary.train.sparse_updates import SparseUpdater
 from estuary.train.stop import LocalStop, StopSignal
 
-__all__ = [
-    "DENSE_OPTIMIZERS",
-    "KEEP_CHECKPOINTS",
-    "FitResult",
-    "TableStore",
-    "Trainer",
-    "TrainingStopped",
-    "resolve_device",
-    "seed_everything",
-]
+__all__ = ["DENSE_OPTIMIZERS", "KEEP_CHECKPOINTS", "FitResult", "TableStore", "Trainer"]
+__all__ += ["TrainingStopped", "resolve_device", "seed_everything"]  # re-exported
 
 
 class Trainer:
@@ -134,35 +126,17 @@ class Trainer:
     rank = property(lambda self: self.state.rank, doc="this trainer's rank")
     world_size = property(lambda self: self.state.world_size, doc="trainers in the run")
     checkpoint_link = property(lambda self: self.checkpointer.link, doc="last checkpoint")
-
-    @property
-    def step(self) -> int:
-        """Global steps done."""
-        return self.state.step
-
-    @property
-    def epoch(self) -> int:
-        return self.state.epoch
-
-    @property
-    def data_progress(self) -> dict[str, Any] | None:
-        """``data.dataset`` runs: the rows trained, as in the last checkpoint."""
-        return self.checkpointer.data_progress
+    step = property(lambda self: self.state.step, doc="global steps done")
+    epoch = property(lambda self: self.state.epoch, doc="the epoch in progress")
+    data_progress = property(
+        lambda self: self.checkpointer.data_progress, doc="data.dataset: rows trained"
+    )
 
     def feed(self) -> Feed:
         """This trainer's feed for the job's data path."""
-        job, state = self.job, self.state
-        if job.data.dataset is None:
-            return EpochFeed(job, self.dataset, state.rank, state.world_size)
-        return GraphFeed(
-            job,
-            self.plan,
-            len(self.dataset.dense_names),
-            rank=state.rank,
-            world_size=state.world_size,
-            group=self.data_group,
-            data_progress=self.checkpointer.data_progress,
-            should_stop=state.stop.asked,
+        data_progress = self.checkpointer.data_progress
+        return feed_for(
+            self.job, self.dataset, self.plan, self.state, self.data_group, data_progress
         )
 
     def fit(self, *, progress: bool | None = None) -> FitResult:
@@ -213,9 +187,6 @@ class Trainer:
         size = self.job.train.eval_batch_size
         batches = self.dataset.batches(part, size, shuffle=False, seed=0, epoch=0)
         return evaluate_batches(self.predict, batches)
-
-    def checkpoint_root(self) -> Path:
-        return self.checkpointer.root()
 
     def save_checkpoint(self, root: Path | None = None) -> Path:
         """Write model, dense optimizer and every table (full, or a delta)."""
