@@ -86,3 +86,18 @@ def test_row_weights_weigh_the_loss(tmp_path: Path) -> None:
     rows = np.arange(1, batch.num_rows, 2)
     want = step(odd, batch.take(rows), None) * rows.size / batch.num_rows
     assert abs(loss - want) < 1e-5 * want
+
+
+def test_fit_takes_each_batch_plan_from_plan_for(tmp_path: Path) -> None:
+    trainer, _ = trainer_and_batch(tmp_path)
+    before = params(trainer)
+    seen: list[int] = []
+
+    def frozen(batch: Batch) -> UpdatePlan:
+        seen.append(batch.num_rows)
+        return UpdatePlan(dense={})  # no parameter matches: all frozen
+
+    trainer.plan_for = frozen
+    trainer.fit(progress=False)
+    assert seen and sum(seen) == trainer.job.train.epochs * trainer.dataset.split()[0].num_rows
+    assert all(torch.equal(before[n], v) for n, v in params(trainer).items())

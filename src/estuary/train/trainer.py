@@ -32,7 +32,7 @@ from estuary.train.build import (
 )
 from estuary.train.callbacks import AdmissionSwitch, Callback, LoopState
 from estuary.train.checkpointer import KEEP_CHECKPOINTS, Checkpointer
-from estuary.train.engine import resolve_device
+from estuary.train.engine import UpdatePlan, resolve_device
 from estuary.train.feeds import Feed, feed_for
 from estuary.train.loop import FitLoop, evaluate_batches
 from estuary.train.plan import TrainPlan, shared_names
@@ -116,6 +116,8 @@ class Trainer:
         self.callbacks = [make() for make in self.default_callbacks] + list(callbacks)
         self.restores_tables = True  # False: another rank restores shared tables
         self.data_group: Any = None  # W > 1, data.dataset: the group batches travel on
+        # Each batch's UpdatePlan (e.g. by ``batch.origin``); None: the plain step.
+        self.plan_for: Callable[[Batch], UpdatePlan | None] | None = None
 
     # The parts, under the names users and tests know.
     model = property(lambda self: self.engine.model, doc="the dense network")
@@ -158,6 +160,7 @@ class Trainer:
                 callbacks=[*extra, *self.callbacks],
                 progress=show,
                 load_s=self.load_s,
+                plan_for=self.plan_for,
             )
             return loop.run()
 
