@@ -21,6 +21,7 @@ from estuary.train.callbacks import LoopState
 from estuary.train.checkpoint import load_checkpoint, restore_dense_warned, save_checkpoint
 from estuary.train.checkpoint_chain import ChainLink, plan_checkpoint, prune_checkpoints, read_link
 from estuary.train.engine import Engine
+from estuary.train.plan import TrainPlan
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
 __all__ = ["KEEP_CHECKPOINTS", "Checkpointer"]
@@ -39,7 +40,7 @@ class Checkpointer:
         engine: model and dense optimizer.
         tables: table name -> table (``state_dict``, ``delta_state_dict``, ...).
         metrics: told of each checkpoint.
-        features: sparse features in model order (saved in the manifest).
+        plan: the job's plan (its features, in model order, go in the manifest).
         dense: dense feature names (saved in the manifest).
     """
 
@@ -49,11 +50,11 @@ class Checkpointer:
         engine: Engine,
         tables: Mapping[str, Any],
         metrics: TrainingMetrics,
-        features: list[str],
+        plan: TrainPlan,
         dense: list[str],
     ) -> None:
         self.job, self.engine, self.tables, self.metrics = job, engine, tables, metrics
-        self.features, self.dense = features, dense
+        self.features, self.dense = list(plan.features), dense
         # The checkpoint the tables were last saved to or restored from: the
         # parent of the next delta checkpoint (``output.checkpoint_full_every``).
         self.link: ChainLink | None = None

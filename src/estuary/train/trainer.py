@@ -111,7 +111,7 @@ class Trainer:
         )
         dense = list(dataset.dense_names)
         self.checkpointer = Checkpointer(
-            job, self.engine, self.tables, self.metrics, self.features, dense
+            job, self.engine, self.tables, self.metrics, self.plan, dense
         )
         self.callbacks = [make() for make in self.default_callbacks] + list(callbacks)
         self.restores_tables = True  # False: another rank restores shared tables
