@@ -73,19 +73,12 @@ class UpdatePlan:
     dense: Mapping[str, float] | None = None
     tables: Mapping[str, float] | None = None
 
-    @property
-    def is_default(self) -> bool:
-        return self.dense is None and self.tables is None
-
     def dense_scale(self, name: str) -> float | None:
         """The lr scale of parameter ``name`` (``None``: frozen this step)."""
         if self.dense is None:
             return 1.0
         matches = [p for p in self.dense if name.startswith(p)]
         return self.dense[max(matches, key=len)] if matches else None
-
-
-DEFAULT_PLAN = UpdatePlan()
 
 
 class RowLoss(nn.Module):
