@@ -18,22 +18,20 @@ _HELD_CLI = """
 import sys, time
 from pathlib import Path
 
-from estuary.train.trainer import Trainer
+from estuary.train import Trainer
+from estuary.train.callbacks import FaultInjection
 
-_train_step = Trainer._train_step
 
-
-def _held_step(self, *args):  # every trainer process runs this module's top level
-    if self.rank == 0 and self.step == 5:
+def _hold(state):  # every trainer process runs this module's top level
+    if state.rank == 0 and state.step == 5:
         Path({marker!r}).write_text("in step 6")
         for _ in range(600):
-            if self.stop_asked():
+            if state.stop.asked():
                 break
             time.sleep(0.1)
-    return _train_step(self, *args)
 
 
-Trainer._train_step = _held_step
+Trainer.default_callbacks.append(lambda: FaultInjection(_hold))
 
 if __name__ == "__main__":
     from estuary.cli import main

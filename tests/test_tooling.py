@@ -44,21 +44,3 @@ def test_loading_a_job_imports_neither_torch_nor_numba() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == "[]"
-
-
-def test_layers_import_only_downwards() -> None:
-    """config <- {data, embedding} <- nn <- train <- cli (ARCHITECTURE.md)."""
-    forbidden = {
-        "config": ["estuary.data", "estuary.embedding", "estuary.nn", "estuary.train"],
-        "data": ["estuary.embedding", "estuary.nn", "estuary.train"],
-        "embedding": ["estuary.data", "estuary.nn", "estuary.train"],
-        "nn": ["estuary.train"],
-        "metrics": ["estuary.train", "estuary.nn"],
-        "ps": ["estuary.data", "estuary.nn", "estuary.train"],
-    }
-    offenders = []
-    for layer, banned in forbidden.items():
-        for path in (ROOT / "src" / "estuary" / layer).rglob("*.py"):
-            text = path.read_text()
-            offenders += [f"{path.relative_to(ROOT)} imports {b}" for b in banned if f"{b}" in text]
-    assert not offenders, offenders

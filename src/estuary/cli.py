@@ -114,8 +114,9 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from estuary import runtime
     from estuary.config import load_job, to_dict
-    from estuary.train import Trainer, TrainingStopped
+    from estuary.train import TrainingStopped
 
     overrides = list(args.overrides)
     if args.output is not None:
@@ -128,24 +129,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
         show_metrics_url()
     show = not args.no_progress and job.output.progress
+    stop = runtime.StopRequest()
     try:
-        if job.runtime.trainers > 1:
-            from estuary.train.distributed import run_distributed, stop_value
-
-            stop = stop_value()
-            with _stop_on_signals(lambda name: setattr(stop, "value", signal.Signals[name])):
-                result = run_distributed(job, progress=show, resume=args.resume, stop_signal=stop)
-        else:
-            trainer = Trainer(job)
-            if args.resume:
-                _resume(trainer, job.resolve(job.output.dir))
-            # Bad rows skipped while loading were reported (logged) by the dataset.
-            with _stop_on_signals(trainer.request_stop):
-                result = trainer.fit(progress=show)
+        # Bad rows skipped while loading are reported (logged) by the data layer.
+        with _stop_on_signals(stop.request):
+            result = runtime.run(job, resume=args.resume, stop=stop, progress=show)
     except TrainingStopped as stopped:
         print(f"{stopped}; continue with --resume", file=sys.stderr)
-        known = stopped.reason in signal.Signals.__members__
-        return 128 + int(signal.Signals[stopped.reason] if known else signal.SIGTERM)
+        return 128 + runtime.StopRequest.signal_number(stopped.reason)
     out_dir = job.resolve(job.output.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = result.summary()
@@ -175,9 +166,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _stop_on_signals(request_stop: Callable[[str], None]) -> Iterator[None]:
     """While training: the first SIGTERM or SIGINT calls ``request_stop(name)`` (the
-    run stops after a step and checkpoints it: ``Trainer.request_stop``, or the
-    trainers of ``run_distributed``); a second one acts as usual (SIGINT raises
-    KeyboardInterrupt, SIGTERM ends the process)."""
+    runtime's ``StopRequest``: the run stops after a step and checkpoints it); a
+    second one acts as usual (SIGINT raises KeyboardInterrupt, SIGTERM ends the
+    process)."""
     signals = (signal.SIGTERM, signal.SIGINT)
     previous = {sig: signal.getsignal(sig) for sig in signals}
 
@@ -198,16 +189,6 @@ def _stop_on_signals(request_stop: Callable[[str], None]) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _resume(trainer: Any, out_dir: Path) -> None:
-    from estuary.train.checkpoint_chain import LATEST
-
-    if not (out_dir / "checkpoints" / LATEST).is_file():
-        print(f"--resume: no checkpoint in {out_dir}; starting fresh", file=sys.stderr)
-        return
-    trainer.load_checkpoint(out_dir)
-    print(f"resumed from {out_dir / 'checkpoints'} at step {trainer.step}", file=sys.stderr)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -321,8 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from estuary.config import ConfigError
     from estuary.data import DataError
     from estuary.ps import PSError
+    from estuary.runtime.launcher import DistributedError
     from estuary.train import CheckpointError
-    from estuary.train.distributed import DistributedError
 
     args = _parser().parse_args(argv)
     try:

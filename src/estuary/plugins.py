@@ -20,10 +20,12 @@ Registry (entry-point group): the job-file field that names an implementation
   ``transform``
 - ``SEQUENCE_POOLINGS`` (``estuary.sequence_poolings``):
   ``model.params.sequence_pooling.*.type``
+- ``RUNTIMES`` (``estuary.runtimes``): ``runtime.backend`` (a ``Runtime`` class,
+  built without arguments)
 
-A new kind (e.g. the runtime backends) is one more line::
+A new kind is one more line::
 
-    RUNTIMES: Registry[Any] = Registry("runtime backend", group="estuary.runtimes")
+    SERVERS: Registry[Any] = Registry("serving backend", group="estuary.servers")
 """
 
 from __future__ import annotations
@@ -118,3 +120,10 @@ for _name in ("identity", "hour_of_day", "day_of_week"):
 SEQUENCE_POOLINGS: Registry[Any] = Registry("sequence pooling", group="estuary.sequence_poolings")
 SEQUENCE_POOLINGS.register("attention", "estuary.nn.sequence_pooling:_attention")
 SEQUENCE_POOLINGS.register("target_attention", "estuary.nn.sequence_pooling:_target_attention")
+
+RUNTIMES: Registry[Any] = Registry(
+    "runtime backend",
+    group="estuary.runtimes",
+    unknown="unknown backend {name!r} (known: {known})",
+)
+RUNTIMES.register("local", "estuary.runtime.local:LocalRuntime")

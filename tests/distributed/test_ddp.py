@@ -19,8 +19,9 @@ import yaml
 
 from estuary.cli import main
 from estuary.config import JobSpec, load_job
+from estuary.runtime.launcher import DistributedError, run_distributed
 from estuary.train import Trainer, load_checkpoint
-from estuary.train.distributed import DistributedError, rank_batches, run_distributed
+from estuary.train.distributed import rank_batches
 
 from .conftest import write_job
 

@@ -29,9 +29,9 @@ import yaml
 
 from estuary.cli import main
 from estuary.config import load_job
+from estuary.runtime.launcher import run_distributed
 from estuary.train import load_checkpoint
 from estuary.train.checkpoint_chain import LATEST
-from estuary.train.distributed import run_distributed
 
 from .conftest import write_job
 
@@ -46,19 +46,17 @@ HOLDING_CLI = """
 import sys, time
 from pathlib import Path
 
-from estuary.train.trainer import Trainer
+from estuary.train import Trainer
+from estuary.train.callbacks import FaultInjection
 
-_train_step = Trainer._train_step
 
-
-def _held_step(self, *args):  # every trainer process runs this module's top level
-    if self.rank == 0 and self.step == {hold}:
-        Path({marker!r}).write_text(str(self.step))
+def _hold(state):  # every trainer process runs this module's top level
+    if state.rank == 0 and state.step == {hold}:
+        Path({marker!r}).write_text(str(state.step))
         time.sleep(3600)  # SIGKILLed here
-    return _train_step(self, *args)
 
 
-Trainer._train_step = _held_step
+Trainer.default_callbacks.append(lambda: FaultInjection(_hold))
 
 if __name__ == "__main__":
     from estuary.cli import main

@@ -34,18 +34,14 @@ from estuary.config import load_job
 from estuary.train import Trainer
 
 os.chdir(root)
-trainer = Trainer(load_job(job_path))
+from estuary.train.callbacks import FaultInjection
 
-def die():
+def die(*_):
     os.kill(os.getpid(), signal.SIGKILL)
 
+trainer = Trainer(load_job(job_path))
 if mode == "step":  # killed just before training step `at`
-    train_step = trainer._train_step
-    def step(*args, **kwargs):
-        if trainer.step + 1 == at:
-            die()
-        return train_step(*args, **kwargs)
-    trainer._train_step = step
+    trainer.callbacks.append(FaultInjection(die, at_step=at))
 else:  # the `at`-th checkpoint dies with its files written, before its rename
     fsync_dir, seen = checkpoint._fsync_dir, [0]
     def fsync(path):

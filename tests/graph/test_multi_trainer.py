@@ -31,10 +31,10 @@ import yaml
 from estuary.cli import main
 from estuary.config import load_job
 from estuary.data.graph import Progress
+from estuary.runtime.launcher import run_distributed
 from estuary.train import Trainer, load_checkpoint
 from estuary.train.batch_scatter import split_rows
 from estuary.train.checkpoint_chain import LATEST
-from estuary.train.distributed import run_distributed
 
 from .conftest import (
     COLUMNS,

@@ -15,6 +15,7 @@ from estuary.cli import main
 from estuary.config import ConfigError, load_job, to_dict
 from estuary.data.graph import Progress
 from estuary.train import Trainer, TrainingStopped, load_checkpoint
+from estuary.train.callbacks import FaultInjection, LoopState
 
 from .conftest import (
     Written,
@@ -69,17 +70,13 @@ def test_a_requested_stop_commits_its_rows_and_resume_trains_the_rest_once(
 ) -> None:
     written = write_hours(tmp_path, 3, 40)
     path = job_file(tmp_path)  # 80 train rows in batches of 16, checkpoints every 3 steps
-    train_step = Trainer._train_step
 
-    def stop_during_step_2(self: Trainer, *args: object) -> float:
-        if self.step == 1:
-            self.request_stop("SIGTERM")
-        return train_step(self, *args)
+    def stop(state: LoopState) -> None:
+        state.stop.request("SIGTERM")
 
-    monkeypatch.setattr(Trainer, "_train_step", stop_during_step_2)
+    stopping = FaultInjection(stop, at_step=2)
     with pytest.raises(TrainingStopped) as info:
-        Trainer(load_job(path)).fit(progress=False)
-    monkeypatch.setattr(Trainer, "_train_step", train_step)
+        Trainer(load_job(path), callbacks=[stopping]).fit(progress=False)
     assert info.value.step == 2 and info.value.checkpoint is not None
     stopped = load_checkpoint(info.value.checkpoint)
     assert Progress.from_json(stopped.manifest["metadata"]["data_progress"]).rows_trained == 32

@@ -40,13 +40,12 @@ from estuary.config import load_job
 from estuary.train import Trainer
 
 os.chdir(root)
-trainer = Trainer(load_job(job_path))
-train_step = trainer._train_step
-def step(*args, **kwargs):  # killed just before training step `at`
-    if trainer.step + 1 == at:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return train_step(*args, **kwargs)
-trainer._train_step = step
+from estuary.train.callbacks import FaultInjection
+
+def die(state):  # killed just before training step `at`
+    os.kill(os.getpid(), signal.SIGKILL)
+
+trainer = Trainer(load_job(job_path), callbacks=[FaultInjection(die, at_step=at)])
 trainer.fit(progress=False)
 """
 

@@ -44,28 +44,26 @@ WINDOW_S, IDLE_S = 1, 0.5
 GAP_S = WINDOW_S + IDLE_S + 0.5  # longer than the window and the idle timeout
 STOP_AT = 9  # SIGTERM / SIGKILL inside this step (a checkpoint was taken at step 8)
 
-# The first run: `estuary train JOB --no-progress`, with a signal sent from inside
+# The first run: `estuary train JOB --no-progress`, with a signal sent just before
 # step `at` (none for "idle"); a memory broker lives in this process, so its
 # messages are appended here first (same offsets and broker times as the test's).
 CHILD = """
 import os, signal, sys
 from estuary.data.streams.memory import memory_stream
-from estuary.train.trainer import Trainer
+from estuary.train import Trainer
+from estuary.train.callbacks import FaultInjection
 
 url, key, stamp, payloads, ending, at = {args!r}
 if url.startswith("memory://"):
     memory_stream(url, key).append([p.encode() for p in payloads], timestamp_ms=stamp)
 
-_train_step = Trainer._train_step
+
+def stop(state):  # just before step `at`: the signal lands mid-run
+    os.kill(os.getpid(), getattr(signal, ending))
 
 
-def step(self, *args):
-    if ending != "idle" and self.step + 1 == at:
-        os.kill(os.getpid(), getattr(signal, ending))
-    return _train_step(self, *args)
-
-
-Trainer._train_step = step
+if ending != "idle":
+    Trainer.default_callbacks.append(lambda: FaultInjection(stop, at_step=at))
 from estuary.cli import main
 
 sys.exit(main(["train", {job!r}, "--no-progress"]))

@@ -23,6 +23,7 @@ from estuary.cli import main
 from estuary.config import load_job
 from estuary.metrics.prometheus import CONTENT_TYPE
 from estuary.train import Trainer
+from estuary.train.callbacks import FaultInjection, LoopState
 
 _LINE = re.compile(
     r"# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .*"
@@ -58,20 +59,18 @@ class ScrapeAt:
         self.pages: dict[int, Page] = {}
         self.port: int | None = None  # the port served on, once scraped
         self.error: BaseException | None = None
-        self._train_step = trainer._train_step
         self._calls = 0
         self._asked: queue.Queue[int] = queue.Queue()
         self._done: queue.Queue[None] = queue.Queue()
-        trainer._train_step = self._step  # type: ignore[method-assign]
+        trainer.callbacks.append(FaultInjection(self._before_step))
         self._thread = threading.Thread(target=self._scrape, daemon=True)
         self._thread.start()
 
-    def _step(self, *args: Any) -> float:
+    def _before_step(self, state: LoopState) -> None:
         self._calls += 1
         if self._calls in self.steps:
             self._asked.put(self._calls)
             self._done.get(timeout=30)  # Blocking wait: the scraper has read the page
-        return self._train_step(*args)
 
     def _scrape(self) -> None:
         for _ in self.steps:

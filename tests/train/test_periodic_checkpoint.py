@@ -12,6 +12,7 @@ import torch
 
 from estuary.config import load_job
 from estuary.train import Trainer, TrainingStopped
+from estuary.train.callbacks import FaultInjection, LoopState
 from estuary.train.checkpoint import load_checkpoint
 from estuary.train.checkpoint_chain import list_checkpoints
 
@@ -47,18 +48,13 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(
         overrides=[f"output.dir={tmp_path / 'crashed'}"]
         + [f"output.{k}={v}" for k, v in output.items()],
     )
-    crashed = Trainer(job)
-    train_step = Trainer._train_step
 
-    def crash_at_step_14(self: Trainer, *args: object) -> float:
-        if self.step == 13:  # dies in epoch 2 (steps 10-18), after checkpoint 12
-            raise Crash
-        return train_step(self, *args)
+    def crash(state: LoopState) -> None:  # dies in epoch 2 (steps 10-18), after checkpoint 12
+        raise Crash
 
-    monkeypatch.setattr(Trainer, "_train_step", crash_at_step_14)
+    crashed = Trainer(job, callbacks=[FaultInjection(crash, at_step=14)])
     with pytest.raises(Crash):
         crashed.fit(progress=False)
-    monkeypatch.setattr(Trainer, "_train_step", train_step)
     folder = tmp_path / "crashed" / "checkpoints"
     newest = load_checkpoint(folder)
     assert newest.manifest["step"] == 12
@@ -90,18 +86,13 @@ def test_a_requested_stop_checkpoints_its_step_and_resumes_to_the_uninterrupted_
     want = reference.fit(progress=False)
 
     job = load_job(path, overrides=[f"output.dir={tmp_path / 'stopped'}"])
-    stopped = Trainer(job)
-    train_step = Trainer._train_step
 
-    def stop_during_step_13(self: Trainer, *args: object) -> float:
-        if self.step == 12:
-            self.request_stop("SIGTERM")  # arrives mid-step: the step completes
-        return train_step(self, *args)
+    def stop(state: LoopState) -> None:  # arrives mid-step: the step completes
+        state.stop.request("SIGTERM")
 
-    monkeypatch.setattr(Trainer, "_train_step", stop_during_step_13)
+    stopped = Trainer(job, callbacks=[FaultInjection(stop, at_step=13)])
     with pytest.raises(TrainingStopped) as info:
         stopped.fit(progress=False)
-    monkeypatch.setattr(Trainer, "_train_step", train_step)
     assert info.value.step == 13 and info.value.reason == "SIGTERM"
     assert info.value.checkpoint is not None
     saved = load_checkpoint(info.value.checkpoint)

@@ -20,7 +20,14 @@ from estuary.config.build import build_dataclass, deep_merge, describe_value, pl
 from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
-from estuary.plugins import DENSE_OPTIMIZERS, FORMATS, INITIALIZERS, MODELS, OPTIMIZERS
+from estuary.plugins import (
+    DENSE_OPTIMIZERS,
+    FORMATS,
+    INITIALIZERS,
+    MODELS,
+    OPTIMIZERS,
+    RUNTIMES,
+)
 
 # The built-in names of plugin kinds. A job file may name any registered
 # implementation (``estuary.plugins``): these fields are typed ``str`` and checked
@@ -434,17 +441,19 @@ class RuntimeSpec:
     """Where the job runs.
 
     Args:
-        backend: ``local`` (one process, no extra dependencies).
+        backend: the runtime backend, a name in ``estuary.plugins.RUNTIMES``:
+            ``local`` runs on this machine, no extra dependencies.
         trainers: trainer processes on this machine. 1 = one process with the
             tables in memory; W > 1 = W trainers (dense model replicated, gradients
             averaged) sharing tables on a parameter-server process;
             ``train.batch_size`` is then per trainer.
     """
 
-    backend: Literal["local"] = "local"
+    backend: str = "local"
     trainers: int = 1
 
     def validate(self, path: str) -> None:
+        RUNTIMES.check(self.backend, f"{path}.backend")
         if self.trainers < 1:
             raise ConfigError(f"{path}.trainers", "must be >= 1")
 

@@ -69,12 +69,18 @@ class Batch:
         sparse: feature name -> ids, in schema order.
         row_ids: int64 (B,) position of each row in its source stream (global row
             number over all sources in file order); used for row accounting.
+        origin: the stream or source the rows came from, when they all came from
+            one (``None``: unknown or mixed); an update plan may depend on it.
+        weights: float32 (B,) per-row loss weights (e.g. importance weights of a
+            sampled-down stream); ``None``: every row weighs 1.
     """
 
     labels: Float32Array
     dense: Float32Array
     sparse: dict[str, JaggedIds] = field(default_factory=dict)
     row_ids: Int64Array | None = None
+    origin: str | None = None
+    weights: Float32Array | None = None
 
     @property
     def num_rows(self) -> int:
@@ -87,6 +93,8 @@ class Batch:
             dense=self.dense[rows],
             sparse={name: ids.take(rows) for name, ids in self.sparse.items()},
             row_ids=None if self.row_ids is None else self.row_ids[rows],
+            origin=self.origin,
+            weights=None if self.weights is None else self.weights[rows],
         )
 
     def slice(self, start: int, stop: int) -> Batch:

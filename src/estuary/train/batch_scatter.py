@@ -6,7 +6,8 @@
             split_rows -> W contiguous parts (sizes differ by at most 1)
             part 0 trained here; part r sent to rank r (gloo, its own group)
             Progress.record(the whole batch's row ids) after the step
-    rank r: receives part r: header int64 (2 + F,), ints int64, floats float32
+    rank r: receives part r: header int64 (4 + F,), ints int64, floats float32
+            (labels, dense, per-row weights when the batch has them), origin bytes
 
 Why one reader: a stream's windows and splits depend on when data arrived, so
 W ranks planning on their own could disagree about what a task holds; rank 0
@@ -21,7 +22,8 @@ last batch had fewer than W rows) still runs the step: zero rows, zero dense
 gradients, one empty push per table (the parameter server applies a step once
 all W ranks have pushed it).
 
-Loss: each rank's loss is the sum over its part times W / N (``ShareLoss``);
+Loss: each rank's loss is the sum over its part times W / N (the feed's
+``StepShare.loss_scale``, applied by ``Engine.step``);
 DDP averages over W ranks and the ranks push sparse gradients times 1/W, so
 both halves follow the gradient of the mean loss over the step's N rows: a
 W-trainer step is the step one trainer takes on the whole batch of W x B rows.
@@ -39,13 +41,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from estuary.data.types import Batch, Int64Array, JaggedIds
 
-__all__ = ["BatchScatter", "ShareLoss", "StepShare", "split_rows"]
+__all__ = ["BatchScatter", "StepShare", "split_rows"]
 
 _END = -1  # header[0] of the message that ends the data
+_HEAD = 4  # header slots before the per-feature id counts (see ``_header``)
 
 
 def split_rows(batch: Batch, world_size: int) -> list[Batch]:
@@ -71,19 +73,6 @@ class StepShare:
 
     rows: int
     row_ids: Int64Array | None
-
-
-class ShareLoss(torch.nn.Module):
-    """BCE of one rank's part of a step: ``sum over its rows x scale``, where the
-    trainer sets ``scale = W / N`` before each step (see module docstring)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scale = 1.0
-
-    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
-        return loss * self.scale
 
 
 class BatchScatter:
@@ -145,14 +134,17 @@ class BatchScatter:
     # -- wire format -------------------------------------------------------------------
 
     def _header(self, part: Batch | None, rows: int) -> torch.Tensor:
-        """int64 (2 + F,): part rows (``_END``: no more steps), step rows N, then
-        each feature's number of ids."""
-        header = torch.zeros(2 + len(self.features), dtype=torch.int64)
+        """int64 (4 + F,): part rows (``_END``: no more steps), step rows N, 1 when
+        per-row weights follow the dense values, the origin's length in UTF-8
+        bytes, then each feature's number of ids."""
+        header = torch.zeros(_HEAD + len(self.features), dtype=torch.int64)
         header[0] = _END if part is None else part.num_rows
         header[1] = rows
         if part is not None:
+            header[2] = part.weights is not None
+            header[3] = len(part.origin.encode()) if part.origin else 0
             lengths = [part.sparse[f].values.shape[0] for f in self.features]
-            header[2:] = torch.tensor(lengths, dtype=torch.int64)
+            header[_HEAD:] = torch.tensor(lengths, dtype=torch.int64)
         return header
 
     def _send(self, parts: Sequence[Batch], rows: int) -> None:
@@ -167,8 +159,13 @@ class BatchScatter:
                 ints = [part.sparse[f].offsets for f in self.features]
                 ints += [part.sparse[f].values for f in self.features]
                 floats = [part.labels, part.dense.reshape(-1)]
+                if part.weights is not None:
+                    floats.append(part.weights)
                 tensors.append(torch.from_numpy(np.concatenate(ints).astype(np.int64)))
                 tensors.append(torch.from_numpy(np.concatenate(floats).astype(np.float32)))
+                if part.origin:
+                    origin = np.frombuffer(part.origin.encode(), dtype=np.uint8).copy()
+                    tensors.append(torch.from_numpy(origin))
             for tensor in tensors:
                 if tensor.numel():  # an empty part sends no floats; the receiver knows
                     work = dist.isend(tensor, dst=dst, group=self.group)
@@ -188,14 +185,20 @@ class BatchScatter:
     def _receive_all(self) -> Iterator[Batch]:
         num_features = len(self.features)
         while True:
-            header = self._recv(torch.empty(2 + num_features, dtype=torch.int64)).numpy()
+            header = self._recv(torch.empty(_HEAD + num_features, dtype=torch.int64)).numpy()
             n = int(header[0])
             if n == _END:
                 return
-            lengths = header[2:]
+            weighted, origin_bytes = bool(header[2]), int(header[3])
+            lengths = header[_HEAD:]
             num_ints = num_features * (n + 1) + int(lengths.sum())
             ints = self._recv(torch.empty(num_ints, dtype=torch.int64))
-            floats = self._recv(torch.empty(n * (1 + self.num_dense), dtype=torch.float32))
+            num_floats = n * (1 + self.num_dense + weighted)
+            floats = self._recv(torch.empty(num_floats, dtype=torch.float32))
+            origin = None
+            if origin_bytes:
+                raw = self._recv(torch.empty(origin_bytes, dtype=torch.uint8))
+                origin = raw.numpy().tobytes().decode()
             values = ints.numpy()
             offsets = values[: num_features * (n + 1)].reshape(num_features, n + 1)
             starts = num_features * (n + 1) + np.concatenate([[0], np.cumsum(lengths)])
@@ -204,6 +207,7 @@ class BatchScatter:
                 for i, f in enumerate(self.features)
             }
             labels = floats.numpy()[:n]
-            dense = floats.numpy()[n:].reshape(n, self.num_dense)
+            dense = floats.numpy()[n : n * (1 + self.num_dense)].reshape(n, self.num_dense)
+            weights = floats.numpy()[n * (1 + self.num_dense) :] if weighted else None
             self._shares.append(StepShare(int(header[1]), None))
-            yield Batch(labels=labels, dense=dense, sparse=sparse)
+            yield Batch(labels, dense, sparse, origin=origin, weights=weights)

@@ -1,17 +1,9 @@
-"""Several trainers on one machine: the dense network replicated with DDP, the
-embedding tables on one parameter-server process that every trainer shares.
+"""One rank of a multi-trainer run: ``DistributedTrainer``.
 
-::
-
-    run_distributed(job, trainers=W)
-      ServerProcess ---- hosts every table; step t is applied once, when all W
-      |                  ranks have pushed it (sum of their gradients per id)
-      spawn W trainers, rank r:
-        init_process_group(gloo | nccl)   dense grads averaged by DDP (nccl: CUDA models)
-        rows of an epoch: perm[r::W]      same permutation on every rank
-          (data.dataset: rank 0 reads, sends rank r its part of each step)
-        lookup(step t) -> forward/backward -> dense step -> push(t, r, grads / W)
-      rank 0: eval + checkpoint (tables pulled from the server) -> FitResult
+The dense network is replicated with DDP; the embedding tables live on one
+parameter-server process every trainer shares (``RemoteTable``s). The runtime
+(the runtime package) starts the server and the W trainer processes; each rank
+builds a ``DistributedTrainer`` (in its worker bootstrap).
 
 Gradient scaling: each rank's loss is the mean over its B rows, DDP averages
 the dense gradients over ranks, and each rank pushes its sparse gradients times
@@ -23,110 +15,47 @@ take on the union of the W batches (see docs/distributed.md).
 from __future__ import annotations
 
 import datetime
-import os
-import signal
-import socket
-import tempfile
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as torch_mp
-from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 from torch.nn.parallel import DistributedDataParallel
 
 from estuary.config import JobSpec
-from estuary.config.spec import TrainSpec
-from estuary.data import DataPart, TabularDataset
-from estuary.data.types import Batch, Int64Array
-from estuary.ps import HostedTable, PSClient, ServerConfig, ServerProcess
-from estuary.ps.types import Address
-from estuary.train.checkpoint import load_checkpoint, restore_dense_warned
-from estuary.train.checkpoint_chain import LATEST
-from estuary.train.streaming import fit_streaming
-from estuary.train.trainer import FitResult, Trainer, TrainingStopped, resolve_device
+from estuary.data import TabularDataset
+from estuary.ps import HostedTable, PSClient
+from estuary.train.feeds import rank_batches, rank_rows
+from estuary.train.plan import TrainPlan, server_staleness
+from estuary.train.stop import STOP_POLL_STEPS, CollectiveStop
+from estuary.train.trainer import Trainer
 
-BACKENDS = ("gloo", "nccl")  # nccl: dense models on CUDA (``train.device``)
+__all__ = [
+    "DATA_TIMEOUT",
+    "STOP_POLL_STEPS",
+    "DistributedTrainer",
+    "rank_batches",
+    "rank_rows",
+    "server_staleness",
+    "table_plan",
+]
+
 # How long a rank waits for rank 0's next data.dataset batch: as long as rank 0
 # may wait for data (readiness, idle streams); a failed rank 0 ends the run anyway.
 DATA_TIMEOUT = datetime.timedelta(days=7)
-# Ranks agree whether to stop (SIGTERM / SIGINT at the launcher) every this many steps.
-STOP_POLL_STEPS = 8
-
-
-class DistributedError(RuntimeError):
-    """A trainer process of a multi-trainer run failed; the message names its rank
-    and the error's last line (the full traceback is the ``__cause__``)."""
-
-
-def default_backend(job: JobSpec) -> str:
-    """``nccl`` when the job's dense model runs on CUDA, else ``gloo``."""
-    return "nccl" if resolve_device(job.train.device).type == "cuda" else "gloo"
 
 
 def table_plan(job: JobSpec) -> dict[str, HostedTable]:
-    """The job's tables as ``Trainer`` builds them: one per sparse feature, or one per
-    ``model.embedding.shared`` group, with the same names, specs and seeds (so a
-    table on the server starts with exactly the rows a local one would)."""
-    shared = {m: g for g, members in job.model.embedding.shared.items() for m in members}
-    schema = job.data.schema
-    features = [*schema.sparse, *(f.name for f in schema.features)]
-    names = dict.fromkeys(shared.get(f, f) for f in features)
-    return {
-        name: HostedTable(job.table_spec(name), seed=job.train.seed * 1_000_003 + i)
-        for i, name in enumerate(names)
-    }
-
-
-def server_staleness(train: TrainSpec) -> int | None:
-    """The server's staleness bound for ``train.mode``: sync 0, hybrid
-    ``train.staleness``, async none."""
-    return {"sync": 0, "hybrid": train.staleness, "async": None}[train.mode]
-
-
-def rank_rows(
-    part: DataPart, rank: int, world_size: int, *, shuffle: bool, seed: int, epoch: int
-) -> Int64Array:
-    """Row ids rank ``rank`` trains in one epoch -> int64 (R // W,).
-
-    The epoch's order is the one ``DataPart.batches`` uses (a permutation drawn from
-    (seed, epoch) when ``shuffle``); rank r takes every W-th row from r, after
-    dropping the last ``R mod W`` rows so every rank takes as many steps (DDP needs
-    that). Batch t of every rank together is rows ``[t W B, (t + 1) W B)`` of the
-    epoch order.
-    """
-    rows = part.row_ids
-    if shuffle:
-        rng = np.random.default_rng([seed, epoch])  # as DataPart.batches
-        rows = rows[rng.permutation(rows.shape[0])]
-    usable = rows.shape[0] - rows.shape[0] % world_size
-    return rows[rank:usable:world_size]
-
-
-def rank_batches(
-    part: DataPart,
-    batch_size: int,
-    rank: int,
-    world_size: int,
-    *,
-    shuffle: bool,
-    seed: int,
-    epoch: int,
-) -> Iterator[Batch]:
-    """Rank ``rank``'s batches of ``batch_size`` rows (per rank) of one epoch."""
-    rows = rank_rows(part, rank, world_size, shuffle=shuffle, seed=seed, epoch=epoch)
-    for begin in range(0, rows.shape[0], batch_size):
-        yield part.dataset.take(rows[begin : begin + batch_size])
+    """The job's tables as ``Trainer`` builds them (``TrainPlan.hosted_tables``)."""
+    return TrainPlan.from_job(job).hosted_tables()
 
 
 class DistributedTrainer(Trainer):
     """One rank of a multi-trainer run: tables are ``RemoteTable``s of a parameter
-    server, the dense model is wrapped in ``DistributedDataParallel``.
+    server, the dense model is wrapped in ``DistributedDataParallel``, stops are
+    agreed on by all ranks (``CollectiveStop``) and only rank 0 restores the
+    tables. Everything else is the ``Trainer``'s: the feeds split the data by
+    rank (``EpochFeed``: rows ``perm[r::W]``; ``GraphFeed``: rank 0 reads and
+    scatters).
 
     Args:
         job: the job (every rank gets the same one).
@@ -136,6 +65,7 @@ class DistributedTrainer(Trainer):
         model: as for ``Trainer``.
         dataset: as for ``Trainer`` (every rank reads the whole dataset and trains
             its share).
+        stop_signal: a shared int the launcher sets to a signal number to stop.
 
     ``train.batch_size`` is per rank: a step trains W x batch_size rows.
     """
@@ -152,306 +82,40 @@ class DistributedTrainer(Trainer):
         stop_signal: Any = None,
     ) -> None:
         self.client = client
-        self.stop_signal = stop_signal  # shared int (0 = run), set by the launcher
-        self.world_size = world_size
         self.remote_tables = client.tables(rank=rank, grad_scale=1.0 / world_size)
-        super().__init__(job, model, dataset=dataset, tables=self.remote_tables, rank=rank)
-        self.data_group: Any = None
+        stop = CollectiveStop(stop_signal, world_size)
+        super().__init__(
+            job,
+            model,
+            dataset=dataset,
+            tables=self.remote_tables,
+            rank=rank,
+            world_size=world_size,
+            stop=stop,
+        )
+        self.restores_tables = rank == 0  # into the server, for every rank
         if world_size > 1:
             # Construction broadcasts rank 0's parameters (a collective).
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = DistributedDataParallel(self.model, device_ids=device_ids)
+            self.engine.train_model = DistributedDataParallel(self.model, device_ids=device_ids)
             # data.dataset batches go from rank 0 to the others on their own gloo
             # group (CPU tensors, never ordered against DDP's collectives). Its
             # timeout is long: a rank waits as long as rank 0 waits for data.
             self.data_group = dist.new_group(backend="gloo", timeout=DATA_TIMEOUT)
             # Stop polls: a one-int all-reduce every STOP_POLL_STEPS steps, on its own
             # group so it never interleaves with the data group's scatters.
-            self.stop_group = dist.new_group(backend="gloo")
+            stop.group = dist.new_group(backend="gloo")
 
-    def poll_stop(self) -> bool:
-        """Whether to stop now. With W > 1 the ranks agree every
-        ``STOP_POLL_STEPS`` steps (MAX over a one-int all-reduce of the signal
-        asked for), so all stop after the same step."""
-        asked = self._asked_signal()
-        if self.world_size > 1:
-            if self.step % STOP_POLL_STEPS:
-                return False
-            flag = torch.tensor([asked], dtype=torch.int64)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.stop_group)
-            asked = int(flag.item())
-        if asked and self.stop_reason is None:
-            self.stop_reason = signal.Signals(asked).name
-        return bool(asked)
-
-    def stop_asked(self) -> bool:
-        return bool(self._asked_signal())
-
-    def asked_reason(self) -> str:
-        return signal.Signals(self._asked_signal()).name
-
-    def _asked_signal(self) -> int:
-        # The launcher's shared value, else request_stop's reason (a signal name,
-        # or SIGTERM for any other reason); 0 = keep going.
-        if self.stop_signal is not None and self.stop_signal.value:
-            return int(self.stop_signal.value)
-        if self.stop_reason is None:
-            return 0
-        known = self.stop_reason in signal.Signals.__members__
-        return int(signal.Signals[self.stop_reason] if known else signal.SIGTERM)
-
-    def _epoch_batches(self, part: DataPart, epoch: int) -> Iterator[Batch]:
-        train = self.job.train
-        return rank_batches(
-            part,
-            train.batch_size,
-            self.rank,
-            self.world_size,
-            shuffle=train.shuffle,
-            seed=train.seed,
-            epoch=epoch,
-        )
-
-    def load_checkpoint(self, path: Path) -> None:
-        """Restore from ``path`` (as ``Trainer.load_checkpoint``): every rank its dense
-        model, optimizer, step and data progress; rank 0 also the tables, into the
-        parameter server. Every rank must call it, and none train before rank 0 is
-        done (``run_distributed`` puts a barrier after it)."""
-        if self.rank == 0:
-            super().load_checkpoint(path)
-            return
-        ckpt = load_checkpoint(path, tables=False)  # rank 0 restores the tables
-        restore_dense_warned(ckpt, self.job, self.model, self.optimizer)
-        self.step = int(ckpt.manifest["step"])
-        self.epoch = int(ckpt.manifest["metadata"].get("epoch", 0))
-        self.epoch_step = int(ckpt.manifest["metadata"].get("epoch_step", 0))
-        self.data_progress = ckpt.manifest["metadata"].get("data_progress")
-
-    def fit(self, *, progress: bool | None = None) -> FitResult:
-        """Train this rank's share; rank 0 also evaluates and checkpoints. Figures
-        in the result are for all ranks (every rank trains as many rows)."""
-        # The bar would count one rank's rows against the whole run's total.
-        show = progress if self.world_size == 1 else False
-        if self.job.data.dataset is not None:  # rank 0 reads; counts are all ranks'
-            result = fit_streaming(
-                self, progress=show, world_size=self.world_size, group=self.data_group
-            )
-        else:
-            result = super().fit(progress=show)
-            result.train_rows *= self.world_size
-            result.samples_per_s *= self.world_size
+    def server_figures(self) -> dict[str, int]:
+        """The parameter server's step figures, once every rank's last step has
+        landed (summary.json: ``ps_applied_steps``, ``ps_duplicate_pushes``, ...)."""
         for table in self.remote_tables.values():
             table.wait_applied()  # Blocking wait: every rank's last step has landed.
         ps = self.client.server_stats()
-        result.extra.update(
-            trainers=self.world_size,
-            ps_applied_steps=min((s["applied"] for s in ps.values()), default=0),
-            ps_duplicate_pushes=sum(s["duplicates"] for s in ps.values()),
-            ps_waits=sum(s["waits"] for s in ps.values()),
-            ps_max_behind=max((s["max_behind"] for s in ps.values()), default=0),
-        )
-        return result
-
-
-@dataclass(frozen=True)
-class _Launch:
-    """What every trainer process gets (pickled once per process by spawn)."""
-
-    job: JobSpec
-    world_size: int
-    address: Address
-    authkey: bytes
-    init_method: str
-    backend: str
-    pg_timeout_s: float
-    ps_timeout_s: float
-    startup_timeout_s: float
-    threads: int
-    progress: bool
-    resume: bool
-
-
-def _loopback_interface() -> str | None:
-    names = {name for _, name in socket.if_nameindex()}
-    return next((name for name in ("lo", "lo0") if name in names), None)
-
-
-def _trainer_main(rank: int, launch: _Launch, results: Any, stop_signal: Any) -> None:
-    """Entry point of trainer process ``rank`` (spawned by ``run_distributed``)."""
-    # Ctrl-C reaches the whole process group: the launcher decides (``stop_signal``).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    loopback = _loopback_interface()
-    if loopback is not None:
-        # All ranks share this machine: gloo need not resolve the host name.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
-    if not launch.job.train.threads:
-        torch.set_num_threads(launch.threads)  # W trainers share the machine's cores
-    if rank == 0 and launch.job.output.metrics_port is not None:
-        from estuary.metrics.training import show_metrics_url
-
-        show_metrics_url()  # rank 0 serves the metrics; its port line reaches stderr
-    if launch.backend == "nccl":  # one GPU per rank, round robin over the GPUs
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(
-        launch.backend,
-        init_method=launch.init_method,
-        rank=rank,
-        world_size=launch.world_size,
-        timeout=datetime.timedelta(seconds=launch.pg_timeout_s),
-    )
-    client = PSClient(
-        launch.address,
-        launch.authkey,
-        timeout_s=launch.ps_timeout_s,
-        connect_timeout_s=launch.startup_timeout_s,
-    )
-    try:
-        trainer = DistributedTrainer(
-            launch.job, client, rank=rank, world_size=launch.world_size, stop_signal=stop_signal
-        )
-        out = launch.job.resolve(launch.job.output.dir)
-        if launch.resume and (out / "checkpoints" / LATEST).is_file():
-            trainer.load_checkpoint(out)  # nothing writes a checkpoint before the barrier
-        dist.barrier()  # Blocking wait: rank 0 has loaded the tables into the server.
-        try:
-            result: FitResult | TrainingStopped = trainer.fit(
-                progress=launch.progress and rank == 0
-            )
-        except TrainingStopped as stop:  # every rank, after the same step
-            result = stop
-        if rank == 0:
-            results.put(result)
-        dist.barrier()  # Blocking wait: ranks leave together, after rank 0's eval/checkpoint.
-    finally:
-        client.close()
-        dist.destroy_process_group()
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else text
-
-
-def run_distributed(
-    job: JobSpec,
-    *,
-    trainers: int | None = None,
-    progress: bool | None = None,
-    backend: str | None = None,
-    ps_wait_timeout_s: float = 300.0,
-    pg_timeout_s: float = 600.0,
-    startup_timeout_s: float = 120.0,
-    resume: bool = False,
-    stop_signal: Any = None,
-) -> FitResult:
-    """Train ``job`` with W trainer processes and one parameter server on this
-    machine; returns rank 0's ``FitResult`` (rank 0 also writes the checkpoint).
-
-    Args:
-        job: the job; ``train.batch_size`` is per trainer.
-        trainers: W (default ``runtime.trainers``).
-        progress: show rank 0's progress bar (only with W = 1; see ``fit``).
-        backend: torch.distributed backend for the dense all-reduce; default
-            ``default_backend(job)``: ``nccl`` for CUDA dense models, else ``gloo``.
-        ps_wait_timeout_s: longest a request waits at the server for a step (a
-            stuck or dead rank fails the run after this, not never).
-        pg_timeout_s: timeout of the process group's collectives.
-        startup_timeout_s: longest wait for the server to start.
-        resume: continue from the newest checkpoint in ``output.dir`` (if any):
-            every rank restores the dense model and optimizer, rank 0 the tables
-            (into the server) and the data progress (``estuary train --resume``).
-        stop_signal: a shared int from ``stop_value()``; set it to a signal number
-            (the CLI does on SIGTERM / SIGINT) and the trainers stop after a step
-            they agree on (within ``STOP_POLL_STEPS``), rank 0 checkpoints it, and
-            this raises ``TrainingStopped``.
-
-    Raises:
-        DistributedError: a trainer failed (its rank and error in the message).
-        PSError: the parameter server failed to start.
-        TrainingStopped: ``stop_signal`` was set; the run stopped with a checkpoint.
-    """
-    world_size = job.runtime.trainers if trainers is None else trainers
-    if world_size < 1:
-        raise ValueError(f"trainers must be >= 1, got {world_size}")
-    backend = default_backend(job) if backend is None else backend
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "nccl" and resolve_device(job.train.device).type != "cuda":
-        raise ValueError("backend 'nccl' needs train.device 'cuda' (or 'auto' with CUDA present)")
-    config = ServerConfig(
-        table_plan(job),
-        world_size=world_size,
-        staleness=server_staleness(job.train),
-        wait_timeout_s=ps_wait_timeout_s,
-    )
-    # The server starts while the trainers import torch; they retry their connect.
-    server = ServerProcess(config, startup_timeout_s=startup_timeout_s, wait=False)
-    context = None
-    try:
-        with tempfile.TemporaryDirectory(prefix="estuary-pg-") as folder:
-            launch = _Launch(
-                job=job,
-                world_size=world_size,
-                address=server.address,
-                authkey=server.authkey,
-                init_method=f"file://{os.path.join(folder, 'rendezvous')}",
-                backend=backend,
-                pg_timeout_s=pg_timeout_s,
-                ps_timeout_s=ps_wait_timeout_s + 60.0,
-                startup_timeout_s=startup_timeout_s,
-                threads=max(1, (os.cpu_count() or 1) // world_size),
-                progress=bool(job.output.progress if progress is None else progress),
-                resume=resume,
-            )
-            results = torch_mp.get_context("spawn").SimpleQueue()
-            if stop_signal is None:
-                stop_signal = stop_value()
-            context = torch_mp.start_processes(
-                _trainer_main,
-                args=(launch, results, stop_signal),
-                nprocs=world_size,
-                join=False,
-                start_method="spawn",
-            )
-            server.wait_ready()
-            out: list[FitResult | TrainingStopped] = []
-            try:
-                # Blocking wait: trainers run; the first failure stops the others.
-                while not context.join(timeout=0.5):
-                    while not results.empty():
-                        out.append(results.get())
-            except ProcessRaisedException as exc:
-                raise DistributedError(
-                    f"trainer rank {exc.error_index} failed: {_last_line(exc.msg)}"
-                ) from exc
-            except ProcessExitedException as exc:
-                how = f"signal {exc.signal_name}" if exc.signal_name else f"code {exc.exit_code}"
-                raise DistributedError(f"trainer rank {exc.error_index} exited with {how}") from exc
-            while not results.empty():
-                out.append(results.get())
-    finally:
-        if context is not None:
-            _stop(context.processes)
-        server.stop()
-    if not out:
-        raise DistributedError("rank 0 finished without a result")
-    if isinstance(out[0], TrainingStopped):
-        raise out[0]
-    return out[0]
-
-
-def stop_value() -> Any:
-    """A shared int for ``run_distributed(stop_signal=...)`` (0 = keep training)."""
-    return torch_mp.get_context("spawn").Value("i", 0)
-
-
-def _stop(processes: list[Any], grace_s: float = 5.0) -> None:
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
+        return {
+            "trainers": self.world_size,
+            "ps_applied_steps": min((s["applied"] for s in ps.values()), default=0),
+            "ps_duplicate_pushes": sum(s["duplicates"] for s in ps.values()),
+            "ps_waits": sum(s["waits"] for s in ps.values()),
+            "ps_max_behind": max((s["max_behind"] for s in ps.values()), default=0),
+        }

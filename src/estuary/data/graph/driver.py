@@ -83,7 +83,7 @@ class Driver:
         should_stop: polled while ``batches()`` waits for data (every 0.5 s); once
             it returns True the batches end there, without the rows still in the
             shuffle buffer (not in the progress, so a resume reads them again).
-            Training stops between batches on its own (``Trainer.poll_stop``).
+            Training stops between batches on its own (the fit loop polls its stop signal).
     """
 
     def __init__(

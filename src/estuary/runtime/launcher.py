@@ -1,0 +1,211 @@
+"""The local multi-process launcher: one parameter server and W trainer
+processes on this machine.
+
+::
+
+    run_distributed(job, trainers=W)
+      ServerProcess ---- hosts every table; step t is applied once, when all W
+      |                  ranks have pushed it (sum of their gradients per id)
+      spawn W trainers (estuary.runtime.worker.trainer_main), rank r:
+        init_process_group(gloo | nccl)   dense grads averaged by DDP (nccl: CUDA models)
+        rows of an epoch: perm[r::W]      same permutation on every rank
+          (data.dataset: rank 0 reads, sends rank r its part of each step)
+        lookup(step t) -> forward/backward -> dense step -> push(t, r, grads / W)
+      rank 0: eval + checkpoint (tables pulled from the server) -> FitResult
+
+A trainer's failure goes to the ``FailurePolicy``; the launcher acts on its
+``FailureDecision`` (today: ``FAIL``, with an error naming the rank).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any, NoReturn, assert_never
+
+import torch.multiprocessing as torch_mp
+from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+from estuary.config import JobSpec
+from estuary.ps import ServerConfig, ServerProcess
+from estuary.runtime.failure import FailFast
+from estuary.runtime.types import (
+    FailureAction,
+    FailureDecision,
+    FailurePolicy,
+    RoleFailure,
+    RoleState,
+)
+from estuary.runtime.worker import WorkerLaunch, trainer_main
+from estuary.train import FitResult, TrainingStopped
+from estuary.train.engine import resolve_device
+from estuary.train.plan import TrainPlan
+
+__all__ = ["BACKENDS", "DistributedError", "default_backend", "run_distributed", "stop_value"]
+
+BACKENDS = ("gloo", "nccl")  # nccl: dense models on CUDA (``train.device``)
+
+
+class DistributedError(RuntimeError):
+    """A trainer process of a multi-trainer run failed; the message names its rank
+    and the error's last line (the full traceback is the ``__cause__``)."""
+
+
+def default_backend(job: JobSpec) -> str:
+    """``nccl`` when the job's dense model runs on CUDA, else ``gloo``."""
+    return "nccl" if resolve_device(job.train.device).type == "cuda" else "gloo"
+
+
+def _act(
+    decision: FailureDecision,
+    failure: RoleFailure,
+    roles: dict[int, RoleState],
+    cause: BaseException,
+) -> NoReturn:
+    """The controller: carry out the policy's decision about a failed trainer."""
+    roles[failure.rank] = RoleState.FAILED
+    if decision.action is FailureAction.FAIL:
+        raise DistributedError(decision.message) from cause
+    assert_never(decision.action)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
+def run_distributed(
+    job: JobSpec,
+    *,
+    trainers: int | None = None,
+    progress: bool | None = None,
+    backend: str | None = None,
+    ps_wait_timeout_s: float = 300.0,
+    pg_timeout_s: float = 600.0,
+    startup_timeout_s: float = 120.0,
+    resume: bool = False,
+    stop_signal: Any = None,
+    policy: FailurePolicy | None = None,
+    roles: dict[int, RoleState] | None = None,
+) -> FitResult:
+    """Train ``job`` with W trainer processes and one parameter server on this
+    machine; returns rank 0's ``FitResult`` (rank 0 also writes the checkpoint).
+
+    Args:
+        job: the job; ``train.batch_size`` is per trainer.
+        trainers: W (default ``runtime.trainers``).
+        progress: show rank 0's progress bar (only with W = 1; see ``fit``).
+        backend: torch.distributed backend for the dense all-reduce; default
+            ``default_backend(job)``: ``nccl`` for CUDA dense models, else ``gloo``.
+        ps_wait_timeout_s: longest a request waits at the server for a step (a
+            stuck or dead rank fails the run after this, not never).
+        pg_timeout_s: timeout of the process group's collectives.
+        startup_timeout_s: longest wait for the server to start.
+        resume: continue from the newest checkpoint in ``output.dir`` (if any):
+            every rank restores the dense model and optimizer, rank 0 the tables
+            (into the server) and the data progress (``estuary train --resume``).
+        stop_signal: a shared int from ``stop_value()``; set it to a signal number
+            (the CLI does on SIGTERM / SIGINT) and the trainers stop after a step
+            they agree on (within ``STOP_POLL_STEPS``), rank 0 checkpoints it, and
+            this raises ``TrainingStopped``.
+        policy: decides what a trainer's failure means (default ``FailFast``: the
+            run fails with an error naming the rank).
+        roles: filled with each trainer rank's ``RoleState`` as the run goes.
+
+    Raises:
+        DistributedError: a trainer failed (its rank and error in the message).
+        PSError: the parameter server failed to start.
+        TrainingStopped: ``stop_signal`` was set; the run stopped with a checkpoint.
+    """
+    policy = FailFast() if policy is None else policy
+    roles = {} if roles is None else roles
+    world_size = job.runtime.trainers if trainers is None else trainers
+    if world_size < 1:
+        raise ValueError(f"trainers must be >= 1, got {world_size}")
+    backend = default_backend(job) if backend is None else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "nccl" and resolve_device(job.train.device).type != "cuda":
+        raise ValueError("backend 'nccl' needs train.device 'cuda' (or 'auto' with CUDA present)")
+    plan = TrainPlan.from_job(job)
+    config = ServerConfig(
+        plan.hosted_tables(),
+        world_size=world_size,
+        staleness=plan.staleness,
+        wait_timeout_s=ps_wait_timeout_s,
+    )
+    # The server starts while the trainers import torch; they retry their connect.
+    server = ServerProcess(config, startup_timeout_s=startup_timeout_s, wait=False)
+    context = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="estuary-pg-") as folder:
+            launch = WorkerLaunch(
+                job=job,
+                world_size=world_size,
+                address=server.address,
+                authkey=server.authkey,
+                init_method=f"file://{os.path.join(folder, 'rendezvous')}",
+                backend=backend,
+                pg_timeout_s=pg_timeout_s,
+                ps_timeout_s=ps_wait_timeout_s + 60.0,
+                startup_timeout_s=startup_timeout_s,
+                threads=max(1, (os.cpu_count() or 1) // world_size),
+                progress=bool(job.output.progress if progress is None else progress),
+                resume=resume,
+            )
+            results = torch_mp.get_context("spawn").SimpleQueue()
+            if stop_signal is None:
+                stop_signal = stop_value()
+            context = torch_mp.start_processes(
+                trainer_main,
+                args=(launch, results, stop_signal),
+                nprocs=world_size,
+                join=False,
+                start_method="spawn",
+            )
+            roles.update((rank, RoleState.STARTING) for rank in range(world_size))
+            server.wait_ready()
+            roles.update((rank, RoleState.RUNNING) for rank in range(world_size))
+            out: list[FitResult | TrainingStopped] = []
+            try:
+                # Blocking wait: trainers run; the first failure stops the others.
+                while not context.join(timeout=0.5):
+                    while not results.empty():
+                        out.append(results.get())
+            except ProcessRaisedException as exc:
+                failure = RoleFailure("trainer", exc.error_index, f"failed: {_last_line(exc.msg)}")
+                _act(policy.decide(failure), failure, roles, exc)
+            except ProcessExitedException as exc:
+                how = f"signal {exc.signal_name}" if exc.signal_name else f"code {exc.exit_code}"
+                failure = RoleFailure("trainer", exc.error_index, f"exited with {how}")
+                _act(policy.decide(failure), failure, roles, exc)
+            while not results.empty():
+                out.append(results.get())
+            roles.update((rank, RoleState.FINISHED) for rank in range(world_size))
+    finally:
+        if context is not None:
+            _stop(context.processes)
+        server.stop()
+    if not out:
+        raise DistributedError("rank 0 finished without a result")
+    if isinstance(out[0], TrainingStopped):
+        raise out[0]
+    return out[0]
+
+
+def stop_value() -> Any:
+    """A shared int for ``run_distributed(stop_signal=...)`` (0 = keep training)."""
+    return torch_mp.get_context("spawn").Value("i", 0)
+
+
+def _stop(processes: list[Any], grace_s: float = 5.0) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()

@@ -1,0 +1,140 @@
+"""The bootstrap of one trainer process of a multi-trainer run.
+
+::
+
+    trainer_main(rank)                     spawned by the launcher, one per rank
+      worker_session: gloo/nccl process group + parameter-server client
+        DistributedTrainer(job, client)    (DDP, data and stop groups: collectives)
+        resume_if_asked                    every rank its dense state, rank 0 the tables
+        barrier                            nobody trains before the tables are loaded
+        fit -> result (rank 0 sends it)    or TrainingStopped, after the same step
+        barrier                            ranks leave together
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from estuary.config import JobSpec
+from estuary.ps import PSClient
+from estuary.ps.types import Address
+from estuary.train import FitResult, Trainer, TrainingStopped
+from estuary.train.checkpoint_chain import LATEST
+from estuary.train.distributed import DistributedTrainer
+
+__all__ = ["WorkerLaunch", "resume_if_asked", "trainer_main", "worker_session"]
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """What every trainer process gets (pickled once per process by spawn).
+
+    Args:
+        job: the job.
+        world_size: W.
+        address: the parameter server's address.
+        authkey: its key.
+        init_method: the process group's rendezvous (``file://...``).
+        backend: ``gloo`` or ``nccl``.
+        pg_timeout_s: timeout of the process group's collectives.
+        ps_timeout_s: longest a parameter-server request may take.
+        startup_timeout_s: longest wait to connect to the server.
+        threads: torch threads per process (unless ``train.threads``).
+        progress: rank 0 shows its progress bar.
+        resume: continue from ``output.dir``'s newest checkpoint, if any.
+    """
+
+    job: JobSpec
+    world_size: int
+    address: Address
+    authkey: bytes
+    init_method: str
+    backend: str
+    pg_timeout_s: float
+    ps_timeout_s: float
+    startup_timeout_s: float
+    threads: int
+    progress: bool
+    resume: bool
+
+
+def _loopback_interface() -> str | None:
+    names = {name for _, name in socket.if_nameindex()}
+    return next((name for name in ("lo", "lo0") if name in names), None)
+
+
+@contextlib.contextmanager
+def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient]:
+    """The process group and a parameter-server client for rank ``rank``; both
+    are closed on exit."""
+    loopback = _loopback_interface()
+    if loopback is not None:
+        # All ranks share this machine: gloo need not resolve the host name.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+    if not launch.job.train.threads:
+        torch.set_num_threads(launch.threads)  # W trainers share the machine's cores
+    if launch.backend == "nccl":  # one GPU per rank, round robin over the GPUs
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(
+        launch.backend,
+        init_method=launch.init_method,
+        rank=rank,
+        world_size=launch.world_size,
+        timeout=datetime.timedelta(seconds=launch.pg_timeout_s),
+    )
+    client = PSClient(
+        launch.address,
+        launch.authkey,
+        timeout_s=launch.ps_timeout_s,
+        connect_timeout_s=launch.startup_timeout_s,
+    )
+    try:
+        yield client
+    finally:
+        client.close()
+        dist.destroy_process_group()
+
+
+def resume_if_asked(trainer: Trainer, job: JobSpec, resume: bool) -> bool:
+    """Restore ``trainer`` from ``output.dir``'s newest checkpoint when ``resume``
+    and there is one; returns whether it did."""
+    out = job.resolve(job.output.dir)
+    if not resume or not (out / "checkpoints" / LATEST).is_file():
+        return False
+    trainer.load_checkpoint(out)
+    return True
+
+
+def trainer_main(rank: int, launch: WorkerLaunch, results: Any, stop_signal: Any) -> None:
+    """Entry point of trainer process ``rank`` (spawned by the launcher)."""
+    # Ctrl-C reaches the whole process group: the launcher decides (``stop_signal``).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if rank == 0 and launch.job.output.metrics_port is not None:
+        from estuary.metrics.training import show_metrics_url
+
+        show_metrics_url()  # rank 0 serves the metrics; its port line reaches stderr
+    with worker_session(rank, launch) as client:
+        trainer = DistributedTrainer(
+            launch.job, client, rank=rank, world_size=launch.world_size, stop_signal=stop_signal
+        )
+        resume_if_asked(trainer, launch.job, launch.resume)  # nothing checkpoints yet
+        dist.barrier()  # Blocking wait: rank 0 has loaded the tables into the server.
+        try:
+            fitted = trainer.fit(progress=launch.progress and rank == 0)
+            fitted.extra.update(trainer.server_figures())
+            result: FitResult | TrainingStopped = fitted
+        except TrainingStopped as stop:  # every rank, after the same step
+            result = stop
+        if rank == 0:
+            results.put(result)
+        dist.barrier()  # Blocking wait: ranks leave together, after rank 0's eval/checkpoint.

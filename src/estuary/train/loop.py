@@ -1,0 +1,216 @@
+"""The fit loop: one loop over an ``Engine`` and a ``Feed``, for every data path
+and any number of trainers. Reads top to bottom::
+
+    per epoch (a graph feed has one):
+      callbacks.on_epoch_start
+      per batch (looked up inline, or one ahead on the prefetch thread):
+        share = feed.share(batch)          rows over all ranks, loss reduction
+        callbacks.before_step              fault injection (tests)
+        engine.step(batch, plan)           lookup -> fwd/bwd -> dense step -> sparse hand-off
+        feed.commit(share)                 rows recorded as trained (graph feed)
+        callbacks.after_step               progress bar, metrics, checkpoint cadence
+        stop.poll(step) -> checkpoint the step, raise TrainingStopped
+    flush sparse updates -> final checkpoint / evaluation (rank 0) -> FitResult
+
+The feed's ``CheckpointRules`` say when a stop or the end writes a checkpoint;
+the ``plan_for`` function picks each batch's ``UpdatePlan`` (default: none, the
+plain step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from estuary.data.types import Batch
+from estuary.metrics.evaluation import EvalResult, evaluate_predictions
+from estuary.metrics.training import TrainingMetrics
+from estuary.train.callbacks import (
+    Callback,
+    Callbacks,
+    CheckpointCadence,
+    LoopState,
+    MetricsCallback,
+    ProgressCallback,
+)
+from estuary.train.checkpointer import Checkpointer
+from estuary.train.engine import Engine, UpdatePlan
+from estuary.train.feeds import Feed
+from estuary.train.result import FitResult, TrainingStopped
+from estuary.train.sparse_updates import SparseUpdater
+
+__all__ = ["FitLoop", "evaluate_batches"]
+
+
+def evaluate_batches(
+    predict: Callable[[Batch], np.ndarray], batches: Iterator[Batch]
+) -> EvalResult:
+    """AUC / logloss of ``predict`` over ``batches``."""
+    labels, probabilities = [], []
+    for batch in batches:
+        probabilities.append(predict(batch))
+        labels.append(batch.labels)
+    if not labels:
+        return evaluate_predictions(np.zeros(0), np.zeros(0))
+    return evaluate_predictions(np.concatenate(labels), np.concatenate(probabilities))
+
+
+class FitLoop:
+    """Trains one rank over a feed (see module docstring).
+
+    Args:
+        engine: does the steps.
+        feed: this rank's batches.
+        state: the run's loop state (restored by a resume), updated as it trains.
+        checkpointer: writes the checkpoints.
+        metrics: Prometheus metrics of the run.
+        tables: table name -> table (stats for metrics and the summary).
+        callbacks: more callbacks, called after the built-in ones.
+        progress: show the progress bar.
+        load_s: seconds spent loading before the loop (counted in ``wall_s``).
+        plan_for: batch -> its ``UpdatePlan`` (``None``: the plain step).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        feed: Feed,
+        state: LoopState,
+        checkpointer: Checkpointer,
+        metrics: TrainingMetrics,
+        tables: Mapping[str, Any],
+        *,
+        callbacks: Sequence[Callback] = (),
+        progress: bool = False,
+        load_s: float = 0.0,
+        plan_for: Callable[[Batch], UpdatePlan | None] | None = None,
+    ) -> None:
+        self.engine, self.feed, self.state = engine, feed, state
+        self.checkpointer, self.metrics, self.tables = checkpointer, metrics, tables
+        self.extra_callbacks, self.progress, self.load_s = list(callbacks), progress, load_s
+        self.plan_for = plan_for
+
+    def run(self) -> FitResult:
+        state, feed, engine = self.state, self.feed, self.engine
+        updater = engine.sparse_updater()
+        every = self.checkpointer.job.output.checkpoint_every_steps if state.chief else None
+        cadence = CheckpointCadence(
+            every,
+            lambda: self._save(updater),
+            saved_step=state.step if feed.restored else None,
+        )
+        callbacks = Callbacks(
+            [
+                ProgressCallback(feed.total_rows, self.progress),
+                MetricsCallback(self.metrics, lambda: self._refresh(updater)),
+                cadence,
+                *self.extra_callbacks,
+            ]
+        )
+        rows_done = 0
+        t_start = time.perf_counter()
+        callbacks.on_fit_start(state)
+        try:
+            for epoch in range(state.epoch if feed.epoch_positions else 0, feed.epochs):
+                if feed.epoch_positions:
+                    state.epoch = epoch
+                callbacks.on_epoch_start(state)
+                skip = state.epoch_step if feed.epoch_positions else 0
+                for batch, looked_up in engine.looked_up(feed.batches(epoch, skip), updater):
+                    share = feed.share(batch)
+                    callbacks.before_step(state)
+                    plan = self.plan_for(batch) if self.plan_for is not None else None
+                    loss = engine.step(batch, looked_up, updater, plan, loss_scale=share.loss_scale)
+                    state.step += 1
+                    if feed.epoch_positions:
+                        state.epoch_step += 1
+                    feed.commit(share)
+                    rows_done += share.rows
+                    callbacks.after_step(state, share.rows, loss)
+                    if state.stop.poll(state.step):
+                        self._stop(cadence)
+                if feed.epoch_positions:
+                    state.epoch, state.epoch_step = epoch + 1, 0
+            updater.flush()
+            rules = feed.rules
+            if rules.final and rules.final_before_eval and state.step != cadence.saved_step:
+                cadence.write(state)
+            if rules.stop_when_drained and state.chief and state.stop.asked():
+                self._stop(cadence)  # the batches ended on a stop while idle
+        finally:
+            updater.close()
+            callbacks.on_fit_end(state)
+            feed.close()
+        return self._finish(updater, cadence, rows_done, time.perf_counter() - t_start)
+
+    def _save(self, updater: SparseUpdater) -> Path:
+        position = self.feed.position()
+        if position is not None:  # the data position goes with the model state
+            self.checkpointer.data_progress = position
+        return self.checkpointer.save_consistent(updater, self.state)
+
+    def _stop(self, cadence: CheckpointCadence) -> None:
+        """Checkpoint the current step (rank 0, when the feed's rules ask for it
+        and the last checkpoint is not of it) and raise ``TrainingStopped``."""
+        state = self.state
+        if state.chief and self.feed.rules.on_stop and cadence.saved_step != state.step:
+            cadence.write(state)
+        link = self.checkpointer.link
+        path = link.path if link is not None and cadence.saved_step == state.step else None
+        raise TrainingStopped(state.stop.reason(), state.step, path)
+
+    def _refresh(self, updater: SparseUpdater) -> None:
+        """Table stats, staleness and bad rows to the metrics; called every
+        ``metrics.refresh_s`` seconds, as stats take each table's lock."""
+        stats = {name: t.stats() for name, t in self.tables.items()}
+        self.metrics.refresh(
+            stats, staleness_max=updater.log.max_behind, bad_rows=self.feed.bad_rows()
+        )
+
+    def _finish(
+        self, updater: SparseUpdater, cadence: CheckpointCadence, rows: int, train_wall_s: float
+    ) -> FitResult:
+        state, feed, engine, job = self.state, self.feed, self.engine, self.checkpointer.job
+        t_end = time.perf_counter()
+        samples_per_s = rows / train_wall_s if train_wall_s > 0 else 0.0
+        result = None
+        batches = feed.eval_batches(job.train.eval_batch_size) if state.chief else None
+        if batches is not None:  # one trainer evaluates
+            result = evaluate_batches(engine.predict, batches)
+            self.metrics.evaluated(result)
+        checkpoint = cadence.last if feed.rules.final_before_eval else None
+        if feed.rules.final and not feed.rules.final_before_eval and state.chief:
+            checkpoint = self.checkpointer.save(state)
+            self.metrics.checkpointed(state.step)
+        stats = {name: t.stats() for name, t in self.tables.items()}
+        bad_rows = feed.bad_rows()
+        self.metrics.refresh(stats, staleness_max=updater.log.max_behind, bad_rows=bad_rows)
+        self.metrics.trained(samples_per_s)
+        return FitResult(
+            eval=result,
+            train_rows=rows,
+            eval_rows=result.rows if result is not None else 0,
+            bad_rows=bad_rows,
+            samples_per_s=samples_per_s,
+            wall_s=train_wall_s + (time.perf_counter() - t_end) + self.load_s,
+            mode=job.train.mode,
+            checkpoint=checkpoint,
+            profile=engine.times.as_dict(),
+            extra={
+                **feed.summary(),
+                "steps": state.step,
+                "train_wall_s": train_wall_s,
+                "load_s": self.load_s,
+                "max_staleness_seen": updater.log.max_behind,
+                "sparse_placement": updater.placement.value,
+                "precision": job.train.precision,
+                "device": str(engine.device),
+                "embedding_rows": sum(s.rows for s in stats.values()),
+                "embedding_bytes": sum(s.bytes for s in stats.values()),
+                "unknown_grads": sum(s.unknown_grads for s in stats.values()),
+            },
+        )
