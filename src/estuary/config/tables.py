@@ -1,0 +1,277 @@
+"""Embedding table settings: initializer, sparse optimizer, admission, eviction,
+and ``TableSpec`` (one table's settings, resolved once at load by ``merge_table``
+from ``model.embedding.default`` and the table's override).
+
+Part of the typed job spec (``estuary.config.spec`` re-exports every name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from estuary.config.build import build_dataclass, deep_merge, describe_value, plain
+from estuary.config.errors import ConfigError
+from estuary.plugins import INITIALIZERS, OPTIMIZERS
+
+__all__ = [
+    "AdmissionSpec",
+    "EvictionSpec",
+    "InitializerName",
+    "InitializerSpec",
+    "OptimizerName",
+    "PoolingName",
+    "SparseOptimizerSpec",
+    "TableSpec",
+    "merge_table",
+    "optimizer_parameters",
+]
+
+# The built-in names of plugin kinds. A job file may name any registered
+# implementation (``estuary.plugins``): these fields are typed ``str`` and checked
+# against the registry at load.
+InitializerName = Literal["uniform", "normal", "truncated_normal", "zeros"]
+OptimizerName = Literal["sgd", "adagrad", "adam", "ftrl"]
+PoolingName = Literal["sum", "mean", "none"]
+
+
+@dataclass(frozen=True)
+class InitializerSpec:
+    """How new embedding rows are filled.
+
+    Args:
+        name: ``uniform`` (in ``[-scale, scale]``), ``normal`` / ``truncated_normal``
+            (mean 0, std ``scale``; truncated at 2 std), ``zeros``, or another
+            registered initializer (``register_initializer``).
+        scale: bound (uniform) or standard deviation (normal). ``None`` means
+            ``1 / sqrt(dim)``.
+    """
+
+    name: str = "uniform"
+    scale: float | None = None
+
+    def validate(self, path: str) -> None:
+        INITIALIZERS.check(self.name, f"{path}.name")
+        if self.scale is not None and self.scale < 0:
+            raise ConfigError(f"{path}.scale", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class SparseOptimizerSpec:
+    """Row-wise optimizer applied inside the embedding table.
+
+    The section is flat in the job file; each optimizer declares which of these
+    parameters it reads (``SparseOptimizer.params_type`` in the embedding layer),
+    and setting another one (``beta1`` for ``adagrad``) is an error at load.
+
+    Args:
+        name: ``sgd``, ``adagrad``, ``adam``, ``ftrl``, or another registered
+            optimizer (``register_optimizer``).
+        lr: learning rate (> 0).
+        eps: numerical floor in the denominator (adagrad, adam).
+        initial_accumulator: starting value of the squared-gradient sum (adagrad, ftrl).
+        beta1: adam first-moment decay.
+        beta2: adam second-moment decay.
+        l1: ftrl L1 strength.
+        l2: ftrl L2 strength.
+        lr_power: ftrl learning-rate power (usually -0.5).
+        weight_decay: decoupled L2 decay applied to touched rows, per step.
+        clip: if set, row values are clipped to ``[-clip, clip]`` after each update.
+    """
+
+    name: str = "adagrad"
+    lr: float = 0.05
+    eps: float = 1e-8
+    initial_accumulator: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    l1: float = 0.0
+    l2: float = 0.0
+    lr_power: float = -0.5
+    weight_decay: float = 0.0
+    clip: float | None = None
+
+    def validate(self, path: str) -> None:
+        OPTIMIZERS.check(self.name, f"{path}.name")
+        changed = [
+            f.name
+            for f in dataclasses.fields(self)
+            if f.name not in _EVERY_OPTIMIZER_READS and getattr(self, f.name) != f.default
+        ]
+        # Only a section that sets an optimizer-specific parameter needs the
+        # optimizer's own list (which imports its numba implementation).
+        own = optimizer_parameters(self.name) if changed else ()
+        for name in changed:
+            if name not in own:
+                raise ConfigError(
+                    f"{path}.{name}",
+                    f"not a parameter of optimizer {self.name!r} (its parameters: "
+                    f"{', '.join(own)})",
+                )
+        if self.lr <= 0:
+            raise ConfigError(f"{path}.lr", "must be > 0")
+        if self.eps <= 0:
+            raise ConfigError(f"{path}.eps", "must be > 0")
+        if self.initial_accumulator < 0:
+            raise ConfigError(f"{path}.initial_accumulator", "must be >= 0")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{path}.{name}", "must be in [0, 1)")
+        for name in ("l1", "l2", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{path}.{name}", "must be >= 0")
+        if self.clip is not None and self.clip <= 0:
+            raise ConfigError(f"{path}.clip", "must be > 0")
+
+
+@dataclass(frozen=True)
+class AdmissionSpec:
+    """When an id earns its own row.
+
+    Args:
+        min_count: an id gets a row once it has been seen this many times in
+            training batches (1 = admit at first sight). Until then it reads the
+            table's shared ``unknown`` row and its gradient trains that row.
+        probability: admit a new id with this probability per sighting (1.0 = always).
+        max_pending_ids: per-shard bound on ids counted while not yet admitted
+            (16 B each, 32 MiB of counts at the default); when full, every count
+            is halved (rare ids drop out).
+    """
+
+    min_count: int = 1
+    probability: float = 1.0
+    max_pending_ids: int = 1 << 20
+
+    def validate(self, path: str) -> None:
+        if self.min_count < 1:
+            raise ConfigError(f"{path}.min_count", "must be >= 1")
+        if not 0.0 < self.probability <= 1.0:
+            raise ConfigError(f"{path}.probability", "must be in (0, 1]")
+        if self.max_pending_ids < 1:
+            raise ConfigError(f"{path}.max_pending_ids", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class EvictionSpec:
+    """Bounds on a table's memory.
+
+    Args:
+        capacity_rows: maximum rows held; ``None`` = unbounded. A table of S
+            shards gives each shard ``ceil(capacity_rows / S)``.
+        policy: which rows go first when full: ``lru`` (least recently touched)
+            or ``lfu`` (least often touched, counts halved as they age).
+        ttl_steps: rows untouched for this many training steps are swept (a step
+            is one ``apply_gradients`` call).
+        ttl_s: rows untouched for this many seconds are swept.
+        sweep_every_steps: TTL sweeps run automatically every this many steps
+            (one pass over the rows); rows may outlive their TTL by up to this
+            many steps. ``sweep()`` applies the TTL at once.
+    """
+
+    capacity_rows: int | None = None
+    policy: Literal["lru", "lfu"] = "lru"
+    ttl_steps: int | None = None
+    ttl_s: float | None = None
+    sweep_every_steps: int = 100
+
+    def validate(self, path: str) -> None:
+        if self.capacity_rows is not None and self.capacity_rows < 1:
+            raise ConfigError(f"{path}.capacity_rows", "must be >= 1")
+        if self.ttl_steps is not None and self.ttl_steps < 1:
+            raise ConfigError(f"{path}.ttl_steps", "must be >= 1")
+        if self.ttl_s is not None and self.ttl_s <= 0:
+            raise ConfigError(f"{path}.ttl_s", "must be > 0")
+        if self.sweep_every_steps < 1:
+            raise ConfigError(f"{path}.sweep_every_steps", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table. ``model.embedding.default`` gives every field's default;
+    ``model.embedding.tables.<feature>`` overrides fields for one feature.
+
+    Args:
+        dim: embedding width D (> 0).
+        initializer: how new rows are filled.
+        optimizer: row-wise sparse optimizer.
+        pooling: how a multi-id bag becomes one vector: ``sum``, ``mean`` or
+            ``none`` (unpooled sequence output).
+        admission: when an id gets its own row.
+        eviction: capacity and TTL bounds.
+        shards: number of hash shards the table is split into.
+        initial_capacity_rows: rows pre-allocated; the table grows beyond it.
+    """
+
+    dim: int = 16
+    initializer: InitializerSpec = field(default_factory=InitializerSpec)
+    optimizer: SparseOptimizerSpec = field(default_factory=SparseOptimizerSpec)
+    pooling: PoolingName = "sum"
+    admission: AdmissionSpec = field(default_factory=AdmissionSpec)
+    eviction: EvictionSpec = field(default_factory=EvictionSpec)
+    shards: int = 1
+    initial_capacity_rows: int = 1024
+
+    def validate(self, path: str) -> None:
+        if self.dim < 1:
+            raise ConfigError(f"{path}.dim", "must be > 0")
+        if self.shards < 1:
+            raise ConfigError(f"{path}.shards", "must be >= 1")
+        if self.initial_capacity_rows < 1:
+            raise ConfigError(f"{path}.initial_capacity_rows", "must be >= 1")
+        self.initializer.validate(f"{path}.initializer")
+        self.optimizer.validate(f"{path}.optimizer")
+        self.admission.validate(f"{path}.admission")
+        self.eviction.validate(f"{path}.eviction")
+
+
+def merge_table(default: TableSpec, override: Mapping[str, Any], path: str) -> TableSpec:
+    """One table's settings: a partial table dict merged over ``default``.
+
+    Nested sections merge field by field, so ``{"optimizer": {"lr": 0.1}}`` keeps
+    the default optimizer's name and other settings.
+
+    Args:
+        default: ``model.embedding.default``.
+        override: the table's entry in ``model.embedding.tables`` (may be empty).
+        path: dotted path of the entry, e.g. ``model.embedding.tables.C1``.
+
+    Raises:
+        ConfigError: naming the field path inside ``path``.
+    """
+    if not isinstance(override, Mapping):
+        raise ConfigError(path, f"expected mapping, got {describe_value(override)}")
+    merged = deep_merge(plain(default), override)
+    optimizer = override.get("optimizer")
+    if isinstance(optimizer, Mapping) and isinstance(merged.get("optimizer"), dict):
+        _keep_own_parameters(merged["optimizer"], optimizer, default.optimizer.name)
+    return build_dataclass(TableSpec, merged, path)
+
+
+_EVERY_OPTIMIZER_READS = ("name", "lr", "weight_decay", "clip")  # SGDParams, the base of all
+
+
+def optimizer_parameters(name: str) -> tuple[str, ...]:
+    """The ``optimizer`` parameters the registered sparse optimizer ``name`` reads
+    (imports its implementation)."""
+    own: tuple[str, ...] = OPTIMIZERS.get(name).parameters()
+    return own
+
+
+def _keep_own_parameters(
+    merged: dict[str, Any], override: Mapping[str, Any], default_name: str
+) -> None:
+    """A table that switches optimizer keeps only the default section's parameters
+    the new one reads (``lr`` carries over; adagrad's ``initial_accumulator`` does
+    not reach an ``sgd`` table); the others return to their defaults. Parameters
+    the override sets itself are kept and checked."""
+    name = override.get("name", default_name)
+    if name == default_name or not isinstance(name, str) or name not in OPTIMIZERS:
+        return
+    own = optimizer_parameters(name)
+    fresh = plain(SparseOptimizerSpec())
+    for key in list(merged):
+        if key != "name" and key not in own and key not in override and key in fresh:
+            merged[key] = fresh[key]
