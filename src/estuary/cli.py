@@ -201,7 +201,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     trainer = Trainer(job)
     trainer.load_checkpoint(args.checkpoint)
     if job.data.dataset is not None:  # a held-out stream, read once in order
-        from estuary.train.streaming import evaluate_stream
+        from estuary.train.dataset_eval import evaluate_stream
 
         result = evaluate_stream(trainer, args.stream)
     else:  # the last data.eval_fraction of the rows, as in training

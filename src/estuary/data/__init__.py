@@ -12,11 +12,11 @@ feature (``hashing``).
 """
 
 from estuary.data.badrows import BadRow, BadRowReport
-from estuary.data.dataset import DataPart, TabularDataset
 from estuary.data.errors import BadDataError, DataError, DataFileError, DataWarning
 from estuary.data.features import register_feature_kind
 from estuary.data.formats import FormatReader, available_formats, get_format, register_format
 from estuary.data.hashing import feature_seed, hash_array, hash_feature, missing_id
+from estuary.data.tabular import DataPart, TabularDataset
 from estuary.data.transforms import register_transform
 from estuary.data.types import Batch, JaggedIds
 

@@ -34,7 +34,6 @@ the manifest format, chain links, full-vs-delta planning, finding and pruning.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -70,6 +69,11 @@ from estuary.train.checkpoint_chain import (
     resolve_checkpoint,
     table_file,
 )
+from estuary.train.checkpoint_io import fsync_dir as _fsync_dir
+from estuary.train.checkpoint_io import fsync_file as _fsync_file
+from estuary.train.checkpoint_io import optimizer_from_flat as _optimizer_from_flat
+from estuary.train.checkpoint_io import optimizer_to_flat as _optimizer_to_flat
+from estuary.train.checkpoint_io import sha256 as _sha256
 
 if TYPE_CHECKING:
     from estuary.config import JobSpec
@@ -241,55 +245,6 @@ class Checkpoint:
                     table.apply_delta(delta[name])
                 except ValueError as exc:
                     raise CheckpointError(f"{table_file(folder, name)}: {exc}") from exc
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _optimizer_to_flat(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split a torch optimizer state dict into tensors and JSON-able scalars."""
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for param_id, param_state in state["state"].items():
-        for key, value in param_state.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{param_id}.{key}"] = value.detach().contiguous().cpu()
-            else:
-                scalars.setdefault(str(param_id), {})[key] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
-
-
-def _optimizer_from_flat(
-    tensors: Mapping[str, torch.Tensor], meta: dict[str, Any]
-) -> dict[str, Any]:
-    state: dict[int, dict[str, Any]] = {}
-    for name, tensor in tensors.items():
-        param_id, key = name.split(".", 1)
-        state.setdefault(int(param_id), {})[key] = tensor
-    for param_id, values in meta.get("scalars", {}).items():
-        state.setdefault(int(param_id), {}).update(values)
-    return {"state": state, "param_groups": meta["param_groups"]}
 
 
 def _table_versions(tables: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, dict[str, int]]:

@@ -247,7 +247,7 @@ def restored_progress(data_progress: dict[str, Any] | None) -> Progress:
 
 class GraphFeed:
     """``data.dataset``: batches from the task graph, exactly once (see module
-    docstring and ``estuary.train.streaming``).
+    docstring and ``estuary.train.dataset_eval``).
 
     Args:
         job: the job.

@@ -1,0 +1,68 @@
+"""File-level pieces of a checkpoint: checksums, fsync (a file, then its folder,
+so a rename is durable), and a torch optimizer state dict as safetensors tensors
+plus JSON-able scalars (no pickle)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["fsync_dir", "fsync_file", "optimizer_from_flat", "optimizer_to_flat", "sha256"]
+
+
+def sha256(path: Path) -> str:
+    """The file's SHA-256, hex (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a written file to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (a rename or a new file in it) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def optimizer_to_flat(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split a torch optimizer state dict into tensors and JSON-able scalars."""
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for param_id, param_state in state["state"].items():
+        for key, value in param_state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{param_id}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                scalars.setdefault(str(param_id), {})[key] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def optimizer_from_flat(
+    tensors: Mapping[str, torch.Tensor], meta: dict[str, Any]
+) -> dict[str, Any]:
+    """A torch optimizer state dict back from ``optimizer_to_flat``'s two parts."""
+    state: dict[int, dict[str, Any]] = {}
+    for name, tensor in tensors.items():
+        param_id, key = name.split(".", 1)
+        state.setdefault(int(param_id), {})[key] = tensor
+    for param_id, values in meta.get("scalars", {}).items():
+        state.setdefault(int(param_id), {}).update(values)
+    return {"state": state, "param_groups": meta["param_groups"]}
