@@ -13,7 +13,8 @@ Registry (entry-point group): the job-file field that names an implementation
 - ``INITIALIZERS`` (``estuary.initializers``): ``model.embedding.*.initializer.name``
 - ``DENSE_OPTIMIZERS`` (``estuary.dense_optimizers``): ``train.dense_optimizer.name``
 - ``FORMATS`` (``estuary.formats``): ``data.sources[i].format``, dataset sources' ``format``
-- ``STREAM_BACKENDS`` (``estuary.streams``): a stream source's ``stream.kind``
+- ``STREAM_BACKENDS`` (``estuary.streams``): a stream source's ``stream.kind``; each
+  entry also declares its section's fields (``Registry.section``)
 - ``SOURCE_TYPES`` (``estuary.source_types``): ``data.dataset.streams.*.sources[i].type``
 - ``FEATURE_KINDS`` (``estuary.feature_kinds``): ``data.schema.features[i].kind``
 - ``TRANSFORMS`` (``estuary.transforms``): ``data.schema.transforms.*``, a feature's
@@ -93,13 +94,25 @@ FORMATS.register("parquet", "estuary.data.formats.parquet:ParquetReader")
 FORMATS.register("jsonl", "estuary.data.formats.jsonl:JsonlReader")
 
 STREAM_BACKENDS: Registry[Any] = Registry("stream kind", group="estuary.streams")
+# Each backend declares the fields of its stream section in a light module
+# (``section``), so a job loads without the backend's client package.
 STREAM_BACKENDS.register(
-    "nats", "estuary.data.streams.nats:BACKEND", extra="streams", package="nats-py"
+    "nats",
+    "estuary.data.streams.nats:BACKEND",
+    extra="streams",
+    package="nats-py",
+    section="estuary.config.streams:NatsSection",
 )
 STREAM_BACKENDS.register(
-    "redis", "estuary.data.streams.redis:BACKEND", extra="streams", package="redis"
+    "redis",
+    "estuary.data.streams.redis:BACKEND",
+    extra="streams",
+    package="redis",
+    section="estuary.config.streams:RedisSection",
 )
-STREAM_BACKENDS.register("memory", "estuary.data.streams.memory:BACKEND")
+STREAM_BACKENDS.register(
+    "memory", "estuary.data.streams.memory:BACKEND", section="estuary.config.streams:MemorySection"
+)
 
 SOURCE_TYPES: Registry[Any] = Registry("source type", group="estuary.source_types")
 SOURCE_TYPES.register("files", "estuary.data.graph.sources:FileSource")

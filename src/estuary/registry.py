@@ -66,6 +66,7 @@ class _Entry:
     extra: str | None = None  # the estuary extra that installs what it needs
     package: str | None = None  # the pip package that provides the missing module
     lazy: bool = False  # ``target`` is still to be imported
+    section: Any = None  # its job-file section's declaration, or ``"module:attr"``
 
 
 class Registry(Generic[T]):
@@ -104,7 +105,13 @@ class Registry(Generic[T]):
     # -- registering -----------------------------------------------------------
 
     def register(
-        self, name: str, obj: T | str, *, extra: str | None = None, package: str | None = None
+        self,
+        name: str,
+        obj: T | str,
+        *,
+        extra: str | None = None,
+        package: str | None = None,
+        section: Any = None,
     ) -> None:
         """Make ``obj`` available as ``name``, replacing any earlier entry.
 
@@ -115,13 +122,18 @@ class Registry(Generic[T]):
             extra: the ``estuary[extra]`` that installs the modules it needs; the
                 install hint names it when they are missing.
             package: the pip package whose absence the hint reports.
+            section: the declaration of the job-file fields this implementation
+                reads (a dataclass), or ``"module:attr"`` naming it in a light
+                module, so the loader checks a job without importing ``obj`` and
+                the packages it needs; see ``section``.
         """
         if not name:
             raise ValueError(f"{self.kind}: a registered name must not be empty")
         lazy = isinstance(obj, str)
-        if lazy and ":" not in cast(str, obj):
-            raise ValueError(f"{self.kind} {name!r}: expected 'module:attr', got {obj!r}")
-        self._entries[name] = _Entry(obj, extra, package, lazy)
+        for ref in (obj, section) if isinstance(section, str) else (obj,):
+            if isinstance(ref, str) and ":" not in ref:
+                raise ValueError(f"{self.kind} {name!r}: expected 'module:attr', got {ref!r}")
+        self._entries[name] = _Entry(obj, extra, package, lazy, section)
         self._loaded.pop(name, None)
 
     def registering(self, name: str, **options: Any) -> Callable[[T], T]:
@@ -193,6 +205,29 @@ class Registry(Generic[T]):
                     return cast(T, now.target)
                 self._loaded[name] = obj
             return self._loaded[name]
+
+    def section(self, name: str, where: str = "") -> Any:
+        """The declaration of the job-file section that ``name``'s implementation
+        reads (a dataclass), or ``None`` when it declares none.
+
+        It is the one given to ``register`` (imported from its light module when a
+        ``"module:attr"`` string), else the implementation's ``section``
+        attribute, which imports the implementation: a plugin registered in
+        Python or through an entry point declares its fields there.
+
+        Raises:
+            ConfigError: ``name`` is unknown (at ``where``).
+            PluginImportError: the implementation is needed and cannot be imported.
+        """
+        if name not in self:
+            self.get(name, where)  # raises the unknown-name error
+        declared = self._entries[name].section
+        if isinstance(declared, str):
+            module_name, _, attr = declared.partition(":")
+            return getattr(importlib.import_module(module_name), attr)
+        if declared is not None:
+            return declared
+        return getattr(self.get(name, where), "section", None)
 
     def check(self, name: str, where: str) -> None:
         """The config loader's check of a job-file value naming an implementation;

@@ -47,7 +47,10 @@ def test_a_redis_csv_source_with_every_field() -> None:
     [
         ({"url": "redis://h:1"}, r"^stream\.url: expected a nats:// URL for kind 'nats'"),
         ({"subject": None}, r"^stream\.subject: kind 'nats' needs subject"),
-        ({"key": "k"}, r"^stream\.key: not used by kind 'nats'"),
+        (
+            {"key": "k"},
+            r"^stream\.key: not a field of stream kind 'nats' \(its fields: subject, stream\)$",
+        ),
         ({"subject": ""}, r"^stream\.subject: must not be empty"),
         ({"format": "csv"}, r"^stream\.columns: format 'csv' needs the message's column names"),
         ({"format": "jsonl", "columns": ["a"]}, r"^stream\.columns: not used by format 'jsonl'"),
@@ -68,7 +71,10 @@ def test_mistakes_name_the_field(changes: dict[str, Any], message: str) -> None:
 
 
 def test_redis_refuses_nats_fields() -> None:
-    with pytest.raises(ConfigError, match=r"^s\.subject: not used by kind 'redis'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^s\.subject: not a field of stream kind 'redis' \(its fields: key, payload_fi",
+    ):
         stream_source_from_dict({**REDIS, "subject": "x"}, "s")
 
 

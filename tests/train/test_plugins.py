@@ -134,3 +134,155 @@ def test_an_unknown_optimizer_lists_the_known_names_with_the_field_path(tmp_path
         "model.embedding.default.optimizer.name: must be one of 'sgd', 'adagrad', 'adam', "
         "'ftrl'; got str 'adagard' (did you mean 'adagrad'?)"
     )
+
+
+# An entry-point plugin with a parameter of its own: Lion's ``beta`` (momentum
+# decay), declared with its type, default and check, read from ``self.params``.
+LION = """
+from dataclasses import dataclass
+
+import numpy as np
+from estuary.config import ConfigError
+from estuary.embedding.optimizers import SGDParams, SparseOptimizer
+
+BETAS = []
+
+@dataclass(frozen=True)
+class LionParams(SGDParams):
+    beta: float = 0.9
+
+    def validate(self, path):
+        if not 0.0 <= self.beta < 1.0:
+            raise ConfigError(f"{path}.beta", "must be in [0, 1)")
+
+class Lion(SparseOptimizer):
+    state_names = ("momentum",)
+    params_type = LionParams
+
+    def step(self, storage, rows, grads):
+        BETAS.append(self.params.beta)
+        d, beta = self.dim, np.float32(self.params.beta)
+        m = storage[rows, d : 2 * d]
+        mixed = beta * m + (np.float32(1.0) - beta) * grads
+        storage[rows, :d] -= np.float32(self.params.lr) * np.sign(mixed)
+        storage[rows, d : 2 * d] = mixed
+"""
+
+
+@pytest.fixture
+def lion_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``lion`` as an ``estuary.optimizers`` entry point of an installed distribution."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "estuary_lion.py").write_text(textwrap.dedent(LION))
+    info = site / "estuary_lion-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: estuary-lion\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[estuary.optimizers]\nlion = estuary_lion:Lion\n")
+    monkeypatch.syspath_prepend(str(site))
+    estuary.register_model("bilinear", Bilinear)
+    try:
+        yield
+    finally:
+        plugins.MODELS.unregister("bilinear")
+        plugins.OPTIMIZERS.unregister("lion")
+        sys.modules.pop("estuary_lion", None)
+
+
+@pytest.mark.usefixtures("lion_installed")
+def test_a_plugin_optimizer_parameter_is_set_from_a_job_file_trains_and_resumes(
+    tmp_path: Path,
+) -> None:
+    from estuary.config import job_from_dict, to_dict
+    from estuary.train.callbacks import FaultInjection, LoopState
+    from estuary.train.checkpoint import load_checkpoint
+
+    path = write_job(tmp_path, {"name": "lion", "lr": 0.01, "beta": 0.8})
+    job = estuary.load_job(path)
+    optimizer = job.table_spec("C1").optimizer
+    assert optimizer.name == "lion" and optimizer.extra == {"beta": 0.8}
+    flat = to_dict(job)["model"]["embedding"]["default"]["optimizer"]
+    assert flat["beta"] == 0.8 and "extra" not in flat  # the section stays flat
+    assert job_from_dict(to_dict(job), base_dir=tmp_path).table_spec("C1") == job.table_spec("C1")
+
+    reference = estuary.Trainer(job)
+    want = reference.fit(progress=False)
+    assert set(sys.modules["estuary_lion"].BETAS) == {0.8}  # the parameter reached the kernel
+    assert want.auc > 0.75
+
+    saving = ["output.checkpoint=true", "output.checkpoint_every_steps=20"]
+    job = estuary.load_job(path, overrides=[f"output.dir={tmp_path / 'crashed'}", *saving])
+
+    def crash(state: LoopState) -> None:
+        raise RuntimeError("crash")
+
+    with pytest.raises(RuntimeError, match="crash"):
+        estuary.Trainer(job, callbacks=[FaultInjection(crash, at_step=50)]).fit(progress=False)
+    folder = tmp_path / "crashed" / "checkpoints"
+    newest = load_checkpoint(folder)
+    assert newest.manifest["step"] == 40
+    stored = newest.manifest["metadata"]["job"]["model"]["embedding"]["default"]["optimizer"]
+    assert stored["beta"] == 0.8
+    assert job_from_dict(newest.manifest["metadata"]["job"]).table_spec("C1") == job.table_spec(
+        "C1"
+    )
+
+    resumed = estuary.Trainer(job)
+    resumed.load_checkpoint(folder)
+    got = resumed.fit(progress=False)
+    assert resumed.step == reference.step
+    for name, table in reference.tables.items():
+        a, b = resumed.tables[name].state_dict(), table.state_dict()
+        order_a, order_b = np.argsort(a["ids"]), np.argsort(b["ids"])
+        for key in ("ids", "weights", "opt.momentum"):
+            np.testing.assert_allclose(
+                np.asarray(a[key])[order_a], np.asarray(b[key])[order_b], rtol=1e-6, atol=1e-7
+            )
+    assert got.auc == pytest.approx(want.auc, abs=1e-6)
+
+
+@pytest.mark.usefixtures("lion_installed")
+@pytest.mark.parametrize(
+    ("optimizer", "message"),
+    [
+        (
+            {"name": "lion", "gamma": 0.5},
+            "model.embedding.default.optimizer.gamma: not a parameter of optimizer 'lion' "
+            "(its parameters: lr, weight_decay, clip, beta)",
+        ),
+        (
+            {"name": "lion", "beta": "high"},
+            "model.embedding.default.optimizer.beta: expected float, got str 'high'",
+        ),
+        (
+            {"name": "lion", "beta": 1.5},
+            "model.embedding.default.optimizer.beta: must be in [0, 1)",
+        ),
+        (
+            {"name": "adam", "beta": 0.5},
+            "model.embedding.default.optimizer.beta: unknown key (did you mean 'beta2'?)",
+        ),
+        (
+            {"name": "sgd", "momentum": 0.5},
+            "model.embedding.default.optimizer.momentum: not a parameter of optimizer 'sgd' "
+            "(its parameters: lr, weight_decay, clip)",
+        ),
+    ],
+)
+def test_an_optimizer_parameter_is_checked_against_the_named_optimizers_own(
+    tmp_path: Path, optimizer: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        estuary.load_job(write_job(tmp_path, optimizer))
+    assert str(err.value) == message
+
+
+@pytest.mark.usefixtures("lion_installed")
+def test_a_table_switching_from_a_plugin_optimizer_drops_its_own_parameters(
+    tmp_path: Path,
+) -> None:
+    path = write_job(tmp_path, {"name": "lion", "lr": 0.01, "beta": 0.8})
+    job = estuary.load_job(path, overrides=["model.embedding.tables.C1.optimizer.name=adam"])
+    assert job.table_spec("C2").optimizer.extra == {"beta": 0.8}
+    switched = job.table_spec("C1").optimizer
+    assert (switched.name, switched.lr, switched.extra) == ("adam", 0.01, {})

@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, get
 from estuary.config.errors import ConfigError
 
 __all__ = [
+    "REST",
     "build_dataclass",
     "deep_merge",
     "describe_value",
@@ -194,6 +195,27 @@ def _convert_scalar(tp: Any, value: Any, path: str) -> Any:
     raise _mismatch(tp, value, path)
 
 
+REST = "rest"
+"""Field metadata key marking a section's *rest* field, e.g.
+``field(default_factory=dict, metadata={REST: (), "yaml": False})`` (not a key
+itself). The section's keys that are not its own fields are collected there (a
+dict) instead of being refused, for the named implementation to declare and
+check in the section's ``validate`` (a plugin optimizer's parameters, a stream
+backend's fields); ``plain`` writes them back flat, so the YAML stays one flat
+mapping. The metadata value lists keys ``plain`` always writes, as null when
+unset (keys that were fields of the section before they moved to the rest
+field, so data written then and now reads the same)."""
+
+
+@cache
+def _rest_field(cls: type) -> str | None:
+    """The name of ``cls``'s rest field, if it has one."""
+    for f in dataclasses.fields(cast(Any, cls)):
+        if REST in f.metadata:
+            return f.name
+    return None
+
+
 def build_dataclass(cls: type[T], data: Mapping[str, Any], path: str, **loader_fields: Any) -> T:
     """Build and validate dataclass ``cls`` from a mapping.
 
@@ -207,18 +229,24 @@ def build_dataclass(cls: type[T], data: Mapping[str, Any], path: str, **loader_f
         ConfigError: naming the field path of the first wrong key or value.
     """
     fields = {f.name: f for f in dataclasses.fields(cast(Any, cls)) if f.init}
-    keys = [name for name, f in fields.items() if f.metadata.get("yaml", True)]
+    rest = _rest_field(cast(type, cls))
+    keys = [name for name, f in fields.items() if f.metadata.get("yaml", True) and name != rest]
+    others: dict[str, Any] = {}
     for key in data:
         if not isinstance(key, str):
             raise ConfigError(path, f"keys must be strings, got {describe_value(key)}")
         if key in keys:
             continue
-        if key in fields:
+        if key in fields and key != rest:
             raise ConfigError(join_path(path, key), "is set by the loader, not in the job file")
-        raise ConfigError(join_path(path, key), f"unknown key{suggest(key, keys)}")
+        if rest is None:
+            raise ConfigError(join_path(path, key), f"unknown key{suggest(key, keys)}")
+        others[key] = data[key]  # the implementation's own keys; its validate checks them
 
     hints = _hints(cast(type, cls))
     kwargs: dict[str, Any] = dict(loader_fields)
+    if rest is not None:
+        kwargs[rest] = others
     for name in keys:
         f = fields[name]
         if name in data:
@@ -262,11 +290,15 @@ def plain(value: Any) -> Any:
     """``value`` as plain YAML-ready data: dataclasses (their YAML fields) become
     dicts, paths strings; containers are copied."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: plain(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if f.metadata.get("yaml", True)
-        }
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            if REST in f.metadata:  # flat, in the field's place
+                others = getattr(value, f.name)
+                out.update({name: others.get(name) for name in f.metadata[REST]})
+                out.update(plain(others))
+            elif f.metadata.get("yaml", True):
+                out[f.name] = plain(getattr(value, f.name))
+        return out
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, list | tuple):

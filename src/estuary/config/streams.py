@@ -9,27 +9,36 @@ section is one (docs/data.md). It is also built on its own::
     spec = build_dataclass(StreamSourceSpec, {"kind": "nats", "url": ..., ...}, "stream")
 
 or with ``stream_source_from_dict``. The loader checks types and unknown keys;
-``validate`` checks what only makes sense per ``kind``. See ``docs/streams.md``.
+``validate`` checks what only makes sense per ``kind``: the fields of the named
+backend's own section, against the dataclass it declares (``NatsSection``,
+``RedisSection``, ``MemorySection`` here, light, so a job loads without the
+client packages; a plugin's in ``Registry.section``). See ``docs/streams.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from estuary.config.build import build_dataclass
+from estuary.config.build import REST, build_dataclass, suggest
 from estuary.config.errors import ConfigError
 from estuary.plugins import STREAM_BACKENDS
 
 __all__ = [
+    "MemorySection",
+    "NatsSection",
     "Offset",
+    "RedisSection",
     "StartPosition",
     "StreamFormatName",
     "StreamKind",
     "StreamSourceSpec",
+    "UndeclaredSection",
     "stream_source_from_dict",
 ]
 
@@ -41,18 +50,10 @@ Offset = int | str
 """A message's place in its stream, JSON-able: a JetStream stream sequence
 (int), a Redis stream entry id (``"1700000000000-0"``), a memory sequence (int)."""
 
-# Which target fields each kind needs and accepts (one table, no if/elif on kind).
-_TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # kind: (one of these is required, these are allowed)
-    "nats": (("subject",), ("subject", "stream")),
-    "redis": (("key",), ("key", "payload_field")),
-    "memory": (("key",), ("key",)),
-}
-# A registered backend of another kind reads the target fields it needs itself.
-_PLUGIN_TARGETS: tuple[tuple[str, ...], tuple[str, ...]] = (
-    (),
-    ("subject", "stream", "key", "payload_field"),
-)
+# The fields the stream sections of every kind had before each backend declared
+# its own: a null one is "unset" for any kind, and ``to_dict`` writes them (null
+# when unset), so jobs and checkpoints written before read the same.
+_FORMER_TARGETS = ("subject", "stream", "key", "payload_field")
 # How each message format gets its column names.
 _COLUMNS_RULE: dict[str, str] = {
     "criteo_tsv": "optional",  # default label, I1..I13, C1..C26
@@ -143,9 +144,85 @@ class StartPosition:
         return self.kind
 
 
+def _check_names(section: Any, path: str) -> None:
+    for f in dataclasses.fields(section):
+        if getattr(section, f.name) == "":
+            raise ConfigError(f"{path}.{f.name}", "must not be empty")
+
+
 @dataclass(frozen=True)
+class NatsSection:
+    """The fields of a ``nats`` (JetStream) stream section.
+
+    Args:
+        subject: the subject to read (a filter inside the stream).
+        stream: the JetStream stream name; default: the stream that captures
+            ``subject``.
+    """
+
+    subject: str
+    stream: str | None = None
+
+    def validate(self, path: str) -> None:
+        _check_names(self, path)
+
+
+@dataclass(frozen=True)
+class RedisSection:
+    """The fields of a ``redis`` (Redis Streams) stream section.
+
+    Args:
+        key: the stream's key.
+        payload_field: the entry field holding the row (default ``data``).
+    """
+
+    key: str
+    payload_field: str | None = None
+
+    def validate(self, path: str) -> None:
+        _check_names(self, path)
+
+
+@dataclass(frozen=True)
+class MemorySection:
+    """The fields of a ``memory`` (in-process) stream section.
+
+    Args:
+        key: the stream's key.
+    """
+
+    key: str
+
+    def validate(self, path: str) -> None:
+        _check_names(self, path)
+
+
+@dataclass(frozen=True)
+class UndeclaredSection:
+    """The fields of a registered backend that declares no section: the former
+    flat fields, all optional; the backend reads the ones it needs."""
+
+    subject: str | None = None
+    stream: str | None = None
+    key: str | None = None
+    payload_field: str | None = None
+
+    def validate(self, path: str) -> None:
+        _check_names(self, path)
+
+
+@dataclass(frozen=True, init=False)
 class StreamSourceSpec:
     """One live stream whose messages are rows.
+
+    The section is flat in the job file: the fields below are common to every
+    kind, and the others are the named backend's own, declared by it as a
+    dataclass (``NatsSection``: ``subject``, ``stream``; ``RedisSection``:
+    ``key``, ``payload_field``; ``MemorySection``: ``key``; a plugin's own,
+    ``Registry.section``). They are kept in ``options`` and checked at load
+    against that declaration; ``section`` is the built declaration the
+    connector reads. In Python they are keyword arguments
+    (``StreamSourceSpec(kind="nats", url=..., subject="clicks")``).
 
     Args:
         kind: the connector: ``nats`` (JetStream), ``redis`` (Redis Streams),
@@ -153,11 +230,7 @@ class StreamSourceSpec:
             registered backend (``register_backend``).
         url: the server: ``nats://127.0.0.1:4222``, ``redis://127.0.0.1:6379/0``
             (the path is the database number), ``memory://``.
-        subject: nats: the subject to read (a filter inside the stream).
-        stream: nats: the JetStream stream name; default: the stream that
-            captures ``subject``.
-        key: redis, memory: the stream's key.
-        payload_field: redis: the entry field holding the row (default ``data``).
+        options: the backend's own fields, by name (see above).
         name: the source's name in bad-row reports (``source 'clicks' offset
             1234: ...``); default: the subject, stream or key.
         format: how one message payload is one row: ``criteo_tsv``, ``csv`` /
@@ -177,10 +250,9 @@ class StreamSourceSpec:
 
     kind: str
     url: str
-    subject: str | None = None
-    stream: str | None = None
-    key: str | None = None
-    payload_field: str | None = None
+    options: dict[str, Any] = field(
+        default_factory=dict, metadata={REST: _FORMER_TARGETS, "yaml": False}, hash=False
+    )
     name: str | None = None
     format: StreamFormatName = "criteo_tsv"
     columns: list[str] | None = None
@@ -189,10 +261,85 @@ class StreamSourceSpec:
     poll_timeout_s: float = 1.0
     reconnect_timeout_s: float = 60.0
 
+    def __init__(
+        self,
+        kind: str,
+        url: str,
+        options: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        format: StreamFormatName = "criteo_tsv",
+        columns: list[str] | None = None,
+        start: str = "earliest",
+        batch_max_messages: int = 1024,
+        poll_timeout_s: float = 1.0,
+        reconnect_timeout_s: float = 60.0,
+        **fields: Any,
+    ) -> None:
+        own = {**(options or {}), **fields}
+        values = {
+            "kind": kind,
+            "url": url,
+            # A null former field is unset (jobs written before say ``key: null``).
+            "options": {k: v for k, v in own.items() if v is not None or k not in _FORMER_TARGETS},
+            "name": name,
+            "format": format,
+            "columns": columns,
+            "start": start,
+            "batch_max_messages": batch_max_messages,
+            "poll_timeout_s": poll_timeout_s,
+            "reconnect_timeout_s": reconnect_timeout_s,
+        }
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
+
+    @functools.cached_property
+    def section(self) -> Any:
+        """The backend's own fields, built from ``options`` as its declaration
+        (``NatsSection``, ...) says; what its connector reads."""
+        return self.build_section("stream")
+
+    def build_section(self, path: str) -> Any:
+        """``options`` checked against the declaration of ``kind``'s section.
+
+        Raises:
+            ConfigError: a field the backend does not declare, naming its fields
+                (``stream.key: not a field of stream kind 'nats' (its fields:
+                subject, stream)``), or a wrong, empty or missing one.
+        """
+        declared = STREAM_BACKENDS.section(self.kind, f"{path}.kind") or UndeclaredSection
+        own = [f.name for f in dataclasses.fields(declared)]
+        for key in self.options:
+            if key in own:
+                continue
+            hint = suggest(key, [*_COMMON_KEYS, *own])
+            if hint:  # a typo
+                raise ConfigError(f"{path}.{key}", f"unknown key{hint}")
+            raise ConfigError(
+                f"{path}.{key}",
+                f"not a field of stream kind {self.kind!r} (its fields: {', '.join(own)})",
+            )
+        for f in dataclasses.fields(declared):
+            unset = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if unset and f.name not in self.options:
+                raise ConfigError(f"{path}.{f.name}", f"kind {self.kind!r} needs {f.name}")
+        return build_dataclass(declared, self.options, path)
+
+    @property
+    def target(self) -> str | None:
+        """What is read on the server: the first of the backend's own fields that
+        is a set string (nats: the subject; redis, memory: the key)."""
+        section = self.section
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if isinstance(value, str) and value:
+                return value
+        return None
+
     @property
     def display_name(self) -> str:
-        """The name bad-row reports use."""
-        return self.name or self.subject or self.stream or self.key or self.kind
+        """The name bad-row reports use: ``name``, else the target, else the kind."""
+        return self.name or self.target or self.kind
 
     @property
     def start_position(self) -> StartPosition:
@@ -206,16 +353,7 @@ class StreamSourceSpec:
                 f"{path}.url",
                 f"expected a {self.kind}:// URL for kind {self.kind!r}, got {self.url!r}",
             )
-        required, allowed = _TARGETS.get(self.kind, _PLUGIN_TARGETS)
-        for name in ("subject", "stream", "key", "payload_field"):
-            if getattr(self, name) is not None and name not in allowed:
-                raise ConfigError(f"{path}.{name}", f"not used by kind {self.kind!r}")
-            if getattr(self, name) == "":
-                raise ConfigError(f"{path}.{name}", "must not be empty")
-        if required and all(getattr(self, name) is None for name in required):
-            raise ConfigError(
-                f"{path}.{required[0]}", f"kind {self.kind!r} needs {' or '.join(required)}"
-            )
+        self.build_section(path)
         rule = _COLUMNS_RULE[self.format]
         if rule == "required" and not self.columns:
             raise ConfigError(
@@ -248,3 +386,6 @@ def stream_source_from_dict(data: Mapping[str, Any], path: str = "stream") -> St
     if not isinstance(data, Mapping):
         raise ConfigError(path, "expected a mapping")
     return build_dataclass(StreamSourceSpec, dict(data), path)
+
+
+_COMMON_KEYS = tuple(f.name for f in dataclasses.fields(StreamSourceSpec) if f.name != "options")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from estuary.config.build import build_dataclass, deep_merge, describe_value, plain
+from estuary.config.build import REST, build_dataclass, deep_merge, describe_value, plain, suggest
 from estuary.config.errors import ConfigError
 from estuary.plugins import INITIALIZERS, OPTIMIZERS
 
@@ -62,9 +62,12 @@ class InitializerSpec:
 class SparseOptimizerSpec:
     """Row-wise optimizer applied inside the embedding table.
 
-    The section is flat in the job file; each optimizer declares which of these
+    The section is flat in the job file; each optimizer declares which
     parameters it reads (``SparseOptimizer.params_type`` in the embedding layer),
-    and setting another one (``beta1`` for ``adagrad``) is an error at load.
+    and setting another one (``beta1`` for ``adagrad``) is an error at load. A
+    plugin optimizer may declare parameters of its own (Lion's ``beta``): the
+    section's keys that are not fields here are kept in ``extra`` and checked,
+    typed, against the named optimizer's declaration (which imports it).
 
     Args:
         name: ``sgd``, ``adagrad``, ``adam``, ``ftrl``, or another registered
@@ -79,6 +82,8 @@ class SparseOptimizerSpec:
         lr_power: ftrl learning-rate power (usually -0.5).
         weight_decay: decoupled L2 decay applied to touched rows, per step.
         clip: if set, row values are clipped to ``[-clip, clip]`` after each update.
+        extra: the parameters a plugin optimizer declares beyond these, by name
+            (flat keys of the section in the job file).
     """
 
     name: str = "adagrad"
@@ -92,24 +97,35 @@ class SparseOptimizerSpec:
     lr_power: float = -0.5
     weight_decay: float = 0.0
     clip: float | None = None
+    extra: dict[str, Any] = field(
+        default_factory=dict, metadata={REST: (), "yaml": False}, hash=False
+    )
 
     def validate(self, path: str) -> None:
         OPTIMIZERS.check(self.name, f"{path}.name")
         changed = [
             f.name
             for f in dataclasses.fields(self)
-            if f.name not in _EVERY_OPTIMIZER_READS and getattr(self, f.name) != f.default
+            if f.name not in (*_EVERY_OPTIMIZER_READS, "extra")
+            and getattr(self, f.name) != f.default
         ]
+        changed.extend(self.extra)
         # Only a section that sets an optimizer-specific parameter needs the
         # optimizer's own list (which imports its numba implementation).
         own = optimizer_parameters(self.name) if changed else ()
         for name in changed:
-            if name not in own:
-                raise ConfigError(
-                    f"{path}.{name}",
-                    f"not a parameter of optimizer {self.name!r} (its parameters: "
-                    f"{', '.join(own)})",
-                )
+            if name in own:
+                continue
+            if name in self.extra:
+                hint = suggest(name, [*_SECTION_KEYS, *own])
+                if hint:  # a typo
+                    raise ConfigError(f"{path}.{name}", f"unknown key{hint}")
+            raise ConfigError(
+                f"{path}.{name}",
+                f"not a parameter of optimizer {self.name!r} (its parameters: {', '.join(own)})",
+            )
+        if self.extra:  # typed by the optimizer's declaration, with its own checks
+            OPTIMIZERS.get(self.name).params_type.from_spec(self, path)
         if self.lr <= 0:
             raise ConfigError(f"{path}.lr", "must be > 0")
         if self.eps <= 0:
@@ -251,6 +267,7 @@ def merge_table(default: TableSpec, override: Mapping[str, Any], path: str) -> T
 
 
 _EVERY_OPTIMIZER_READS = ("name", "lr", "weight_decay", "clip")  # SGDParams, the base of all
+_SECTION_KEYS = tuple(f.name for f in dataclasses.fields(SparseOptimizerSpec) if f.name != "extra")
 
 
 def optimizer_parameters(name: str) -> tuple[str, ...]:
@@ -273,5 +290,8 @@ def _keep_own_parameters(
     own = optimizer_parameters(name)
     fresh = plain(SparseOptimizerSpec())
     for key in list(merged):
-        if key != "name" and key not in own and key not in override and key in fresh:
-            merged[key] = fresh[key]
+        if key != "name" and key not in own and key not in override:
+            if key in fresh:
+                merged[key] = fresh[key]
+            else:  # a plugin optimizer's own parameter, unknown to the new one
+                del merged[key]

@@ -44,6 +44,7 @@ from typing import ClassVar, Self
 import numpy as np
 from numba import njit
 
+from estuary.config.build import build_dataclass
 from estuary.config.spec import SparseOptimizerSpec
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch_span
 from estuary.embedding.types import Float32Array, Int64Array
@@ -225,6 +226,9 @@ def _fill_columns(
             storage[rows[n], c] = v
 
 
+_SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(SparseOptimizerSpec)) - {"extra"}
+
+
 @dataclass(frozen=True)
 class SGDParams:
     """The parameters of ``sgd``, which every optimizer reads.
@@ -233,8 +237,22 @@ class SGDParams:
     (``SparseOptimizer.params_type``); the config loader refuses any other
     parameter of the ``optimizer`` section set for it, naming the field
     (``...optimizer.beta1: not a parameter of optimizer 'adagrad' (its
-    parameters: lr, weight_decay, clip, eps, initial_accumulator)``). Values and
-    their checks are ``SparseOptimizerSpec``'s.
+    parameters: lr, weight_decay, clip, eps, initial_accumulator)``). The values
+    of ``SparseOptimizerSpec``'s fields are checked there. A plugin optimizer
+    may subclass one of these with parameters of its own, typed and with
+    defaults, and an optional ``validate(path)`` raising ``ConfigError``::
+
+        @dataclass(frozen=True)
+        class LionParams(SGDParams):
+            beta: float = 0.99
+
+            def validate(self, path: str) -> None:
+                if not 0.0 <= self.beta < 1.0:
+                    raise ConfigError(f"{path}.beta", "must be in [0, 1)")
+
+    A job then sets them as keys of its ``optimizer`` section
+    (``{name: lion, lr: 0.01, beta: 0.9}``); they are checked at load like any
+    field and read from ``self.params``.
 
     Args:
         lr: learning rate.
@@ -247,9 +265,18 @@ class SGDParams:
     clip: float | None
 
     @classmethod
-    def from_spec(cls, spec: SparseOptimizerSpec) -> Self:
-        """This optimizer's parameters out of the job's ``optimizer`` section."""
-        return cls(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(cls)})
+    def from_spec(cls, spec: SparseOptimizerSpec, where: str = "optimizer") -> Self:
+        """This optimizer's parameters out of the job's ``optimizer`` section (at
+        field path ``where``), typed and checked as the loader checks a section.
+
+        Raises:
+            ConfigError: a parameter of its own with a wrong type or value, or
+                required and not set.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        values = {name: spec.extra[name] for name in names if name in spec.extra}
+        values.update({name: getattr(spec, name) for name in names if name in _SPEC_FIELDS})
+        return build_dataclass(cls, values, where)
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ class StreamSource:
 
     @property
     def target(self) -> str:
-        return str(self.source.subject or self.source.key or self.source.stream)
+        return str(self.source.target)
 
     # -- resume -------------------------------------------------------------------------
 

@@ -3,6 +3,8 @@ imported on first use, with an install hint when the client package is missing).
 
 from __future__ import annotations
 
+from typing import Any
+
 from estuary.data.streams.types import StreamBackend, StreamError
 from estuary.plugins import STREAM_BACKENDS
 from estuary.registry import PluginImportError, Registry
@@ -13,9 +15,16 @@ BACKENDS: Registry[StreamBackend] = STREAM_BACKENDS
 """The backends by name (``estuary.plugins.STREAM_BACKENDS``)."""
 
 
-def register_backend(backend: StreamBackend, *, name: str | None = None) -> None:
-    """Make ``backend`` available as ``name`` (default ``backend.name``)."""
-    BACKENDS.register(name or backend.name, backend)
+def register_backend(
+    backend: StreamBackend, *, name: str | None = None, section: Any = None
+) -> None:
+    """Make ``backend`` available as ``name`` (default ``backend.name``).
+
+    ``section`` declares the fields of its stream section (a dataclass, or a
+    ``"module:attr"`` string naming one); default: ``backend.section``, if it has
+    one. Without a declaration the section takes the former flat fields
+    (``UndeclaredSection``)."""
+    BACKENDS.register(name or backend.name, backend, section=section)
 
 
 def available_backends() -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from estuary.config.streams import StartPosition, StreamSourceSpec
+from estuary.config.streams import MemorySection, StartPosition, StreamSourceSpec
 from estuary.data.streams.types import Offset, StreamError, StreamMessage
 
 __all__ = ["BACKEND", "MemoryBackend", "MemoryConnector", "MemoryPublisher", "memory_stream"]
@@ -67,14 +67,15 @@ class MemoryConnector:
     kind = "memory"
 
     def __init__(self, spec: StreamSourceSpec) -> None:
-        assert spec.key is not None
+        section: MemorySection = spec.section  # or a subclass's, a plugin's
         self.spec = spec
+        self.key: str = section.key
         self._stream: MemoryStream | None = None
         self._cursor = 0  # offset of the last message returned
         self._committed: int | None = None
 
     def open(self, start: StartPosition) -> None:
-        self._stream = stream = memory_stream(self.spec.url, self.spec.key or "")
+        self._stream = stream = memory_stream(self.spec.url, self.key)
         with stream.changed:
             if start.kind == "earliest":
                 self._cursor = stream.entries[0][0] - 1 if stream.entries else 0
@@ -109,9 +110,7 @@ class MemoryConnector:
         offset = self._offset(position)
         if offset > self._cursor:
             read = self._cursor
-            raise StreamError(
-                f"memory {self.spec.key!r}: cannot commit {offset}: read up to {read}"
-            )
+            raise StreamError(f"memory {self.key!r}: cannot commit {offset}: read up to {read}")
         self._committed = offset
 
     def committed(self) -> Offset | None:
@@ -124,11 +123,11 @@ class MemoryConnector:
         try:
             return _parse_offset(value)
         except ValueError as e:
-            raise StreamError(f"memory {self.spec.key!r}: {e}") from None
+            raise StreamError(f"memory {self.key!r}: {e}") from None
 
     def _require_open(self) -> MemoryStream:
         if self._stream is None:
-            raise StreamError(f"memory {self.spec.key!r}: not open")
+            raise StreamError(f"memory {self.key!r}: not open")
         return self._stream
 
 

@@ -36,7 +36,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 
-from estuary.config.streams import StartPosition, StreamSourceSpec
+from estuary.config.streams import NatsSection, StartPosition, StreamSourceSpec
 from estuary.data.errors import DataWarning
 from estuary.data.streams._retry import Outage
 from estuary.data.streams.types import Offset, StreamError, StreamMessage
@@ -132,14 +132,14 @@ class NatsConnector:
     kind = "nats"
 
     def __init__(self, spec: StreamSourceSpec) -> None:
-        assert spec.subject is not None
+        section: NatsSection = spec.section
         self.spec = spec
-        self.subject = spec.subject
-        self.what = f"nats {spec.url} subject {spec.subject!r}"
+        self.subject = section.subject
+        self.what = f"nats {spec.url} subject {section.subject!r}"
         self._loop: _Loop | None = None
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
-        self._stream = spec.stream or ""
+        self._stream = section.stream or ""
         self._sub: JetStreamContext.PullSubscription | None = None
         self._broken = False  # a call failed: rebuild the consumer before the next fetch
         self._sub_generation = -1  # the connection generation the consumer was made on

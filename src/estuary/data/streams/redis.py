@@ -22,7 +22,7 @@ import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from estuary.config.streams import StartPosition, StreamSourceSpec
+from estuary.config.streams import RedisSection, StartPosition, StreamSourceSpec
 from estuary.data.errors import DataWarning
 from estuary.data.streams._retry import Outage
 from estuary.data.streams.types import Offset, StreamError, StreamMessage
@@ -75,11 +75,11 @@ class RedisConnector:
     kind = "redis"
 
     def __init__(self, spec: StreamSourceSpec) -> None:
-        assert spec.key is not None
+        section: RedisSection = spec.section
         self.spec = spec
-        self.key = spec.key
-        self.field = (spec.payload_field or DEFAULT_PAYLOAD_FIELD).encode()
-        self.what = f"redis {spec.url} key {spec.key!r}"
+        self.key = section.key
+        self.field = (section.payload_field or DEFAULT_PAYLOAD_FIELD).encode()
+        self.what = f"redis {spec.url} key {section.key!r}"
         self._client: redis.Redis | None = None
         self._cursor = _START  # id of the last entry returned
         self._min_ms: int | None = None  # timestamp start: skip older entries
