@@ -112,3 +112,11 @@ def test_start_position_fields_must_match_the_kind() -> None:
         StartPosition("timestamp")
     with pytest.raises(ValueError, match="offset"):
         StartPosition("earliest", offset=3)
+
+
+def test_the_built_in_fields_still_read_as_attributes() -> None:
+    nats = stream_source_from_dict({"kind": "nats", "url": "nats://h:1", "subject": "x"}, "s")
+    redis = stream_source_from_dict({"kind": "redis", "url": "redis://h:1/0", "key": "k"}, "s")
+    assert (nats.subject, nats.stream, nats.key) == ("x", None, None)
+    assert (redis.key, redis.payload_field, redis.subject) == ("k", None, None)
+    assert nats.section.subject == "x" and redis.section.key == "k"

@@ -293,6 +293,24 @@ class StreamSourceSpec:
         for key, value in values.items():
             object.__setattr__(self, key, value)
 
+    # The fields of the built-in kinds, as they read before sections were typed
+    # (``spec.subject``, ``spec.key``): ``None`` when the kind has no such field.
+    @property
+    def subject(self) -> str | None:
+        return self.options.get("subject")
+
+    @property
+    def stream(self) -> str | None:
+        return self.options.get("stream")
+
+    @property
+    def key(self) -> str | None:
+        return self.options.get("key")
+
+    @property
+    def payload_field(self) -> str | None:
+        return self.options.get("payload_field")
+
     @functools.cached_property
     def section(self) -> Any:
         """The backend's own fields, built from ``options`` as its declaration
