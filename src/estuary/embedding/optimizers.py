@@ -20,6 +20,10 @@ Every optimizer applies, per touched row and in this order:
 2. its update,
 3. ``clip``: ``w = clamp(w, -clip, clip)``.
 
+``lr`` there is the step's learning rate: the configured one times the step's
+``lr_scale`` (``SparseOptimizer.step``; an update plan's per-table scale), so a
+scaled step is exactly the step of the optimizer configured with ``lr * scale``.
+
 Sgd, adagrad and adam compute in float32 in torch's operation order, with fused
 multiply-adds where torch's CPU kernels fuse (add with alpha, addcmul, lerp).
 SGD reproduces torch.optim bit for bit; adagrad and adam differ by ~1 ulp

@@ -7,7 +7,8 @@
       embed -> model(dense (B, Dd), sparse (B, F, D)[, sequences]) -> logits (B,)
       -> BCE loss (mean over B, or per-row ``batch.weights``) -> backward
       -> dense optimizer step  (the plan's parameter groups, each at its lr scale)
-      -> SparseUpdater.submit   (the plan's tables; sync: applied now, else queued)
+      -> SparseUpdater.submit   (the plan's tables, each at its lr scale; sync: applied
+                                 now, else queued)
     Engine.predict(batch)                probabilities (B,), no id inserted
 
 An ``UpdatePlan`` says what one batch updates. The default (``UpdatePlan()``,
