@@ -19,9 +19,11 @@ class Recorder:
 
     def __init__(self) -> None:
         self.steps: list[tuple[np.ndarray, np.ndarray]] = []
+        self.scales: list[float] = []
 
-    def __call__(self, ids: np.ndarray, grads: np.ndarray) -> None:
+    def __call__(self, ids: np.ndarray, grads: np.ndarray, *, lr_scale: float) -> None:
         self.steps.append((ids.copy(), grads.copy()))
+        self.scales.append(lr_scale)
 
 
 def ids(*values: int) -> np.ndarray:
@@ -111,7 +113,7 @@ def test_wait_applied_returns_when_the_last_rank_pushes() -> None:
 
 
 def test_a_failed_apply_fails_the_table_for_everyone() -> None:
-    def broken(ids: np.ndarray, grads: np.ndarray) -> None:
+    def broken(ids: np.ndarray, grads: np.ndarray, *, lr_scale: float) -> None:
         raise ValueError("disk on fire")
 
     agg = StepAggregator("t", D, world_size=1, apply=broken)
@@ -121,3 +123,35 @@ def test_a_failed_apply_fails_the_table_for_everyone() -> None:
         agg.push(2, 0, ids(1), grads(1))
     with pytest.raises(PSError, match="failed at step 1"):
         agg.wait_applied(1, timeout_s=5)
+
+
+def test_a_step_is_applied_at_the_lr_scale_its_ranks_agree_on() -> None:
+    apply = Recorder()
+    agg = StepAggregator("t", D, world_size=2, apply=apply)
+    agg.push(1, 0, ids(1), grads(1))
+    agg.push(1, 1, ids(2), grads(2))  # default scale 1 from both
+    agg.push(2, 1, ids(1), grads(1), lr_scale=0.5)
+    agg.push(2, 0, ids(3), grads(3), lr_scale=0.5)
+    assert agg.applied == 2 and apply.scales == [1.0, 0.5]
+
+
+def test_ranks_disagreeing_on_a_steps_lr_scale_fail_the_table_naming_them() -> None:
+    apply = Recorder()
+    agg = StepAggregator("t", D, world_size=2, apply=apply)
+    agg.push(1, 0, ids(1), grads(1), lr_scale=0.5)
+    msg = r"table 't': the ranks pushed step 1 with different lr scales \{0: 0.5, 1: 1.0\}"
+    with pytest.raises(PSError, match=msg):
+        agg.push(1, 1, ids(2), grads(2))
+    assert agg.applied == 0 and apply.steps == []  # nothing applied at either scale
+    with pytest.raises(PSError, match=r"failed at step 1.*different lr scales"):
+        agg.wait_applied(1, timeout_s=5)  # a rank waiting on the step hears why
+    with pytest.raises(PSError, match="failed at step 1"):
+        agg.push(2, 0, ids(1), grads(1))
+
+
+@pytest.mark.parametrize("scale", [-0.5, float("nan"), float("inf")])
+def test_a_push_with_a_negative_or_non_finite_lr_scale_is_refused(scale: float) -> None:
+    agg = StepAggregator("t", D, world_size=1, apply=Recorder())
+    with pytest.raises(PSError, match="lr scale of step 1 must be finite and >= 0"):
+        agg.push(1, 0, ids(1), grads(1), lr_scale=scale)
+    assert agg.push(1, 0, ids(1), grads(1))  # the table is still fine

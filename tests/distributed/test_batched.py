@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from estuary.data.types import JaggedIds
+from estuary.embedding import EmbeddingTable
 from estuary.nn.embedding_collection import EmbeddingCollection
-from estuary.ps import PSClient, PSError, PSTimeoutError, serving
+from estuary.ps import PSClient, PSError, PSTimeoutError, serving, sum_by_id
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
 from .conftest import DIM
-from .test_server import config, rng_grads
+from .test_server import SEED, SPEC, config, rng_grads
 
 NAMES = ["t", "u"]  # one shard, three shards
 
@@ -215,3 +217,40 @@ def _counting(call: Any, ops: list[str]) -> Any:
         return call(op, *args, **kwargs)
 
     return counting_call
+
+
+def test_lr_scales_travel_per_table_and_the_ranks_of_a_step_must_agree(client: PSClient) -> None:
+    # Step 1: rank 0 pushes both tables in one request, rank 1 table by table, both
+    # at t: 0.5, u: 2.0 -> each server table equals a local one stepped at that scale.
+    r0, r1 = client.tables(rank=0), client.tables(rank=1)
+    local = {
+        "t": EmbeddingTable(SPEC, SEED, name="t"),
+        "u": EmbeddingTable(replace(SPEC, shards=3), SEED + 1, name="u"),
+    }
+    scales = {"t": 0.5, "u": 2.0}
+    ids = {r: [step_ids(1, r, i) for i in range(len(NAMES))] for r in range(2)}
+    grads = {r: [rng_grads(i.size, r) for i in ids[r]] for r in range(2)}
+    client.lookup_many([r0[n] for n in NAMES], ids[0], train=True)
+    for name, ids_t in zip(NAMES, ids[1], strict=True):
+        r1[name].lookup(ids_t, train=True)
+    client.apply_gradients_many(
+        [r0[n] for n in NAMES], ids[0], grads[0], [scales[n] for n in NAMES]
+    )
+    for name, ids_t, g in zip(NAMES, ids[1], grads[1], strict=True):
+        r1[name].apply_gradients(ids_t, g, lr_scale=scales[name])
+    probe = np.arange(-30, 60, dtype=np.int64)
+    for i, name in enumerate(NAMES):
+        both = [(ids[r][i], grads[r][i]) for r in range(2)]
+        local[name].lookup(np.concatenate([p[0] for p in both]), train=True)
+        local[name].apply_gradients(*sum_by_id(both, DIM), lr_scale=scales[name])
+        np.testing.assert_array_equal(
+            r0[name].lookup(probe, train=False), local[name].lookup(probe, train=False)
+        )
+    # Step 2: rank 1 pushes "t" at another scale than rank 0 did: "t" fails, naming it.
+    client.push_many([r0[n] for n in NAMES], [2, 2], ids[0], grads[0], [1.0, 1.0])
+    msg = r"table 't': the ranks pushed step 2 with different lr scales \{0: 1.0, 1: 0.25\}"
+    with pytest.raises(PSError, match=msg):
+        r1["t"].push(2, ids[1][0], grads[1][0], lr_scale=0.25)
+    assert client.server_stats()["t"]["applied"] == 1
+    assert r1["u"].push(2, ids[1][1], grads[1][1])  # other tables go on
+    assert client.server_stats()["u"]["applied"] == 2

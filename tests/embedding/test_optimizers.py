@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from estuary.config.spec import InitializerSpec, SparseOptimizerSpec, TableSpec
-from estuary.embedding import EmbeddingShard, make_optimizer
+from estuary.embedding import EmbeddingShard, SparseOptimizer, make_optimizer
 
 DIM = 5
 N_IDS = 8
@@ -200,3 +200,22 @@ def test_unknown_optimizer_name_lists_registered() -> None:
     object.__setattr__(spec, "name", "lamb")
     with pytest.raises(ValueError, match="adagrad, adam, ftrl, sgd"):
         make_optimizer(spec, DIM)
+
+
+def test_a_subclass_gets_the_scaled_learning_rate_and_decay_from_the_base_class() -> None:
+    # A plugin optimizer implements ``update(..., lr, decay)``; ``step(lr_scale=)``
+    # hands it lr * scale and 1 - lr * scale * weight_decay, the plain values at 1.
+    seen: list[tuple[float, float]] = []
+
+    class Recording(SparseOptimizer):
+        def update(
+            self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, lr: float, decay: float
+        ) -> None:
+            seen.append((lr, decay))
+
+    opt = Recording(SparseOptimizerSpec(name="recording", lr=0.2, weight_decay=0.5), DIM)
+    storage, rows = np.zeros((2, DIM), np.float32), np.zeros(1, np.int64)
+    grads = np.zeros((1, DIM), np.float32)
+    opt.step(storage, rows, grads)
+    opt.step(storage, rows, grads, lr_scale=0.25)
+    assert seen == [(0.2, 1.0 - 0.2 * 0.5), (0.2 * 0.25, 1.0 - 0.2 * 0.25 * 0.5)]

@@ -18,7 +18,7 @@ from estuary.data.formats import RawChunk
 from estuary.data.graph import Driver, FileSource, Split, TaskFailedError, TaskState
 from estuary.data.types import Batch
 
-from .conftest import COLUMNS, SCHEMA, dataset_job, hour_dir, source, write_hours
+from .conftest import COLUMNS, PATTERN, SCHEMA, dataset_job, hour_dir, source, write_hours
 
 
 def concat(batches: list[Batch]) -> dict[str, np.ndarray]:
@@ -219,3 +219,50 @@ def with_split_rows(job: JobSpec, rows: int) -> dict[str, object]:
     dataset = to_dict(job)["data"]["dataset"]
     dataset["streams"]["s"]["sources"][0]["split_rows"] = rows
     return dataset
+
+
+def two_stream_job(tmp_path: Path, **dataset: object) -> JobSpec:
+    # Stream "hist" reads h/data/..., stream "live" reads l/data/..., 2 hours each:
+    # plan order hist/a@00, live/b@00, hist/a@01, live/b@01.
+    for folder, seed in (("h", 0), ("l", 1)):
+        write_hours(tmp_path / folder, 2, 40, seed=seed)
+    streams = {
+        name: {"sources": [source(src, hours=2, path=f"{folder}/{PATTERN}")]}
+        for name, src, folder in (("hist", "a", "h"), ("live", "b", "l"))
+    }
+    return dataset_job(tmp_path, streams, dataset=dataset)
+
+
+def sources_of(driver: Driver, batch: Batch) -> set[str]:
+    assert batch.row_ids is not None
+    tasks = [driver.progress.row_identity(int(r)).task for r in batch.row_ids]
+    return {f"{task.stream}/{task.source}" for task in tasks}
+
+
+def test_a_batch_of_one_sources_rows_names_it_as_its_origin(tmp_path: Path) -> None:
+    job = two_stream_job(tmp_path)
+    driver = Driver(job.data, tmp_path, batch_size=8, shuffle=False)  # 40 rows: 5 batches a task
+    batches = list(driver.batches())
+    assert [b.origin for b in batches] == (["hist/a"] * 5 + ["live/b"] * 5) * 2
+    assert all(sources_of(driver, b) == {b.origin} for b in batches)
+    # Batches of 12 rows: the fourth holds the last 4 rows of hist/a@00 and the
+    # first 8 of live/b@00: no single origin.
+    driver = Driver(job.data, tmp_path, batch_size=12, shuffle=False)
+    batches = list(driver.batches())
+    assert [b.origin for b in batches[:5]] == ["hist/a"] * 3 + [None, "live/b"]
+    for batch in batches:
+        sources = sources_of(driver, batch)
+        assert batch.origin == (sources.pop() if len(sources) == 1 else None)
+
+
+def test_batches_a_shuffle_buffer_mixes_from_two_sources_have_no_origin(tmp_path: Path) -> None:
+    shuffle = {"buffer_rows": 50, "interleave_splits": 2, "seed": 3}
+    job = two_stream_job(tmp_path, shuffle=shuffle)
+    driver = Driver(job.data, tmp_path, batch_size=8)
+    batches = list(driver.batches())
+    mixed = 0
+    for batch in batches:
+        sources = sources_of(driver, batch)
+        mixed += len(sources) > 1
+        assert batch.origin == (sources.pop() if len(sources) == 1 else None)
+    assert mixed > len(batches) // 2  # the buffer mixes: most batches have no origin

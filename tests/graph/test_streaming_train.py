@@ -14,10 +14,12 @@ import yaml
 from estuary.cli import main
 from estuary.config import ConfigError, load_job, to_dict
 from estuary.data.graph import Progress
+from estuary.data.types import Batch
 from estuary.train import Trainer, TrainingStopped, load_checkpoint
 from estuary.train.callbacks import FaultInjection, LoopState
 
 from .conftest import (
+    PATTERN,
     Written,
     assert_every_row_once,
     dataset_job,
@@ -147,3 +149,27 @@ def test_streams_are_read_once(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"train\.epochs: must be 1 with data\.dataset"):
         Trainer(job).fit(progress=False)
+
+
+def test_each_training_batch_reaches_the_plan_with_its_origin(tmp_path: Path) -> None:
+    # Two streams of 32-row hours, batches of 16, no shuffle: every batch is one
+    # source's, and plan_for sees which (a mixture job picks its plan by it).
+    for folder, seed in (("h", 0), ("l", 1)):
+        write_hours(tmp_path / folder, 2, 32, seed=seed)
+    streams = {
+        name: {"sources": [source(src, hours=2, path=f"{folder}/{PATTERN}")]}
+        for name, src, folder in (("hist", "a", "h"), ("live", "b", "l"))
+    }
+    shuffle = {"buffer_rows": 0, "interleave_splits": 1}
+    job = dataset_job(
+        tmp_path, streams, model=True, dataset={"shuffle": shuffle}, train={"batch_size": 16}
+    )
+    seen: list[str | None] = []
+
+    def plain(batch: Batch) -> None:
+        seen.append(batch.origin)  # the plain step: no plan
+
+    trainer = Trainer(job)
+    trainer.plan_for = plain
+    trainer.fit(progress=False)
+    assert seen == (["hist/a"] * 2 + ["live/b"] * 2) * 2

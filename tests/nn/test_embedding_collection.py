@@ -39,7 +39,7 @@ class DictStore:
         out[:] = rows
         return out
 
-    def apply_gradients(self, ids: np.ndarray, grads: np.ndarray) -> None:
+    def apply_gradients(self, ids: np.ndarray, grads: np.ndarray, *, lr_scale: float = 1.0) -> None:
         self.applied.append((ids.copy(), grads.copy()))
 
     def stats(self) -> TableStats:
@@ -214,7 +214,9 @@ class Batcher:
         outs = out if out is not None else [None] * len(stores)
         return [s.lookup(i, train=train, out=o) for s, i, o in zip(stores, ids, outs, strict=True)]
 
-    def apply_gradients_many(self, stores: Any, ids: Any, grads: Any) -> None:
+    def apply_gradients_many(
+        self, stores: Any, ids: Any, grads: Any, lr_scales: Any = None
+    ) -> None:
         raise AssertionError("not used by the collection")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from estuary.config import load_job
@@ -15,10 +16,11 @@ from estuary.train.engine import UpdatePlan
 from .test_end_to_end import write_criteo, write_job
 
 
-def trainer_and_batch(tmp_path: Path) -> tuple[Trainer, Batch]:
+def trainer_and_batch(tmp_path: Path, *overrides: str) -> tuple[Trainer, Batch]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     write_criteo(tmp_path / "train.tsv", 200)
-    trainer = Trainer(load_job(write_job(tmp_path, tmp_path / "train.tsv", mode="sync")))
+    job = write_job(tmp_path, tmp_path / "train.tsv", mode="sync")
+    trainer = Trainer(load_job(job, overrides))
     train_part, _ = trainer.dataset.split()
     batch = next(iter(trainer.dataset.batches(train_part, 32, shuffle=False, seed=0, epoch=0)))
     return trainer, batch
@@ -65,6 +67,33 @@ def test_a_plan_freezes_parameters_and_tables_it_leaves_out(tmp_path: Path) -> N
                 np.testing.assert_array_equal(value, rows_before[table][key], err_msg=table)
 
 
+def test_a_tables_lr_scale_steps_it_as_its_optimizer_at_that_learning_rate(
+    tmp_path: Path,
+) -> None:
+    # The job's tables: adagrad at lr 0.1 (test_end_to_end.write_job), with weight
+    # decay. Plan: C1 at 0.5, C2 at 1 -> C1 moves exactly as with lr 0.05, C2 as
+    # before; the other tables are left out.
+    decay = "model.embedding.default.optimizer.weight_decay=0.01"
+    planned, batch = trainer_and_batch(tmp_path / "a", decay)
+    halved, _ = trainer_and_batch(
+        tmp_path / "b", decay, "model.embedding.tables.C1={optimizer: {lr: 0.05}}"
+    )
+    plain, _ = trainer_and_batch(tmp_path / "c", decay)
+    assert halved.job.tables["C1"].optimizer.lr == 0.1 * 0.5
+    for trainer in (planned, halved, plain):
+        trainer.embeddings.lookup(batch.sparse, train=True)  # the batch's ids exist
+    untouched = tables(planned)
+    loss = step(planned, batch, UpdatePlan(tables={"C1": 0.5, "C2": 1.0}))
+    assert loss == step(halved, batch, None) == step(plain, batch, None)
+    got, want, unscaled = tables(planned), tables(halved), tables(plain)
+    rows = [key for key in want["C1"] if not key.startswith("delta.")]  # not the chain ids
+    for key in rows:
+        np.testing.assert_array_equal(got["C1"][key], want["C1"][key], err_msg=key)
+        np.testing.assert_array_equal(got["C2"][key], unscaled["C2"][key], err_msg=key)
+    assert not np.array_equal(got["C1"]["weights"], unscaled["C1"]["weights"])
+    np.testing.assert_array_equal(got["C3"]["weights"], untouched["C3"]["weights"])
+
+
 def test_a_zero_lr_scale_leaves_the_dense_parameters(tmp_path: Path) -> None:
     trainer, batch = trainer_and_batch(tmp_path)
     before = params(trainer)
@@ -101,3 +130,11 @@ def test_fit_takes_each_batch_plan_from_plan_for(tmp_path: Path) -> None:
     trainer.fit(progress=False)
     assert seen and sum(seen) == trainer.job.train.epochs * trainer.dataset.split()[0].num_rows
     assert all(torch.equal(before[n], v) for n, v in params(trainer).items())
+
+
+@pytest.mark.parametrize("scale", [-1.0, float("nan"), float("inf")])
+def test_a_plan_refuses_negative_or_non_finite_scales(scale: float) -> None:
+    with pytest.raises(ValueError, match=r"UpdatePlan.tables\['C1'\]: .* finite and >= 0"):
+        UpdatePlan(tables={"C1": scale})
+    with pytest.raises(ValueError, match=r"UpdatePlan.dense\['tower.'\]"):
+        UpdatePlan(dense={"tower.": scale})

@@ -29,10 +29,10 @@ STEPS = []
 class SignSGD(SparseOptimizer):
     params_type = SGDParams
 
-    def step(self, storage, rows, grads):
+    def update(self, storage, rows, grads, lr, decay):
         STEPS.append(rows.size)
         d = self.dim
-        storage[rows, :d] -= np.float32(self.params.lr) * np.sign(grads)
+        storage[rows, :d] -= np.float32(lr) * np.sign(grads)
 """
 
 

@@ -26,15 +26,17 @@ class SlowStore:
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
         self.applied: list[int] = []
+        self.scales: list[float] = []
         self.lock = threading.Lock()
 
     def lookup(self, ids: np.ndarray, *, train: bool) -> np.ndarray:
         return np.zeros((len(ids), 1), np.float32)
 
-    def apply_gradients(self, ids: np.ndarray, grads: np.ndarray) -> None:
+    def apply_gradients(self, ids: np.ndarray, grads: np.ndarray, *, lr_scale: float = 1.0) -> None:
         time.sleep(self.delay_s)
         with self.lock:
             self.applied.append(int(ids[0]))
+            self.scales.append(lr_scale)
 
     def stats(self) -> TableStats:
         return TableStats()
@@ -85,7 +87,9 @@ def test_async_mode_has_no_bound() -> None:
 
 def test_update_thread_failure_surfaces_on_the_trainer_thread() -> None:
     class Broken(SlowStore):
-        def apply_gradients(self, ids: np.ndarray, grads: np.ndarray) -> None:
+        def apply_gradients(
+            self, ids: np.ndarray, grads: np.ndarray, *, lr_scale: float = 1.0
+        ) -> None:
             raise ValueError("disk on fire")
 
     updater = SparseUpdater({"t": Broken(0)}, "hybrid", 1, placement=Placement.BACKGROUND)
@@ -130,3 +134,18 @@ def test_in_process_tables_are_cpu_bound_and_other_stores_stay_in_background() -
     # Overlapping waits pays off even without a spare core.
     assert placement_for({"t": SlowStore(0)}, "hybrid") is Placement.BACKGROUND
     assert placement_for({"t": LockedStore(table)}, "sync") is Placement.INLINE
+
+
+@pytest.mark.parametrize(
+    ("mode", "placement"),
+    [("sync", Placement.INLINE), ("hybrid", Placement.BACKGROUND), ("async", Placement.INLINE)],
+)
+def test_each_step_reaches_its_table_at_its_lr_scale(mode: str, placement: Placement) -> None:
+    store = SlowStore(0)
+    updater = SparseUpdater({"t": store}, mode, 1, placement=placement)
+    for step, scale in enumerate([1.0, 0.5, 0.0, 2.0], start=1):
+        grads = SparseGradients("t", np.array([step]), np.ones((1, 1), np.float32), scale)
+        updater.before_lookup(step)
+        updater.submit([grads])
+    updater.close()
+    assert store.applied == [1, 2, 3, 4] and store.scales == [1.0, 0.5, 0.0, 2.0]

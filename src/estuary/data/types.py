@@ -69,8 +69,12 @@ class Batch:
         sparse: feature name -> ids, in schema order.
         row_ids: int64 (B,) position of each row in its source stream (global row
             number over all sources in file order); used for row accounting.
-        origin: the stream or source the rows came from, when they all came from
-            one (``None``: unknown or mixed); an update plan may depend on it.
+        origin: where the rows came from, when they all came from one source:
+            a ``data.dataset`` batch gets ``"stream/source"`` (the task's names;
+            for a joined stream its left source) from the graph's sink; ``None``
+            when its rows mix sources (interleaved or shuffled together, or a
+            batch across two sources' tasks) and for ``data.sources`` runs. It
+            travels to every rank with the batch; an update plan may depend on it.
         weights: float32 (B,) per-row loss weights (e.g. importance weights of a
             sampled-down stream); ``None``: every row weighs 1.
     """

@@ -20,6 +20,10 @@ Every optimizer applies, per touched row and in this order:
 2. its update,
 3. ``clip``: ``w = clamp(w, -clip, clip)``.
 
+``lr`` there is the step's learning rate: the configured one times the step's
+``lr_scale`` (``SparseOptimizer.step``; an update plan's per-table scale), so a
+scaled step is exactly the step of the optimizer configured with ``lr * scale``.
+
 Sgd, adagrad and adam compute in float32 in torch's operation order, with fused
 multiply-adds where torch's CPU kernels fuse (add with alpha, addcmul, lerp).
 SGD reproduces torch.optim bit for bit; adagrad and adam differ by ~1 ulp
@@ -369,9 +373,29 @@ class SparseOptimizer(ABC):
             cols = self.columns(name)
             _fill_columns(storage, rows, cols.start, cols.stop, initial.get(name, 0.0))
 
+    def step(
+        self,
+        storage: Float32Array,
+        rows: Int64Array,
+        grads: Float32Array,
+        *,
+        lr_scale: float = 1.0,
+    ) -> None:
+        """One update of ``rows`` int64 (N,) (unique) with ``grads`` float32 (N, D),
+        at learning rate ``lr * lr_scale``: exactly the step this optimizer built
+        with that learning rate would take (weight decay included). ``lr_scale``
+        1 is the configured step, bit for bit."""
+        lr = self.params.lr * lr_scale
+        decay = self.decay if lr_scale == 1.0 else 1.0 - lr * self.params.weight_decay
+        self.update(storage, rows, grads, lr, decay)
+
     @abstractmethod
-    def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
-        """One update of ``rows`` int64 (N,) (unique) with ``grads`` float32 (N, D)."""
+    def update(
+        self, storage: Float32Array, rows: Int64Array, grads: Float32Array, lr: float, decay: float
+    ) -> None:
+        """One update of ``rows`` int64 (N,) (unique) with ``grads`` float32 (N, D)
+        at learning rate ``lr``, rows first multiplied by ``decay`` (``1 - lr *
+        weight_decay``); ``step`` passes this step's values."""
 
 
 def register_optimizer(name: str) -> Callable[[type[SparseOptimizer]], type[SparseOptimizer]]:
@@ -401,9 +425,10 @@ def make_optimizer(
 class SGD(SparseOptimizer):
     """``w -= lr * g`` (matches torch.optim.SGD without momentum)."""
 
-    def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
-        s = self.params
-        _sgd_kernel(storage, rows, grads, self.dim, s.lr, self.decay, self.clip)
+    def update(
+        self, storage: Float32Array, rows: Int64Array, grads: Float32Array, lr: float, decay: float
+    ) -> None:
+        _sgd_kernel(storage, rows, grads, self.dim, lr, decay, self.clip)
 
 
 @register_optimizer("adagrad")
@@ -417,9 +442,10 @@ class Adagrad(SparseOptimizer):
     def initial_values(self) -> dict[str, float]:
         return {"accum": self.params.initial_accumulator}
 
-    def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
-        s = self.params
-        _adagrad_kernel(storage, rows, grads, self.dim, s.lr, s.eps, self.decay, self.clip)
+    def update(
+        self, storage: Float32Array, rows: Int64Array, grads: Float32Array, lr: float, decay: float
+    ) -> None:
+        _adagrad_kernel(storage, rows, grads, self.dim, lr, self.params.eps, decay, self.clip)
 
 
 @register_optimizer("adam")
@@ -431,11 +457,11 @@ class Adam(SparseOptimizer):
     params_type = AdamParams
     params: AdamParams
 
-    def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
+    def update(
+        self, storage: Float32Array, rows: Int64Array, grads: Float32Array, lr: float, decay: float
+    ) -> None:
         s = self.params
-        _adam_kernel(
-            storage, rows, grads, self.dim, s.lr, s.beta1, s.beta2, s.eps, self.decay, self.clip
-        )
+        _adam_kernel(storage, rows, grads, self.dim, lr, s.beta1, s.beta2, s.eps, decay, self.clip)
 
 
 @register_optimizer("ftrl")
@@ -453,8 +479,8 @@ class FTRL(SparseOptimizer):
     def initial_values(self) -> dict[str, float]:
         return {"accum": self.params.initial_accumulator}
 
-    def step(self, storage: Float32Array, rows: Int64Array, grads: Float32Array) -> None:
+    def update(
+        self, storage: Float32Array, rows: Int64Array, grads: Float32Array, lr: float, decay: float
+    ) -> None:
         s = self.params
-        _ftrl_kernel(
-            storage, rows, grads, self.dim, s.lr, s.l1, s.l2, s.lr_power, self.decay, self.clip
-        )
+        _ftrl_kernel(storage, rows, grads, self.dim, lr, s.l1, s.l2, s.lr_power, decay, self.clip)

@@ -238,8 +238,11 @@ class EmbeddingShard:
             self._storage.claim(rows, ids, now, now_s)
         self._admissions += rows.size
 
-    def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
-        """One optimizer step for ``ids`` int64 (N,), unique, with ``grads`` float32 (N, D).
+    def apply_gradients(
+        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> None:
+        """One optimizer step for ``ids`` int64 (N,), unique, with ``grads`` float32 (N, D),
+        at the optimizer's learning rate times ``lr_scale``.
 
         Slots are re-resolved by id, so this is safe after later lookups inserted
         or moved rows. Ids without a row (not admitted, evicted, or only seen in
@@ -258,13 +261,14 @@ class EmbeddingShard:
             n_missing = int(np.count_nonzero(missing))
             storage = self._storage.array
             if n_missing == 0:
-                self._optimizer.step(storage, rows, grads)
+                self._optimizer.step(storage, rows, grads, lr_scale=lr_scale)
             else:
                 known = ~missing
                 if n_missing < ids.size:
-                    self._optimizer.step(storage, rows[known], np.ascontiguousarray(grads[known]))
+                    known_grads = np.ascontiguousarray(grads[known])
+                    self._optimizer.step(storage, rows[known], known_grads, lr_scale=lr_scale)
                 unknown_grad = grads[missing].sum(axis=0, dtype=np.float32, keepdims=True)
-                self._optimizer.step(storage, _UNKNOWN_ROWS, unknown_grad)
+                self._optimizer.step(storage, _UNKNOWN_ROWS, unknown_grad, lr_scale=lr_scale)
                 self._unknown_grads += n_missing
             self._age_if_due(ids.size - n_missing)
             self._end_step()

@@ -108,13 +108,16 @@ class EmbeddingTable:
                 out[sel] = shard.lookup(ids[sel], train=train)
         return out
 
-    def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
-        """One optimizer step; ``ids`` int64 (N,) unique, ``grads`` float32 (N, D).
+    def apply_gradients(
+        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> None:
+        """One optimizer step at the learning rate times ``lr_scale``; ``ids`` int64
+        (N,) unique, ``grads`` float32 (N, D).
 
         Ends the step on every shard. See ``EmbeddingShard.apply_gradients``.
         """
         if len(self.shards) == 1:
-            self.shards[0].apply_gradients(ids, grads)
+            self.shards[0].apply_gradients(ids, grads, lr_scale=lr_scale)
             return
         ids = as_ids(ids)
         grads = np.asarray(grads, np.float32)
@@ -124,7 +127,7 @@ class EmbeddingTable:
         for k, shard in enumerate(self.shards):
             sel = order[offsets[k] : offsets[k + 1]]
             if sel.size:
-                shard.apply_gradients(ids[sel], grads[sel])
+                shard.apply_gradients(ids[sel], grads[sel], lr_scale=lr_scale)
             else:
                 shard.advance_step()
 

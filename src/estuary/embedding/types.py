@@ -76,10 +76,15 @@ class EmbeddingStore(Protocol):
         """
         ...
 
-    def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
+    def apply_gradients(
+        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> None:
         """Apply one optimizer step. ``ids`` int64 (N,) must be unique; ``grads``
         float32 (N, D) is the summed gradient of each id for one batch. Ids without
-        a row (not admitted, or evicted since lookup) update the unknown row."""
+        a row (not admitted, or evicted since lookup) update the unknown row.
+
+        ``lr_scale``: the step runs at the optimizer's learning rate times this (the
+        step an optimizer configured with that rate would take); 1 is the plain step."""
         ...
 
     def stats(self) -> TableStats: ...
@@ -112,8 +117,10 @@ class MultiTableStore(Protocol):
         stores: Sequence[EmbeddingStore],
         ids: Sequence[Int64Array],
         grads: Sequence[Float32Array],
+        lr_scales: Sequence[float] | None = None,
     ) -> None:
-        """``stores[i].apply_gradients(ids[i], grads[i])`` for every i, in one call."""
+        """``stores[i].apply_gradients(ids[i], grads[i], lr_scale=lr_scales[i])`` for
+        every i, in one call (``lr_scales`` ``None``: every scale 1)."""
         ...
 
 

@@ -109,11 +109,13 @@ class LookedUpBatch:
 @dataclass
 class SparseGradients:
     """One table's gradient for one step: ``grads`` float32 (N, D) summed per
-    unique id in ``ids`` int64 (N,)."""
+    unique id in ``ids`` int64 (N,), applied at the table's learning rate times
+    ``lr_scale``."""
 
     table: str
     ids: Int64Array
     grads: Float32Array
+    lr_scale: float = 1.0
 
 
 class EmbeddingCollection(nn.Module):

@@ -7,6 +7,8 @@ Shapes: ``N_r`` ids pushed by rank r, ``U`` distinct ids of a step, ``D`` dim.
     push(step=5, rank=1, ids, grads) --> buffered until all W ranks pushed step 5
     all W in and step 4 applied      --> ids, grads of ranks 0..W-1 concatenated,
                                          summed per id (U rows), ONE optimizer step
+                                         at the step's lr scale (all W ranks must
+                                         push the same one, else the table fails)
     push of an applied or already buffered (step, rank)  --> ignored, counted
 
 Steps are applied strictly in order 1, 2, 3, ... by whichever pushing thread
@@ -17,16 +19,23 @@ Readers wait on ``wait_applied`` (the staleness barrier).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 
 from estuary.embedding.types import Float32Array, Int64Array
 from estuary.ps.types import PSError, PSTimeoutError
 
-ApplyFn = Callable[[Int64Array, Float32Array], None]
+
+class ApplyFn(Protocol):
+    """One optimizer step: ``(unique ids (U,), summed grads (U, D))`` at the
+    learning rate times ``lr_scale`` (``EmbeddingStore.apply_gradients``)."""
+
+    def __call__(self, ids: Int64Array, grads: Float32Array, *, lr_scale: float) -> None: ...
 
 
 def sum_by_id(
@@ -55,7 +64,7 @@ class StepAggregator:
         name: table name (for messages).
         dim: D.
         world_size: W.
-        apply: one optimizer step, ``(unique ids (U,), summed grads (U, D))``.
+        apply: one optimizer step, ``(unique ids (U,), summed grads (U, D), *, lr_scale)``.
         max_pending_steps: how far past the last applied step a push may be.
     """
 
@@ -68,19 +77,31 @@ class StepAggregator:
         self.max_pending_steps = max_pending_steps
         self._apply = apply
         self._cond = threading.Condition()
-        self._pending: dict[int, dict[int, tuple[Int64Array, Float32Array]]] = {}
+        # step -> rank -> (ids, grads, lr_scale)
+        self._pending: dict[int, dict[int, tuple[Int64Array, Float32Array, float]]] = {}
         self._error: BaseException | None = None
         self.applied = 0  # last applied step; steps are 1-based
         self.duplicates = 0  # pushes ignored because (step, rank) was already in
         self.waits = 0  # requests that had to wait for a step
         self.max_behind = 0  # most steps a training lookup missed (see note_lookup)
 
-    def push(self, step: int, rank: int, ids: Int64Array, grads: Float32Array) -> bool:
-        """Buffer rank ``rank``'s gradients of ``step``; apply every step that became
-        complete. Returns ``False`` (and changes nothing) for a duplicate push.
+    def push(
+        self,
+        step: int,
+        rank: int,
+        ids: Int64Array,
+        grads: Float32Array,
+        *,
+        lr_scale: float = 1.0,
+    ) -> bool:
+        """Buffer rank ``rank``'s gradients of ``step``, to be applied at the
+        learning rate times ``lr_scale``; apply every step that became complete.
+        Returns ``False`` (and changes nothing) for a duplicate push.
 
         Raises:
-            PSError: bad rank/step/shape, or the table failed earlier.
+            PSError: bad rank/step/shape/scale, the table failed earlier, or this
+                push completed a step whose ranks gave different lr scales (the
+                table then fails: the step cannot be applied, for any rank).
         """
         if not 0 <= rank < self.world_size:
             raise PSError(f"table {self.name!r}: rank {rank} not in [0, {self.world_size})")
@@ -90,6 +111,11 @@ class StepAggregator:
             raise PSError(
                 f"table {self.name!r}: grads must have shape ({ids.size}, {self.dim}) "
                 f"for {ids.size} ids, got {grads.shape}"
+            )
+        if not (math.isfinite(lr_scale) and lr_scale >= 0):
+            raise PSError(
+                f"table {self.name!r}: lr scale of step {step} must be finite and >= 0, "
+                f"got {lr_scale!r}"
             )
         with self._cond:
             self._raise_if_failed()
@@ -102,7 +128,7 @@ class StepAggregator:
                     f"table {self.name!r}: push of step {step} is more than "
                     f"{self.max_pending_steps} steps ahead of the last applied step {self.applied}"
                 )
-            self._pending.setdefault(step, buffered)[rank] = (ids, grads)
+            self._pending.setdefault(step, buffered)[rank] = (ids, grads, lr_scale)
             self._apply_complete_steps()
         return True
 
@@ -111,9 +137,19 @@ class StepAggregator:
         while len(self._pending.get(self.applied + 1, ())) == self.world_size:
             step = self.applied + 1
             by_rank = self._pending.pop(step)
-            ids, grads = sum_by_id([by_rank[r] for r in range(self.world_size)], self.dim)
+            scales = {r: by_rank[r][2] for r in range(self.world_size)}
+            if len(set(scales.values())) > 1:
+                self._error = PSError(
+                    f"table {self.name!r}: the ranks pushed step {step} with different "
+                    f"lr scales {scales} (rank: scale); a step is applied once, at one "
+                    "scale: pick the update plan per global batch"
+                )
+                self._cond.notify_all()
+                raise self._error
+            parts = [(by_rank[r][0], by_rank[r][1]) for r in range(self.world_size)]
+            ids, grads = sum_by_id(parts, self.dim)
             try:
-                self._apply(ids, grads)
+                self._apply(ids, grads, lr_scale=scales[0])
             except BaseException as exc:
                 self._error = exc
                 self._cond.notify_all()

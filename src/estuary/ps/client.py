@@ -248,17 +248,19 @@ class PSClient:
         stores: Sequence[EmbeddingStore],
         ids: Sequence[Int64Array],
         grads: Sequence[Float32Array],
+        lr_scales: Sequence[float] | None = None,
     ) -> None:
         """Every table's ``apply_gradients`` (its next push) in one request.
 
         ``stores``: ``RemoteTable``s of this client, each at most once; ``ids[i]``
-        int64 (N_i,), ``grads[i]`` float32 (N_i, D_i)."""
+        int64 (N_i,), ``grads[i]`` float32 (N_i, D_i), ``lr_scales[i]`` the step's
+        learning-rate scale (``None``: all 1)."""
         tables = self._own(stores, "apply_gradients_many")
         with contextlib.ExitStack() as stack:
             # Pushes of one table go out in step order; lock in a fixed order (no deadlock).
             for table in sorted(tables, key=id):
                 stack.enter_context(table._push_lock)
-            self.push_many(tables, [t._push_step + 1 for t in tables], ids, grads)
+            self.push_many(tables, [t._push_step + 1 for t in tables], ids, grads, lr_scales)
             for table in tables:
                 table._push_step += 1
 
@@ -268,18 +270,22 @@ class PSClient:
         steps: Sequence[int],
         ids: Sequence[Int64Array],
         grads: Sequence[Float32Array],
+        lr_scales: Sequence[float] | None = None,
     ) -> list[bool]:
-        """Each table's ``push(steps[i], ids[i], grads[i])`` in one request; per
-        table ``False`` where the server already had that (step, rank) (a retry).
+        """Each table's ``push(steps[i], ids[i], grads[i], lr_scale=lr_scales[i])``
+        in one request (``lr_scales`` ``None``: all 1); per table ``False`` where
+        the server already had that (step, rank) (a retry).
 
         Tables are pushed in order; if table i fails (its error names it), tables
         before it were pushed: retrying the whole call is safe (they are
         duplicates, ignored)."""
         tables = self._own(stores, "push_many")
         id_arrays = [as_ids(i) for i in ids]
-        if not len(id_arrays) == len(grads) == len(steps) == len(tables):
+        scales = [1.0] * len(tables) if lr_scales is None else [float(s) for s in lr_scales]
+        if not len(id_arrays) == len(grads) == len(steps) == len(scales) == len(tables):
             raise ValueError(
-                f"push_many: need steps, ids and grads for each of {len(tables)} tables"
+                f"push_many: need steps, ids, grads (and lr scales) for each of "
+                f"{len(tables)} tables"
             )
         if not tables:
             return []
@@ -303,6 +309,7 @@ class PSClient:
                 "tables": [t.name for t in tables],
                 "steps": [int(s) for s in steps],
                 "ranks": [t.rank for t in tables],
+                "lr_scales": scales,
                 "counts": [a.size for a in id_arrays],
             },
             {"ids": _concat_ids(id_arrays), "grads": flat},
@@ -419,16 +426,23 @@ class RemoteTable:
         np.copyto(dest, reply["rows"])
         return dest
 
-    def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
-        """Push ``grads`` float32 (N, D) for ``ids`` int64 (N,) as this table's next step."""
+    def apply_gradients(
+        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> None:
+        """Push ``grads`` float32 (N, D) for ``ids`` int64 (N,) as this table's next
+        step, to be applied at the learning rate times ``lr_scale``."""
         with self._push_lock:  # pushes of one table go out in step order
-            self.push(self._push_step + 1, ids, grads)
+            self.push(self._push_step + 1, ids, grads, lr_scale=lr_scale)
             self._push_step += 1
 
-    def push(self, step: int, ids: Int64Array, grads: Float32Array) -> bool:
+    def push(
+        self, step: int, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> bool:
         """Push this rank's gradients of ``step``; the server applies the step once
-        every rank has pushed it. Returns ``False`` if the server already had this
-        (step, rank) (a retry): nothing changed."""
+        every rank has pushed it, at the learning rate times ``lr_scale`` (every
+        rank must push the step with the same scale: the server fails the table
+        otherwise). Returns ``False`` if the server already had this (step, rank)
+        (a retry): nothing changed."""
         ids = as_ids(ids)
         grads = np.ascontiguousarray(grads, dtype=np.float32)
         if grads.shape != (ids.size, self._dim):
@@ -437,7 +451,7 @@ class RemoteTable:
             grads = grads * np.float32(self.grad_scale)
         header, _ = self.client.call(
             "push",
-            {"table": self.name, "step": step, "rank": self.rank},
+            {"table": self.name, "step": step, "rank": self.rank, "lr_scale": float(lr_scale)},
             {"ids": ids, "grads": grads},
         )
         self.pushed = max(self.pushed, step)

@@ -4,7 +4,7 @@ per array. Nothing on the wire is ever unpickled.
 ::
 
     frame 0   UTF-8 JSON object, at most MAX_HEADER_BYTES, e.g.
-              {"op": "push", "table": "C1", "step": 3, "rank": 0,
+              {"op": "push", "table": "C1", "step": 3, "rank": 0, "lr_scale": 1.0,
                "arrays": [{"name": "ids",   "dtype": "<i8", "shape": [N]},
                           {"name": "grads", "dtype": "<f4", "shape": [N, D]}]}
     frame 1.. each array's bytes, C order, in the header's order
@@ -29,7 +29,7 @@ import numpy as np
 
 from estuary.ps.types import ProtocolError
 
-PROTOCOL_VERSION = 2  # 2: lookup_many, push_many
+PROTOCOL_VERSION = 3  # 2: lookup_many, push_many; 3: lr_scale(s) on push(_many)
 MAX_HEADER_BYTES = 1 << 20
 MAX_ARRAY_BYTES = 1 << 34  # 16 GiB per message: a bound, not an expectation
 # Little-endian (or byte-order-free) numeric dtypes only, by their ``dtype.str``.

@@ -6,7 +6,9 @@ Shapes: ``N`` ids in a request, ``D`` a table's dim.
 
     trainer threads --(one connection each, pooled by PSClient)--> ParameterServer
         lookup(table, ids, train, step)   waits for the staleness bound, then gathers
-        push(table, step, rank, ids, grads)  StepAggregator: all W ranks -> one step
+        push(table, step, rank, ids, grads, lr_scale)
+                                          StepAggregator: all W ranks -> one step
+                                          (at their common lr scale)
         lookup_many / push_many           the same for every table of a step, one request
         state_dict / load_state_dict / delta_state_dict / apply_delta
         stats / remove / wait / shutdown
@@ -256,6 +258,24 @@ class ParameterServer:
             raise PSError(f"field {key!r} must be a list of {count} ints, got {values!r}")
         return values
 
+    @staticmethod
+    def _float(header: Header, key: str, default: float) -> float:
+        value = header.get(key, default)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise PSError(f"field {key!r} must be a number, got {value!r}")
+        return float(value)
+
+    @staticmethod
+    def _floats(header: Header, key: str, count: int, default: float) -> list[float]:
+        values = header.get(key, [default] * count)
+        if (
+            not isinstance(values, list)
+            or len(values) != count
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        ):
+            raise PSError(f"field {key!r} must be a list of {count} numbers, got {values!r}")
+        return [float(v) for v in values]
+
     def _batch(self, header: Header, arrays: Arrays) -> list[_Part]:
         """A batched request's tables, each with its slice of the ``ids`` array
         (``counts[i]`` ids per table, concatenated in ``tables`` order)."""
@@ -342,13 +362,20 @@ class ParameterServer:
         _, steps = self._table(header)
         ids = self._array(arrays, "ids", np.int64, 1)
         grads = self._array(arrays, "grads", np.float32, 2)
-        accepted = steps.push(self._int(header, "step"), self._int(header, "rank"), ids, grads)
+        accepted = steps.push(
+            self._int(header, "step"),
+            self._int(header, "rank"),
+            ids,
+            grads,
+            lr_scale=self._float(header, "lr_scale", 1.0),
+        )
         return {"duplicate": not accepted, "applied": steps.applied}, {}
 
     def _op_push_many(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         parts = self._batch(header, arrays)
         steps = self._ints(header, "steps", len(parts))
         ranks = self._ints(header, "ranks", len(parts))
+        scales = self._floats(header, "lr_scales", len(parts), 1.0)
         grads = self._array(arrays, "grads", np.float32, 1)  # table by table, (N_i, D_i) each
         need = sum(p.ids.size * p.table.dim for p in parts)
         if grads.size != need:
@@ -363,12 +390,12 @@ class ParameterServer:
         # pushed, and a retry of the request is safe (their pushes are duplicates).
         duplicate, applied = [], []
         start = 0
-        for part, step, rank in zip(parts, steps, ranks, strict=True):
+        for part, step, rank, scale in zip(parts, steps, ranks, scales, strict=True):
             size = part.ids.size * part.table.dim
             part_grads = grads[start : start + size].reshape(part.ids.size, part.table.dim)
             start += size
             with _naming(part.name):
-                accepted = part.steps.push(step, rank, part.ids, part_grads)
+                accepted = part.steps.push(step, rank, part.ids, part_grads, lr_scale=scale)
             duplicate.append(not accepted)
             applied.append(part.steps.applied)
         return {"duplicate": duplicate, "applied": applied}, {}

@@ -114,6 +114,40 @@ class StoreConformance:
         with pytest.raises(ValueError, match="grads must have shape"):
             store.apply_gradients(ODD_IDS[:2], np.ones((2, DIM + 1), np.float32))
 
+    @pytest.mark.parametrize("name", ["sgd", "adagrad", "adam", "ftrl"])
+    def test_lr_scale_takes_the_step_of_the_optimizer_at_that_learning_rate(
+        self, make: Factory, name: str
+    ) -> None:
+        # After a few plain steps (optimizer state not trivial), a step at
+        # lr_scale 0.3 equals, bit for bit, the same step of a store whose
+        # optimizer was configured with lr * 0.3 (weight decay included).
+        def spec(lr: float) -> SparseOptimizerSpec:
+            return SparseOptimizerSpec(name=name, lr=lr, weight_decay=0.5)
+
+        lr, scale = 0.05, 0.3
+        scaled, reference = (
+            _store(make, optimizer=spec(lr)),
+            _store(make, optimizer=spec(lr * scale)),
+        )
+        _train(scaled, steps=3, seed=0)
+        reference.load_state_dict(scaled.state_dict())
+        ids = np.arange(-50, 50, 3, dtype=np.int64)
+        grads = np.random.default_rng(1).normal(size=(ids.size, DIM)).astype(np.float32)
+        before = scaled.lookup(ids, train=True)
+        reference.lookup(ids, train=True)
+        scaled.apply_gradients(ids, grads, lr_scale=scale)
+        reference.apply_gradients(ids, grads)
+        after = scaled.lookup(ids, train=False)
+        np.testing.assert_array_equal(after, reference.lookup(ids, train=False))
+        assert not np.array_equal(after, before)
+        # The optimizer state (accumulators, moments, step counts) moved alike too.
+        got, want = scaled.state_dict(), reference.state_dict()
+        by_id = np.argsort(got["ids"]), np.argsort(want["ids"])  # shards may order rows apart
+        for key in [k for k in want if k == "weights" or k.startswith("opt.")]:
+            np.testing.assert_array_equal(got[key][by_id[0]], want[key][by_id[1]], err_msg=key)
+        for key in [k for k in want if k.startswith("unknown.")]:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
     def test_removed_ids_read_the_unknown_row_and_count_as_evictions(self, make: Factory) -> None:
         store = _store(make)
         store.lookup(ODD_IDS, train=True)

@@ -7,7 +7,8 @@
       embed -> model(dense (B, Dd), sparse (B, F, D)[, sequences]) -> logits (B,)
       -> BCE loss (mean over B, or per-row ``batch.weights``) -> backward
       -> dense optimizer step  (the plan's parameter groups, each at its lr scale)
-      -> SparseUpdater.submit   (the plan's tables; sync: applied now, else queued)
+      -> SparseUpdater.submit   (the plan's tables, each at its lr scale; sync: applied
+                                 now, else queued)
     Engine.predict(batch)                probabilities (B,), no id inserted
 
 An ``UpdatePlan`` says what one batch updates. The default (``UpdatePlan()``,
@@ -19,6 +20,7 @@ stream rows another) picks a plan per batch, e.g. from ``Batch.origin``.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -63,15 +65,27 @@ class UpdatePlan:
             parameter takes the scale of its longest matching prefix; one that
             matches none is frozen for the step (its optimizer state untouched).
             ``None``: every parameter at scale 1.
-        tables: table name -> gradient scale for the step's sparse update; a table
-            not named gets an empty update (its rows and optimizer state are
-            untouched, its step clock still advances). ``None``: every table at 1.
-            For a plain-SGD table the scale is a learning-rate scale; for adaptive
-            optimizers (Adagrad, Adam) it scales the gradient they see.
+        tables: table name -> learning-rate scale of the step's sparse update: the
+            table's optimizer (any of them: sgd, adagrad, adam, ftrl, a registered
+            one) takes the step it would take configured with ``lr * scale``,
+            weight decay included. A table not named gets an empty update (its
+            rows and optimizer state are untouched, its step clock still
+            advances). ``None``: every table at 1. With several trainers every
+            rank must give a table the same scale in a step (pick the plan per
+            global batch); the parameter server refuses a step whose scales differ.
     """
 
     dense: Mapping[str, float] | None = None
     tables: Mapping[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        for field_name, scales in (("dense", self.dense), ("tables", self.tables)):
+            for name, scale in (scales or {}).items():
+                if not (math.isfinite(scale) and scale >= 0):
+                    raise ValueError(
+                        f"UpdatePlan.{field_name}[{name!r}]: a learning-rate scale must be "
+                        f"finite and >= 0, got {scale!r}"
+                    )
 
     def dense_scale(self, name: str) -> float | None:
         """The lr scale of parameter ``name`` (``None``: frozen this step)."""
@@ -289,4 +303,4 @@ def _planned(grads: SparseGradients, scale: float | None) -> SparseGradients:
         return SparseGradients(grads.table, grads.ids[:0], grads.grads[:0])
     if scale == 1.0:
         return grads
-    return SparseGradients(grads.table, grads.ids, grads.grads * np.float32(scale))
+    return SparseGradients(grads.table, grads.ids, grads.grads, lr_scale=float(scale))

@@ -54,9 +54,11 @@ class LockedStore:
         with self.lock:
             return self.inner.lookup(ids, train=train, out=out)
 
-    def apply_gradients(self, ids: Int64Array, grads: Float32Array) -> None:
+    def apply_gradients(
+        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> None:
         with self.lock:
-            self.inner.apply_gradients(ids, grads)
+            self.inner.apply_gradients(ids, grads, lr_scale=lr_scale)
 
     def stats(self) -> TableStats:
         with self.lock:
@@ -137,7 +139,8 @@ class SparseUpdater:
             self._thread.start()
 
     def submit(self, grads: Sequence[SparseGradients]) -> None:
-        """Hand in one step's gradients (step number = submission order)."""
+        """Hand in one step's gradients (step number = submission order), each
+        table's applied at its ``lr_scale``."""
         self._raise_if_failed()
         with self._cond:
             self.submitted += 1
@@ -185,10 +188,15 @@ class SparseUpdater:
         stores = [self.tables[g.table] for g in grads]
         multi = shared_multi_store(stores) if len(stores) > 1 else None
         if multi is not None:  # e.g. parameter-server tables: one request for the step
-            multi.apply_gradients_many(stores, [g.ids for g in grads], [g.grads for g in grads])
+            multi.apply_gradients_many(
+                stores,
+                [g.ids for g in grads],
+                [g.grads for g in grads],
+                [g.lr_scale for g in grads],
+            )
             return
         for store, g in zip(stores, grads, strict=True):
-            store.apply_gradients(g.ids, g.grads)
+            store.apply_gradients(g.ids, g.grads, lr_scale=g.lr_scale)
 
     def _run(self) -> None:
         while True:

@@ -2,7 +2,8 @@
 
 - ``BatchSink`` feeds a trainer: interleaves open splits (seeded), passes rows
   through a ``RowBuffer`` (FIFO or shuffle) and yields ``Batch``es whose
-  ``row_ids`` identify every row (``Progress`` decodes them).
+  ``row_ids`` identify every row (``Progress`` decodes them) and whose ``origin``
+  is ``"stream/source"`` when every row came from that one source.
 - ``materialize`` writes each task's rows, after the join and before decoding,
   as Parquet in hourly folders with ``_SUCCESS`` markers, i.e. as a new batch
   source: reading it back with ``format: parquet`` gives the same ids.
@@ -208,6 +209,20 @@ class BatchSink:
                 if self.should_stop is not None and self.should_stop():
                     raise _Drained from None
 
+    def _origin(self, row_ids: np.ndarray) -> str | None:
+        """``"stream/source"`` of the tasks the rows' splits belong to, when they
+        are one source's, else ``None``. Costs a pass over the B split codes; the
+        (few) distinct ones are decoded by ``Progress`` (their tasks are not
+        committed: these rows are not trained yet)."""
+        codes = row_ids >> ROW_BITS
+        first = codes[0]
+        distinct = [first] if (codes == first).all() else np.unique(codes).tolist()
+        origins = set()
+        for code in distinct:
+            task = self.progress.row_identity(int(code) << ROW_BITS).task
+            origins.add(f"{task.stream}/{task.source}")
+        return origins.pop() if len(origins) == 1 else None
+
     def _batch(self) -> Batch:
         labels, dense, ids, row_ids, bags = self.buffer.take(self.batch_size)
         columns = np.ascontiguousarray(ids.T)  # (F, B): each feature contiguous
@@ -218,6 +233,7 @@ class BatchSink:
             dense=dense,
             sparse={name: sparse[name] for name in self.order},  # model order
             row_ids=row_ids,
+            origin=self._origin(row_ids),
         )
 
 
