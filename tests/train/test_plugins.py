@@ -159,12 +159,12 @@ class Lion(SparseOptimizer):
     state_names = ("momentum",)
     params_type = LionParams
 
-    def step(self, storage, rows, grads):
+    def update(self, storage, rows, grads, lr, decay):
         BETAS.append(self.params.beta)
         d, beta = self.dim, np.float32(self.params.beta)
         m = storage[rows, d : 2 * d]
         mixed = beta * m + (np.float32(1.0) - beta) * grads
-        storage[rows, :d] -= np.float32(self.params.lr) * np.sign(mixed)
+        storage[rows, :d] = storage[rows, :d] * np.float32(decay) - np.float32(lr) * np.sign(mixed)
         storage[rows, d : 2 * d] = mixed
 """
 
