@@ -59,27 +59,35 @@ class Bilinear(torch.nn.Module):
         return self.scale * self.linear(torch.cat([dense, sparse.flatten(1)], 1)).squeeze(1)
 
 
-@pytest.fixture
-def plugin_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """``sign_sgd`` as an ``estuary.optimizers`` entry point of an installed
-    distribution, and ``bilinear`` registered with ``register_model``."""
+def installed_optimizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str, attr: str
+) -> Iterator[None]:
+    """Optimizer ``name`` as an ``estuary.optimizers`` entry point of an installed
+    distribution ``estuary-<name>`` (module ``estuary_<name>``: ``source``), and
+    ``bilinear`` registered with ``register_model``; both removed afterwards."""
+    module = f"estuary_{name}"
     site = tmp_path / "site"
     site.mkdir()
-    (site / "estuary_sign_sgd.py").write_text(textwrap.dedent(PLUGIN))
-    info = site / "estuary_sign_sgd-0.1.dist-info"
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    info = site / f"{module}-0.1.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: estuary-sign-sgd\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        "[estuary.optimizers]\nsign_sgd = estuary_sign_sgd:SignSGD\n"
-    )
+    dist = module.replace("_", "-")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[estuary.optimizers]\n{name} = {module}:{attr}\n")
     monkeypatch.syspath_prepend(str(site))
     estuary.register_model("bilinear", Bilinear)
     try:
         yield
     finally:
         plugins.MODELS.unregister("bilinear")
-        plugins.OPTIMIZERS.unregister("sign_sgd")
-        sys.modules.pop("estuary_sign_sgd", None)
+        plugins.OPTIMIZERS.unregister(name)
+        sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def plugin_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``sign_sgd`` as an entry point of an installed distribution, and ``bilinear``."""
+    yield from installed_optimizer(tmp_path, monkeypatch, "sign_sgd", PLUGIN, "SignSGD")
 
 
 def write_job(tmp_path: Path, optimizer: dict[str, object]) -> Path:
@@ -172,21 +180,7 @@ class Lion(SparseOptimizer):
 @pytest.fixture
 def lion_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """``lion`` as an ``estuary.optimizers`` entry point of an installed distribution."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "estuary_lion.py").write_text(textwrap.dedent(LION))
-    info = site / "estuary_lion-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: estuary-lion\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[estuary.optimizers]\nlion = estuary_lion:Lion\n")
-    monkeypatch.syspath_prepend(str(site))
-    estuary.register_model("bilinear", Bilinear)
-    try:
-        yield
-    finally:
-        plugins.MODELS.unregister("bilinear")
-        plugins.OPTIMIZERS.unregister("lion")
-        sys.modules.pop("estuary_lion", None)
+    yield from installed_optimizer(tmp_path, monkeypatch, "lion", LION, "Lion")
 
 
 @pytest.mark.usefixtures("lion_installed")

@@ -16,7 +16,7 @@ import difflib
 import math
 import reprlib
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import date
 from functools import cache
 from pathlib import Path
@@ -58,6 +58,19 @@ def suggest(word: str, options: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for a near miss, else ``""``."""
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def foreign_key(
+    path: str, key: str, own: Sequence[str], noun: str, owner: str, near: Iterable[str] = ()
+) -> ConfigError:
+    """The error for ``key`` in a section whose implementation declares ``own``:
+    a near miss of ``near`` reads as a typo (``unknown key (did you mean
+    'x'?)``), anything else as another implementation's (``not a field of stream
+    kind 'nats' (its fields: subject, stream)``)."""
+    hint = suggest(key, near)
+    if hint:
+        return ConfigError(f"{path}.{key}", f"unknown key{hint}")
+    return ConfigError(f"{path}.{key}", f"not a {noun} of {owner} (its {noun}s: {', '.join(own)})")
 
 
 def describe_value(value: Any) -> str:

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from estuary.config.build import REST, build_dataclass, suggest
+from estuary.config.build import REST, build_dataclass, foreign_key
 from estuary.config.errors import ConfigError
 from estuary.plugins import STREAM_BACKENDS
 
@@ -328,15 +328,9 @@ class StreamSourceSpec:
         declared = STREAM_BACKENDS.section(self.kind, f"{path}.kind") or UndeclaredSection
         own = [f.name for f in dataclasses.fields(declared)]
         for key in self.options:
-            if key in own:
-                continue
-            hint = suggest(key, [*_COMMON_KEYS, *own])
-            if hint:  # a typo
-                raise ConfigError(f"{path}.{key}", f"unknown key{hint}")
-            raise ConfigError(
-                f"{path}.{key}",
-                f"not a field of stream kind {self.kind!r} (its fields: {', '.join(own)})",
-            )
+            if key not in own:
+                owner = f"stream kind {self.kind!r}"
+                raise foreign_key(path, key, own, "field", owner, near=[*_COMMON_KEYS, *own])
         for f in dataclasses.fields(declared):
             unset = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             if unset and f.name not in self.options:

@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from estuary.config.build import REST, build_dataclass, deep_merge, describe_value, plain, suggest
+from estuary.config.build import (
+    REST,
+    build_dataclass,
+    deep_merge,
+    describe_value,
+    foreign_key,
+    plain,
+)
 from estuary.config.errors import ConfigError
 from estuary.plugins import INITIALIZERS, OPTIMIZERS
 
@@ -114,16 +121,11 @@ class SparseOptimizerSpec:
         # optimizer's own list (which imports its numba implementation).
         own = optimizer_parameters(self.name) if changed else ()
         for name in changed:
-            if name in own:
-                continue
-            if name in self.extra:
-                hint = suggest(name, [*_SECTION_KEYS, *own])
-                if hint:  # a typo
-                    raise ConfigError(f"{path}.{name}", f"unknown key{hint}")
-            raise ConfigError(
-                f"{path}.{name}",
-                f"not a parameter of optimizer {self.name!r} (its parameters: {', '.join(own)})",
-            )
+            if name not in own:
+                # Only a key the section does not know at all may be a typo.
+                near = [*_SECTION_KEYS, *own] if name in self.extra else []
+                owner = f"optimizer {self.name!r}"
+                raise foreign_key(path, name, own, "parameter", owner, near=near)
         if self.extra:  # typed by the optimizer's declaration, with its own checks
             OPTIMIZERS.get(self.name).params_type.from_spec(self, path)
         if self.lr <= 0:

@@ -69,8 +69,8 @@ from estuary.train.checkpoint_chain import (
     resolve_checkpoint,
     table_file,
 )
-from estuary.train.checkpoint_io import fsync_dir as _fsync_dir
-from estuary.train.checkpoint_io import fsync_file as _fsync_file
+from estuary.train.checkpoint_io import fsync as _fsync_dir
+from estuary.train.checkpoint_io import fsync as _fsync_file
 from estuary.train.checkpoint_io import optimizer_from_flat as _optimizer_from_flat
 from estuary.train.checkpoint_io import optimizer_to_flat as _optimizer_to_flat
 from estuary.train.checkpoint_io import sha256 as _sha256

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["fsync_dir", "fsync_file", "optimizer_from_flat", "optimizer_to_flat", "sha256"]
+__all__ = ["fsync", "optimizer_from_flat", "optimizer_to_flat", "sha256"]
 
 
 def sha256(path: Path) -> str:
@@ -24,17 +24,9 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fsync_file(path: Path) -> None:
-    """Flush a written file to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries (a rename or a new file in it) to disk."""
+def fsync(path: Path) -> None:
+    """Flush a written file, or a folder's entries (a rename or a new file in it),
+    to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
