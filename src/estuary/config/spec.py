@@ -287,15 +287,26 @@ class RuntimeSpec:
             tables in memory; W > 1 = W trainers (dense model replicated, gradients
             averaged) sharing tables on a parameter-server process;
             ``train.batch_size`` is then per trainer.
+        ps_shards: parameter-server processes the tables are split across (ids
+            routed by a stable hash). 1 with one trainer: tables in the trainer's
+            memory; N > 1 (any trainer count): N server processes.
     """
 
     backend: str = "local"
     trainers: int = 1
+    ps_shards: int = 1
 
     def validate(self, path: str) -> None:
         RUNTIMES.check(self.backend, f"{path}.backend")
         if self.trainers < 1:
             raise ConfigError(f"{path}.trainers", "must be >= 1")
+        if self.ps_shards < 1:
+            raise ConfigError(f"{path}.ps_shards", "must be >= 1")
+
+    @property
+    def uses_servers(self) -> bool:
+        """Whether the tables live on parameter-server processes."""
+        return self.trainers > 1 or self.ps_shards > 1
 
 
 @dataclass(frozen=True)

@@ -308,6 +308,7 @@ class ParameterServer:
         return {
             "protocol": PROTOCOL_VERSION,
             "tables": {name: table.dim for name, table in self.tables.items()},
+            "shards": {name: table.spec.shards for name, table in self.tables.items()},
             "world_size": self.config.world_size,
             "staleness": self.config.staleness,
         }, {}
@@ -416,7 +417,7 @@ class ParameterServer:
         table, steps = self._table(header)
         steps.wait_applied(self._int(header, "after", 0), self.config.wait_timeout_s)
         with steps.exclusive():  # no step lands halfway through the snapshot
-            state = table.state_dict()
+            state = table.state_dict(mark_clean=bool(header.get("mark", True)))
         return {"applied": steps.applied}, state
 
     def _op_load_state_dict(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:

@@ -1,11 +1,12 @@
-"""The local multi-process launcher: one parameter server and W trainer
+"""The local multi-process launcher: N parameter servers and W trainer
 processes on this machine.
 
 ::
 
-    run_distributed(job, trainers=W)
-      ServerProcess ---- hosts every table; step t is applied once, when all W
-      |                  ranks have pushed it (sum of their gradients per id)
+    run_distributed(job, trainers=W)       N = runtime.ps_shards
+      N x ServerProcess - each hosts its share of every table (ids routed by a
+      |                  stable hash); step t is applied once per server, when all
+      |                  W ranks have pushed it (sum of their gradients per id)
       spawn W trainers (estuary.runtime.worker.trainer_main), rank r:
         init_process_group(gloo | nccl)   dense grads averaged by DDP (nccl: CUDA models)
         rows of an epoch: perm[r::W]      same permutation on every rank
@@ -28,7 +29,7 @@ import torch.multiprocessing as torch_mp
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
 from estuary.config import JobSpec
-from estuary.ps import ServerConfig, ServerProcess
+from estuary.ps import ServerConfig, ServerProcess, server_share
 from estuary.runtime.failure import FailFast
 from estuary.runtime.types import (
     FailureAction,
@@ -89,8 +90,8 @@ def run_distributed(
     policy: FailurePolicy | None = None,
     roles: dict[int, RoleState] | None = None,
 ) -> FitResult:
-    """Train ``job`` with W trainer processes and one parameter server on this
-    machine; returns rank 0's ``FitResult`` (rank 0 also writes the checkpoint).
+    """Train ``job`` with W trainer processes and ``runtime.ps_shards`` parameter
+    servers on this machine; returns rank 0's ``FitResult`` (rank 0 also writes the checkpoint).
 
     Args:
         job: the job; ``train.batch_size`` is per trainer.
@@ -129,22 +130,25 @@ def run_distributed(
     if backend == "nccl" and resolve_device(job.train.device).type != "cuda":
         raise ValueError("backend 'nccl' needs train.device 'cuda' (or 'auto' with CUDA present)")
     plan = TrainPlan.from_job(job)
+    shards = job.runtime.ps_shards
     config = ServerConfig(
-        plan.hosted_tables(),
+        {name: server_share(t, shards) for name, t in plan.hosted_tables().items()},
         world_size=world_size,
         staleness=plan.staleness,
         wait_timeout_s=ps_wait_timeout_s,
     )
-    # The server starts while the trainers import torch; they retry their connect.
-    server = ServerProcess(config, startup_timeout_s=startup_timeout_s, wait=False)
+    # The servers start while the trainers import torch; they retry their connect.
+    servers: list[ServerProcess] = []
     context = None
     try:
+        for _ in range(shards):
+            servers.append(ServerProcess(config, startup_timeout_s=startup_timeout_s, wait=False))
         with tempfile.TemporaryDirectory(prefix="estuary-pg-") as folder:
             launch = WorkerLaunch(
                 job=job,
                 world_size=world_size,
-                address=server.address,
-                authkey=server.authkey,
+                addresses=tuple(server.address for server in servers),
+                authkeys=tuple(server.authkey for server in servers),
                 init_method=f"file://{os.path.join(folder, 'rendezvous')}",
                 backend=backend,
                 pg_timeout_s=pg_timeout_s,
@@ -165,7 +169,8 @@ def run_distributed(
                 start_method="spawn",
             )
             roles.update((rank, RoleState.STARTING) for rank in range(world_size))
-            server.wait_ready()
+            for server in servers:
+                server.wait_ready()
             roles.update((rank, RoleState.RUNNING) for rank in range(world_size))
             out: list[FitResult | TrainingStopped] = []
             try:
@@ -186,7 +191,8 @@ def run_distributed(
     finally:
         if context is not None:
             _stop(context.processes)
-        server.stop()
+        for server in servers:
+            server.stop()
     if not out:
         raise DistributedError("rank 0 finished without a result")
     if isinstance(out[0], TrainingStopped):

@@ -1,8 +1,8 @@
 """``runtime.backend: local``: the job runs on this machine.
 
-One trainer (``runtime.trainers: 1``) trains in this process, tables in memory;
-W > 1 trainers run as W processes with a parameter-server process
-(``estuary.runtime.launcher``).
+One trainer (``runtime.trainers: 1``, ``runtime.ps_shards: 1``) trains in this
+process, tables in memory; otherwise W trainer processes share N parameter-server
+processes (``estuary.runtime.launcher``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class LocalRuntime:
         stop = StopRequest() if stop is None else stop
         self.state = JobState.RUNNING
         try:
-            if job.runtime.trainers > 1:
+            if job.runtime.uses_servers:
                 result = self._run_processes(job, resume, stop, progress)
             else:
                 result = self._run_here(job, resume, stop, progress)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from estuary.config import JobSpec
-from estuary.ps import PSClient
+from estuary.ps import PSClient, ShardedPSClient, connect_servers
 from estuary.ps.types import Address
 from estuary.train import FitResult, Trainer, TrainingStopped
 from estuary.train.checkpoint_chain import LATEST
@@ -42,8 +42,9 @@ class WorkerLaunch:
     Args:
         job: the job.
         world_size: W.
-        address: the parameter server's address.
-        authkey: its key.
+        addresses: the parameter servers' addresses, in server order (one
+            server: every table; N: each table split by id, ``runtime.ps_shards``).
+        authkeys: their keys.
         init_method: the process group's rendezvous (``file://...``).
         backend: ``gloo`` or ``nccl``.
         pg_timeout_s: timeout of the process group's collectives.
@@ -56,8 +57,8 @@ class WorkerLaunch:
 
     job: JobSpec
     world_size: int
-    address: Address
-    authkey: bytes
+    addresses: tuple[Address, ...]
+    authkeys: tuple[bytes, ...]
     init_method: str
     backend: str
     pg_timeout_s: float
@@ -74,7 +75,7 @@ def _loopback_interface() -> str | None:
 
 
 @contextlib.contextmanager
-def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient]:
+def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient | ShardedPSClient]:
     """The process group and a parameter-server client for rank ``rank``; both
     are closed on exit."""
     loopback = _loopback_interface()
@@ -92,9 +93,9 @@ def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient]:
         world_size=launch.world_size,
         timeout=datetime.timedelta(seconds=launch.pg_timeout_s),
     )
-    client = PSClient(
-        launch.address,
-        launch.authkey,
+    client = connect_servers(
+        launch.addresses,
+        launch.authkeys,
         timeout_s=launch.ps_timeout_s,
         connect_timeout_s=launch.startup_timeout_s,
     )
