@@ -32,7 +32,7 @@ from estuary.train import FitResult, Trainer, TrainingStopped
 from estuary.train.checkpoint_chain import LATEST
 from estuary.train.distributed import DistributedTrainer
 
-__all__ = ["WorkerLaunch", "resume_if_asked", "trainer_main", "worker_session"]
+__all__ = ["WorkerLaunch", "resume_if_asked", "run_trainer", "trainer_main", "worker_session"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class WorkerLaunch:
         threads: torch threads per process (unless ``train.threads``).
         progress: rank 0 shows its progress bar.
         resume: continue from ``output.dir``'s newest checkpoint, if any.
+        one_machine: every rank runs on this machine (gloo then uses loopback).
     """
 
     job: JobSpec
@@ -67,6 +68,7 @@ class WorkerLaunch:
     threads: int
     progress: bool
     resume: bool
+    one_machine: bool = True
 
 
 def _loopback_interface() -> str | None:
@@ -78,7 +80,7 @@ def _loopback_interface() -> str | None:
 def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient | ShardedPSClient]:
     """The process group and a parameter-server client for rank ``rank``; both
     are closed on exit."""
-    loopback = _loopback_interface()
+    loopback = _loopback_interface() if launch.one_machine else None
     if loopback is not None:
         # All ranks share this machine: gloo need not resolve the host name.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
@@ -120,6 +122,18 @@ def trainer_main(rank: int, launch: WorkerLaunch, results: Any, stop_signal: Any
     """Entry point of trainer process ``rank`` (spawned by the launcher)."""
     # Ctrl-C reaches the whole process group: the launcher decides (``stop_signal``).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    result = run_trainer(rank, launch, stop_signal)
+    if result is not None:
+        results.put(result)
+
+
+def run_trainer(
+    rank: int, launch: WorkerLaunch, stop_signal: Any
+) -> FitResult | TrainingStopped | None:
+    """Train as rank ``rank`` of ``launch`` (any runtime's trainer process); rank 0
+    returns the run's result (or the ``TrainingStopped`` every rank stopped with),
+    the other ranks ``None``. ``stop_signal``: an object whose ``value`` is a
+    signal number once a stop is asked (0 until then)."""
     if rank == 0 and launch.job.output.metrics_port is not None:
         from estuary.metrics.training import show_metrics_url
 
@@ -136,6 +150,5 @@ def trainer_main(rank: int, launch: WorkerLaunch, results: Any, stop_signal: Any
             result: FitResult | TrainingStopped = fitted
         except TrainingStopped as stop:  # every rank, after the same step
             result = stop
-        if rank == 0:
-            results.put(result)
         dist.barrier()  # Blocking wait: ranks leave together, after rank 0's eval/checkpoint.
+    return result if rank == 0 else None
