@@ -1,7 +1,8 @@
 """Benchmark: Estuary's training loop against plain PyTorch, TorchRec and a dense-only bound.
 
     python bench/train.py [--json PATH] [--batches 50] [--warmup 5] [--rounds 5] [--threads 2]
-                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg,hybrid_bf16]]
+                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg,hybrid_bf16,
+                                        local_2x2,ray_2x2]]
 
 One model, one data set, every contender in the same run:
 
@@ -18,6 +19,10 @@ One model, one data set, every contender in the same run:
              whatever the placement policy would choose
   hybrid_bf16 (only when asked for) hybrid with ``train.precision: bf16``: the
              dense forward/backward under bfloat16 autocast
+  local_2x2  (only when asked for) 2 trainers and 2 PS shards as local processes
+             (``runtime.run``, hybrid, batch_size / 2 per trainer) over the
+             warm-up and measured rows; rank 0's rows/s of its training loop
+  ray_2x2    (only when asked for) the same as Ray actors on a local Ray instance
   dense      the upper bound: the MLPs + interaction fed a fixed random (B, F, D)
              tensor (its gradient is computed, as every contender must), no
              embedding work at all
@@ -95,8 +100,10 @@ WORKER_ARGS = (
 )
 CONTENDERS = ("hybrid", "sync", "pytorch", "torchrec", "dense")
 # Not run by default (``--contenders ...,hybrid_bg``): hybrid with its sparse work
-# forced onto background threads, to check the placement policy's choice.
-EXTRA_CONTENDERS = ("hybrid_bg", "hybrid_bf16")
+# forced onto background threads, to check the placement policy's choice; the
+# multi-process runtimes (2 trainers and 2 PS shards, local processes or Ray actors).
+EXTRA_CONTENDERS = ("hybrid_bg", "hybrid_bf16", "local_2x2", "ray_2x2")
+CLUSTER_CONTENDERS = {"local_2x2": "local", "ray_2x2": "ray"}
 INSTALL_HINT = "install with bench/install-extras.sh"
 
 
@@ -197,6 +204,36 @@ def run_estuary(mode: str, data: Path, args: argparse.Namespace, **train: str) -
         "steps": result.extra["steps"],
         "profile": result.profile,
         "max_staleness_seen": result.extra["max_staleness_seen"],
+    }
+
+
+def run_cluster(backend: str, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``estuary.runtime.run`` with 2 trainers (hybrid, ``--batch-size / 2`` rows
+    each, so a step is still ``--batch-size`` rows; one torch thread each) and 2 PS
+    shards, on the ``local`` or ``ray`` backend, over the warm-up and the measured
+    rows together. The figure is rank 0's ``samples_per_s``: rows over the
+    training loop's wall time, so process start-up (Ray's included) is not in
+    it, while the first steps are, in both contenders alike."""
+    from dataclasses import replace
+
+    from estuary import runtime
+
+    tsv = data / "all.tsv"
+    if not tsv.exists():
+        tsv.write_bytes((data / "warm.tsv").read_bytes() + (data / "measure.tsv").read_bytes())
+    job = estuary_job(tsv, data / f"out-{backend}", "hybrid", args)
+    job = replace(
+        job,
+        train=replace(job.train, batch_size=args.batch_size // 2, threads=1),
+        runtime=replace(job.runtime, backend=backend, trainers=2, ps_shards=2),
+    )
+    result = runtime.run(job, progress=False)
+    return {
+        "placement": result.extra["sparse_placement"],
+        "samples_per_s": result.samples_per_s,
+        "steps": result.extra["steps"],
+        "profile": result.profile,
+        "max_staleness_seen": result.extra.get("max_staleness_seen"),
     }
 
 
@@ -331,6 +368,8 @@ def worker(args: argparse.Namespace) -> None:
         result = run_estuary("hybrid", data, args, sparse_placement="background")
     elif args.worker == "hybrid_bf16":
         result = run_estuary("hybrid", data, args, precision="bf16")
+    elif args.worker in CLUSTER_CONTENDERS:
+        result = run_cluster(CLUSTER_CONTENDERS[args.worker], data, args)
     elif args.worker in ("hybrid", "sync"):
         result = run_estuary(args.worker, data, args)
     elif args.worker == "torchrec" and not torchrec_available():
@@ -502,6 +541,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
                 ratios[key] = figures["hybrid"] / figures[other]
         if "hybrid_bf16" in figures:
             ratios["hybrid_bf16_vs_hybrid"] = figures["hybrid_bf16"] / figures["hybrid"]
+    if "local_2x2" in figures and "ray_2x2" in figures:
+        ratios["ray_vs_local_2x2"] = figures["ray_2x2"] / figures["local_2x2"]
 
     print(
         f"DLRM F={NUM_SPARSE} D={DIM} bottom 13-{'-'.join(map(str, BOTTOM_MLP))} "
@@ -532,7 +573,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
             f"note: {name}'s best run shared the CPUs with other processes "
             f"({best_run_noise(runs[name]):.2f} cores busy); its figure is a lower bound"
         )
-    for name in ("hybrid", "hybrid_bg", "hybrid_bf16", "sync"):
+    for name in ("hybrid", "hybrid_bg", "hybrid_bf16", "sync", "local_2x2", "ray_2x2"):
         if name in figures:
             best = max(runs[name], key=lambda r: r["samples_per_s"])
             print(

@@ -295,8 +295,8 @@ class RoleResources:
     memory_mb: int | None = None
 
     def validate(self, path: str) -> None:
-        if self.cpus < 0:
-            raise ConfigError(f"{path}.cpus", "must be >= 0")
+        if self.cpus <= 0:
+            raise ConfigError(f"{path}.cpus", "must be > 0")
         if self.gpus < 0:
             raise ConfigError(f"{path}.gpus", "must be >= 0")
         if self.memory_mb is not None and self.memory_mb < 1:
