@@ -393,6 +393,10 @@ class OutputSpec:
             snapshot; the ones between are deltas (table rows changed and ids
             evicted since the previous checkpoint; dense model and optimizer in
             full). ``1`` = every checkpoint is full.
+        checkpoint_async: mid-run checkpoints (``checkpoint_every_steps``) stall
+            training only while the state of one step is copied; the files are
+            written in the background (tables held by parameter servers: by
+            each server, its own part) while training goes on.
         metrics_port: serve Prometheus metrics at ``http://HOST:PORT/metrics``
             while training (rank 0 of a multi-trainer run); ``0`` picks a free
             port (logged); ``null`` = off.
@@ -404,6 +408,7 @@ class OutputSpec:
     progress: bool = True
     checkpoint_every_steps: int | None = None
     checkpoint_full_every: int = 1
+    checkpoint_async: bool = False
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
 

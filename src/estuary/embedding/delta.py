@@ -200,6 +200,29 @@ def merge_states(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
+def merge_server_parts(parts: list[dict[str, np.ndarray]], name: str) -> dict[str, np.ndarray]:
+    """The parts of one table held by several parameter servers (each a whole
+    table state or delta with its own chain keys) -> one state: ``merge_states``
+    of the rows, and server 0's chain keys (the servers advance together).
+
+    Raises:
+        ValueError: the parts' chain versions or keys differ (a server was
+            replaced, or the parts are of different checkpoints).
+    """
+    versions = {int(p[VERSION][0]) for p in parts if VERSION in p}
+    if len(versions) > 1:
+        raise ValueError(
+            f"table {name!r}: its parts are at chain versions {sorted(versions)}; the "
+            "servers advance together unless a server was replaced"
+        )
+    keys = [sorted(p) for p in parts]
+    if any(k != keys[0] for k in keys):
+        raise ValueError(f"table {name!r}: its parts hold different keys")
+    chain = {k: v for k, v in parts[0].items() if k.startswith(CHAIN_PREFIX)}
+    rows = [{k: v for k, v in p.items() if not k.startswith(CHAIN_PREFIX)} for p in parts]
+    return {**merge_states(rows), **chain}
+
+
 def split_state(state: dict[str, np.ndarray], n_shards: int) -> list[dict[str, np.ndarray]]:
     """A table state (or delta) saved with any shard count -> one part per shard.
 

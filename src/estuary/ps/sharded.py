@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from estuary.config.spec import TableSpec
-from estuary.embedding.delta import FULL, is_full, merge_states, split_for_servers
+from estuary.embedding.delta import FULL, is_full, merge_server_parts, split_for_servers
 from estuary.embedding.hashing import SERVER_SALT, as_ids, route
 from estuary.embedding.storage import rows_out
 from estuary.embedding.types import EmbeddingStore, Float32Array, Int64Array, TableStats
@@ -428,15 +428,7 @@ class ShardedTable:
 
 
 def _merge(parts: list[State], name: str) -> State:
-    versions = {int(p["delta.version"][0]) for p in parts if "delta.version" in p}
-    if len(versions) > 1:
-        raise PSError(
-            f"table {name!r}: the parameter servers' checkpoint chains are at versions "
-            f"{sorted(versions)}; they advance together unless a server was replaced"
-        )
-    keys = [sorted(p) for p in parts]
-    if any(k != keys[0] for k in keys):
-        raise PSError(f"table {name!r}: the parameter servers' states have different keys")
-    chain = {k: v for k, v in parts[0].items() if k.startswith("delta.")}
-    rest = [{k: v for k, v in p.items() if not k.startswith("delta.")} for p in parts]
-    return {**merge_states(rest), **chain}
+    try:
+        return merge_server_parts(parts, name)
+    except ValueError as exc:
+        raise PSError(str(exc)) from exc
