@@ -6,7 +6,8 @@ for the client side).
 
     snapshot(tables, after, delta)  -> token, chain keys per table
         each table: wait for step ``after``, then under the table's exclusive
-        lock copy its state (or delta): training stalls only for the copy
+        lock copy its rows (``EmbeddingTable.snapshot``: a memcpy of the rows in
+        use): training stalls only for the copy; the writer gathers the state
     snapshot_full(token, tables)    replace held deltas by whole states (unmarked)
     snapshot_write(token, files)    a thread writes each held table to its file
     snapshot_wait(token)            -> per file: bytes, sha256 (once flushed)
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from estuary.embedding.delta import BASE, CHAIN_PREFIX, FULL, LINEAGE, VERSION
 from estuary.embedding.files import write_state
 from estuary.ps.types import PSError, PSTimeoutError
 
-__all__ = ["HeldSnapshots", "chain_header"]
+__all__ = ["HeldSnapshots", "ReadyState", "Snapshot", "chain_header"]
 
 State = dict[str, np.ndarray]
 
@@ -40,9 +41,32 @@ def chain_header(state: Mapping[str, np.ndarray]) -> dict[str, int]:
     return {short: int(state[key][0]) for key, short in keys.items() if key in state}
 
 
+class Snapshot(Protocol):
+    """A table state taken at one moment: ``chain`` now, the arrays later."""
+
+    @property
+    def chain(self) -> State: ...
+
+    def materialize(self) -> State: ...
+
+
+@dataclass(frozen=True)
+class ReadyState:
+    """A state already gathered, as a ``Snapshot``."""
+
+    state: State
+
+    @property
+    def chain(self) -> State:
+        return {k: v for k, v in self.state.items() if k.startswith(CHAIN_PREFIX)}
+
+    def materialize(self) -> State:
+        return self.state
+
+
 @dataclass
 class _Held:
-    states: dict[str, State]
+    states: dict[str, Snapshot]
     done: threading.Event = field(default_factory=threading.Event)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: BaseException | None = None
@@ -57,8 +81,8 @@ class HeldSnapshots:
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
 
-    def hold(self, states: dict[str, State]) -> int:
-        """Keep ``states`` (table -> state); returns its token."""
+    def hold(self, states: dict[str, Snapshot]) -> int:
+        """Keep ``states`` (table -> its snapshot); returns its token."""
         with self._lock:
             token = next(self._tokens)
             self._held[token] = _Held(states)
@@ -77,9 +101,9 @@ class HeldSnapshots:
         held = self.get(token)
         if name not in held.states or held.writing:
             raise PSError(f"snapshot {token}: table {name!r} not held, or already writing")
-        chain = {k: v for k, v in held.states[name].items() if k.startswith(CHAIN_PREFIX)}
+        chain = held.states[name].chain
         rows = {k: v for k, v in state.items() if not k.startswith(CHAIN_PREFIX)}
-        held.states[name] = {**rows, **chain, FULL: np.array([1], np.int64)}
+        held.states[name] = ReadyState({**rows, **chain, FULL: np.array([1], np.int64)})
 
     def write(self, token: int, files: Mapping[str, str]) -> None:
         """Start writing each held table to ``files[table]`` (a path this server
@@ -94,7 +118,8 @@ class HeldSnapshots:
         def run() -> None:
             try:
                 for name, path in files.items():
-                    held.files[path] = write_state(Path(path), held.states[name])
+                    state = held.states[name].materialize()
+                    held.files[path] = write_state(Path(path), state)
             except BaseException as exc:  # reported by wait()
                 held.error = exc
             finally:

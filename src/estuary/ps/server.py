@@ -45,7 +45,7 @@ import numpy as np
 
 from estuary.embedding.table import EmbeddingTable
 from estuary.ps.aggregation import StepAggregator
-from estuary.ps.held import HeldSnapshots, chain_header
+from estuary.ps.held import HeldSnapshots, Snapshot, chain_header
 from estuary.ps.protocol import (
     PROTOCOL_VERSION,
     Arrays,
@@ -451,14 +451,14 @@ class ParameterServer:
         parts = [(name, *self._named_table(name)) for name in names]
         after = self._ints(header, "after", len(parts))
         delta = bool(header.get("delta", False))
-        states = {}
+        states: dict[str, Snapshot] = {}
         for (name, table, steps), wait_for in zip(parts, after, strict=True):
             with _naming(name):
                 steps.wait_applied(wait_for, self.config.wait_timeout_s)
                 with steps.exclusive():  # no step lands halfway through the copy
-                    states[name] = table.delta_state_dict() if delta else table.state_dict()
+                    states[name] = table.snapshot(delta=delta)
         token = self.held.hold(states)
-        return {"token": token, "chains": {n: chain_header(s) for n, s in states.items()}}, {}
+        return {"token": token, "chains": {n: chain_header(s.chain) for n, s in states.items()}}, {}
 
     def _op_snapshot_full(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         token = self._int(header, "token")

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from estuary.config import JobSpec, to_dict
-from estuary.embedding.delta import CHAIN_PREFIX, LINEAGE, VERSION
+from estuary.embedding.delta import LINEAGE, VERSION
 from estuary.metrics.training import TrainingMetrics
+from estuary.ps.held import ReadyState, Snapshot
 from estuary.ps.snapshots import ServerSnapshot, held_by_servers
 from estuary.train.callbacks import LoopState
 from estuary.train.checkpoint import (
@@ -62,7 +63,7 @@ class _Snapshot:
 
     staged: StagedCheckpoint
     servers: ServerSnapshot | None  # tables whose servers write their own parts
-    states: dict[str, Any]  # in-process tables' states (or deltas)
+    states: dict[str, Snapshot]  # in-process tables' states (or deltas), gathered later
     chains: dict[str, dict[str, Any]]  # every table's chain keys
     dense: dict[str, torch.Tensor]
     optimizer: dict[str, Any] | None
@@ -81,10 +82,13 @@ class _Snapshot:
         return ChainLink(self.staged.final, chain, versions)
 
 
-def _chains(states: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
-        n: {k: v for k, v in s.items() if k.startswith(CHAIN_PREFIX)} for n, s in states.items()
-    }
+def _snapshot(table: Any, *, delta: bool) -> Snapshot:
+    """An in-process table's state at this moment: ``EmbeddingTable.snapshot``
+    (rows copied now, gathered by the writer), else the state dict itself."""
+    if hasattr(table, "snapshot"):
+        snapshot: Snapshot = table.snapshot(delta=delta)
+        return snapshot
+    return ReadyState(table.delta_state_dict() if delta else table.state_dict())
 
 
 class Checkpointer:
@@ -220,8 +224,8 @@ class Checkpointer:
         local = {n: t for n, t in self.tables.items() if n not in remote}
         parent = plan.parent
         servers = ServerSnapshot(remote, delta=True) if parent and remote else None
-        states = {n: t.delta_state_dict() for n, t in local.items()} if parent else {}
-        chains = {**(servers.chains if servers else {}), **_chains(states)}
+        states = {n: _snapshot(t, delta=True) for n, t in local.items()} if parent else {}
+        chains = {**(servers.chains if servers else {}), **{n: s.chain for n, s in states.items()}}
         if parent is not None and not parent.accepts(chains):
             parent = None  # a table was marked since: write it full
             if servers is not None:
@@ -229,8 +233,11 @@ class Checkpointer:
                 servers = None
         if parent is None:
             servers = ServerSnapshot(remote, delta=False) if remote else None
-            states = {n: t.state_dict() for n, t in local.items()}
-            chains = {**(servers.chains if servers else {}), **_chains(states)}
+            states = {n: _snapshot(t, delta=False) for n, t in local.items()}
+            chains = {
+                **(servers.chains if servers else {}),
+                **{n: s.chain for n, s in states.items()},
+            }
         staged = stage_checkpoint(root, step=state.step, parent=parent)
         if servers is not None:
             servers.write(staged.part_paths)
@@ -249,7 +256,7 @@ class Checkpointer:
         staged = snapshot.staged
         try:
             staged.write_dense(snapshot.dense, snapshot.optimizer)
-            staged.write_tables(snapshot.states)
+            staged.write_tables({n: s.materialize() for n, s in snapshot.states.items()})
             if snapshot.servers is not None:
                 for name, files in snapshot.servers.wait().items():
                     staged.add_files(name, snapshot.servers.parts[name], files)
