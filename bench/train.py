@@ -23,6 +23,8 @@ One model, one data set, every contender in the same run:
              (``runtime.run``, hybrid, batch_size / 2 per trainer) over the
              warm-up and measured rows; rank 0's rows/s of its training loop
   ray_2x2    (only when asked for) the same as Ray actors on a local Ray instance
+  ray_2x2_actor (only when asked for) ray_2x2 with the actor data plane
+             (``runtime.ray.data_plane: actor``: Ray actor calls to the PS shards)
   dense      the upper bound: the MLPs + interaction fed a fixed random (B, F, D)
              tensor (its gradient is computed, as every contender must), no
              embedding work at all
@@ -67,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -103,8 +106,13 @@ CONTENDERS = ("hybrid", "sync", "pytorch", "torchrec", "dense")
 # Not run by default (``--contenders ...,hybrid_bg``): hybrid with its sparse work
 # forced onto background threads, to check the placement policy's choice; the
 # multi-process runtimes (2 trainers and 2 PS shards, local processes or Ray actors).
-EXTRA_CONTENDERS = ("hybrid_bg", "hybrid_bf16", "local_2x2", "ray_2x2")
-CLUSTER_CONTENDERS = {"local_2x2": "local", "ray_2x2": "ray"}
+EXTRA_CONTENDERS = ("hybrid_bg", "hybrid_bf16", "local_2x2", "ray_2x2", "ray_2x2_actor")
+# name -> (runtime.backend, runtime.ray.data_plane, times checkpoints too)
+CLUSTER_CONTENDERS = {
+    "local_2x2": ("local", "socket", True),
+    "ray_2x2": ("ray", "socket", True),
+    "ray_2x2_actor": ("ray", "actor", False),
+}
 INSTALL_HINT = "install with bench/install-extras.sh"
 
 
@@ -208,7 +216,9 @@ def run_estuary(mode: str, data: Path, args: argparse.Namespace, **train: str) -
     }
 
 
-def run_cluster(backend: str, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_cluster(
+    backend: str, plane: str, checkpoints: bool, data: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     """``estuary.runtime.run`` with 2 trainers (hybrid, ``--batch-size / 2`` rows
     each, so a step is still ``--batch-size`` rows; one torch thread each) and 2 PS
     shards, on the ``local`` or ``ray`` backend, over the warm-up and the measured
@@ -228,16 +238,22 @@ def run_cluster(backend: str, data: Path, args: argparse.Namespace) -> dict[str,
     if backend == "ray":  # one local instance for the three runs (RayRuntime joins it)
         import ray
 
-        ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
+        ray.init(num_cpus=8, include_dashboard=False, logging_level=logging.WARNING)
     base = estuary_job(tsv, data / f"out-{backend}", "hybrid", args)
     job = replace(
         base,
         train=replace(base.train, batch_size=args.batch_size // 2, threads=1),
-        runtime=replace(base.runtime, backend=backend, trainers=2, ps_shards=2),
+        runtime=replace(
+            base.runtime,
+            backend=backend,
+            trainers=2,
+            ps_shards=2,
+            ray=replace(base.runtime.ray, data_plane=plane),
+        ),
     )
     result = runtime.run(job, progress=False)
-    per_checkpoint = {}
-    for mode in ("blocking", "async"):
+    per_checkpoint: dict[str, float] = {}
+    for mode in ("blocking", "async") if checkpoints else ():
         output = replace(
             job.output,
             checkpoint=True,
@@ -248,16 +264,18 @@ def run_cluster(backend: str, data: Path, args: argparse.Namespace) -> dict[str,
         timed = runtime.run(replace(job, output=output), progress=False).extra
         per_checkpoint[mode] = timed["checkpoint_stall_s"] / max(1, timed["checkpoints"])
         per_checkpoint[f"{mode}_write"] = timed["checkpoint_write_s"] / max(1, timed["checkpoints"])
-    return {
+    figures = {
         "placement": result.extra["sparse_placement"],
         "samples_per_s": result.samples_per_s,
         "steps": result.extra["steps"],
         "profile": result.profile,
         "max_staleness_seen": result.extra.get("max_staleness_seen"),
-        "blocking_checkpoint_s": per_checkpoint["blocking"],
-        "async_stall_s": per_checkpoint["async"],
-        "async_write_s": per_checkpoint["async_write"],
     }
+    if checkpoints:
+        figures["blocking_checkpoint_s"] = per_checkpoint["blocking"]
+        figures["async_stall_s"] = per_checkpoint["async"]
+        figures["async_write_s"] = per_checkpoint["async_write"]
+    return figures
 
 
 class TorchBatches:
@@ -392,7 +410,7 @@ def worker(args: argparse.Namespace) -> None:
     elif args.worker == "hybrid_bf16":
         result = run_estuary("hybrid", data, args, precision="bf16")
     elif args.worker in CLUSTER_CONTENDERS:
-        result = run_cluster(CLUSTER_CONTENDERS[args.worker], data, args)
+        result = run_cluster(*CLUSTER_CONTENDERS[args.worker], data, args)
     elif args.worker in ("hybrid", "sync"):
         result = run_estuary(args.worker, data, args)
     elif args.worker == "torchrec" and not torchrec_available():
@@ -572,6 +590,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
             ratios["hybrid_bf16_vs_hybrid"] = figures["hybrid_bf16"] / figures["hybrid"]
     if "local_2x2" in figures and "ray_2x2" in figures:
         ratios["ray_vs_local_2x2"] = figures["ray_2x2"] / figures["local_2x2"]
+    if "ray_2x2" in figures and "ray_2x2_actor" in figures:
+        ratios["actor_vs_socket_plane"] = figures["ray_2x2_actor"] / figures["ray_2x2"]
     stalls = [
         (min(r["async_stall_s"] for r in runs[n]), min(r["blocking_checkpoint_s"] for r in runs[n]))
         for n in ("local_2x2", "ray_2x2")
@@ -618,7 +638,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
                 f"asynchronous stall {min(r['async_stall_s'] for r in runs[name]) * 1e3:.0f} ms "
                 f"(written in {min(r['async_write_s'] for r in runs[name]) * 1e3:.0f} ms)"
             )
-    for name in ("hybrid", "hybrid_bg", "hybrid_bf16", "sync", "local_2x2", "ray_2x2"):
+    for name in ("hybrid", "hybrid_bg", "hybrid_bf16", "sync", *CLUSTER_CONTENDERS):
         if name in figures:
             best = max(runs[name], key=lambda r: r["samples_per_s"])
             print(

@@ -48,12 +48,16 @@ def sets(*overrides: str) -> list[str]:
     return [arg for o in overrides for arg in ("--set", o)]
 
 
-def test_ray_2x2_trains_what_the_local_runtime_trains(ray_instance: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("plane", ["socket", "actor"])
+def test_ray_2x2_trains_what_the_local_runtime_trains(
+    ray_instance: Any, tmp_path: Path, plane: str
+) -> None:
+    """Over either data plane (the servers' socket protocol, or Ray actor calls)."""
     job_path = write_job(tmp_path)  # sync mode: deterministic
     local = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "local")]
     assert main([*local, *sets("runtime.trainers=2", "runtime.ps_shards=2")]) == 0
     on_ray = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "ray")]
-    assert main([*on_ray, *sets(*RAY_2X2)]) == 0
+    assert main([*on_ray, *sets(*RAY_2X2, f"runtime.ray.data_plane={plane}")]) == 0
     want = json.loads((tmp_path / "local" / "summary.json").read_text())
     got = json.loads((tmp_path / "ray" / "summary.json").read_text())
     assert got["runtime"] == "ray" and got["roles"] == {"ps": 2, "trainer": 2}
@@ -61,11 +65,17 @@ def test_ray_2x2_trains_what_the_local_runtime_trains(ray_instance: Any, tmp_pat
     assert got["steps"] == want["steps"] == got["ps_applied_steps"]
     assert got["auc"] == pytest.approx(want["auc"], abs=1e-9)
     assert_same_tables(tmp_path / "ray", tmp_path / "local")
-    # A Ray checkpoint resumes on the local runtime (and so continues anywhere).
+    # A Ray checkpoint resumes on the local runtime with other counts, and that
+    # one back on Ray: checkpoints move between runtimes and shard counts.
     more = sets("train.epochs=3", "runtime.trainers=1", "runtime.ps_shards=1")
     assert main([*on_ray, "--resume", *more]) == 0
     resumed = json.loads((tmp_path / "ray" / "summary.json").read_text())
-    assert resumed["steps"] > got["steps"]
+    assert resumed["train_rows"] == 195  # the third epoch, all of it, on one trainer
+    again = sets(*RAY_2X2, "runtime.ps_shards=3", "train.epochs=4")
+    assert main([*on_ray, "--resume", *again]) == 0
+    back = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert back["steps"] == resumed["steps"] + got["steps"] // 2  # one more 2-trainer epoch
+    assert back["ps_shards"] == 3
 
 
 def test_roles_the_cluster_cannot_fit_fail_naming_each_role(

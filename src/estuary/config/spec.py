@@ -316,6 +316,9 @@ class RaySpec:
             machine's count, or what the roles ask if that is more).
         placement_timeout_s: longest wait for the cluster to fit every role
             (all together, or none) before failing with what each asked.
+        data_plane: how trainers reach the PS shards: ``socket`` (the parameter
+            server's own protocol over TCP; Ray places and watches) or ``actor``
+            (Ray actor calls, arrays through the object store).
         trainer: resources of each trainer.
         ps: resources of each parameter-server shard.
     """
@@ -323,6 +326,7 @@ class RaySpec:
     address: str | None = None
     num_cpus: int | None = None
     placement_timeout_s: float = 60.0
+    data_plane: Literal["socket", "actor"] = "socket"
     trainer: RoleResources = field(default_factory=RoleResources)
     ps: RoleResources = field(default_factory=RoleResources)
 

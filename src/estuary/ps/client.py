@@ -111,6 +111,19 @@ class PSClient:
             PSConnectionError: the server is gone.
             PSTimeoutError: no reply within ``timeout_s``.
         """
+        header, out = self._send(op, fields, arrays)
+        if not header.get("ok"):
+            error = _ERRORS.get(str(header.get("kind")), PSError)
+            raise error(f"parameter server {op!r} failed: {header.get('error')}")
+        return header, out
+
+    def _send(
+        self,
+        op: str,
+        fields: Mapping[str, Any] | None,
+        arrays: Mapping[str, Any] | None,
+    ) -> tuple[Header, Arrays]:
+        """The transport: one request -> the reply (``ok`` or an error reply)."""
         with self._lock:
             if self._closed:
                 raise PSConnectionError("the parameter server client is closed")
@@ -142,9 +155,6 @@ class PSClient:
                 conn.close()
             else:
                 self._idle.append(conn)
-        if not header.get("ok"):
-            error = _ERRORS.get(str(header.get("kind")), PSError)
-            raise error(f"parameter server {op!r} failed: {header.get('error')}")
         return header, out
 
     def hello(self) -> Header:

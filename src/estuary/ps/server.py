@@ -212,21 +212,12 @@ class ParameterServer:
                     self._send_error(conn, exc)
                     return
                 op = header.get("op")
-                handler = self._ops.get(op) if isinstance(op, str) else None
+                reply, out = self.handle(header, arrays)
                 try:
-                    if handler is None:
-                        raise PSError(f"unknown op {op!r}; known: {sorted(self._ops)}")
-                    reply, out = handler(header, arrays)
-                except Exception as exc:  # reported to the caller, never kills the server
-                    if not isinstance(exc, PSError | ValueError | KeyError | TypeError):
-                        logger.exception("parameter server: %s failed", op)
-                    self._send_error(conn, exc)
-                    continue
-                try:
-                    send_message(conn, {"ok": True, **reply}, out)
+                    send_message(conn, reply, out)
                 except (EOFError, OSError):
                     return
-                if op == "shutdown":
+                if op == "shutdown" and reply["ok"]:
                     self._begin_shutdown()
                     return
         finally:
@@ -234,12 +225,26 @@ class ParameterServer:
                 self._conns.discard(conn)
             conn.close()
 
+    def handle(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        """One request, whatever carried it -> (reply header with ``ok``, arrays);
+        an error becomes an error reply (``ok: false``, ``kind``, ``error``), never
+        an exception: it goes back to the caller and the server serves on."""
+        op = header.get("op")
+        handler = self._ops.get(op) if isinstance(op, str) else None
+        try:
+            if handler is None:
+                raise PSError(f"unknown op {op!r}; known: {sorted(self._ops)}")
+            reply, out = handler(header, arrays)
+        except Exception as exc:  # reported to the caller, never kills the server
+            if not isinstance(exc, PSError | ValueError | KeyError | TypeError):
+                logger.exception("parameter server: %s failed", op)
+            return _error_reply(exc), {}
+        return {"ok": True, **reply}, out
+
     @staticmethod
     def _send_error(conn: Connection, exc: BaseException) -> None:
-        kind = next((k for t, k in _ERROR_KINDS.items() if isinstance(exc, t)), "error")
-        text = str(exc) if isinstance(exc, PSError) else f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(EOFError, OSError):
-            send_message(conn, {"ok": False, "kind": kind, "error": text})
+            send_message(conn, _error_reply(exc))
 
     # -- request fields ----------------------------------------------------------
 
@@ -506,6 +511,12 @@ class ParameterServer:
 
     def _op_shutdown(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         return {}, {}  # the connection thread stops the server after replying
+
+
+def _error_reply(exc: BaseException) -> Header:
+    kind = next((k for t, k in _ERROR_KINDS.items() if isinstance(exc, t)), "error")
+    text = str(exc) if isinstance(exc, PSError) else f"{type(exc).__name__}: {exc}"
+    return {"ok": False, "kind": kind, "error": text}
 
 
 @dataclass(frozen=True)

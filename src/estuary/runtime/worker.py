@@ -54,6 +54,8 @@ class WorkerLaunch:
         progress: rank 0 shows its progress bar.
         resume: continue from ``output.dir``'s newest checkpoint, if any.
         one_machine: every rank runs on this machine (gloo then uses loopback).
+        server_actors: the servers' Ray actors, when trainers reach them through
+            actor calls (``runtime.ray.data_plane: actor``) instead of sockets.
     """
 
     job: JobSpec
@@ -69,6 +71,7 @@ class WorkerLaunch:
     progress: bool
     resume: bool
     one_machine: bool = True
+    server_actors: tuple[Any, ...] = ()
 
 
 def _loopback_interface() -> str | None:
@@ -95,12 +98,19 @@ def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient | Shard
         world_size=launch.world_size,
         timeout=datetime.timedelta(seconds=launch.pg_timeout_s),
     )
-    client = connect_servers(
-        launch.addresses,
-        launch.authkeys,
-        timeout_s=launch.ps_timeout_s,
-        connect_timeout_s=launch.startup_timeout_s,
-    )
+    client: PSClient | ShardedPSClient
+    if launch.server_actors:
+        from estuary.runtime.ray.plane import ActorPSClient
+
+        actors = [ActorPSClient(a, timeout_s=launch.ps_timeout_s) for a in launch.server_actors]
+        client = actors[0] if len(actors) == 1 else ShardedPSClient(actors)
+    else:
+        client = connect_servers(
+            launch.addresses,
+            launch.authkeys,
+            timeout_s=launch.ps_timeout_s,
+            connect_timeout_s=launch.startup_timeout_s,
+        )
     try:
         yield client
     finally:

@@ -31,9 +31,12 @@ class StopFlag:
         self.value = 0
 
 
-@ray.remote(max_concurrency=4)  # type: ignore[call-overload]
+# Many threads: with the actor data plane, a lookup waiting at the staleness
+# barrier holds one while the pushes that release it need others.
+@ray.remote(max_concurrency=64)  # type: ignore[call-overload]
 class ServerActor:
-    """One parameter-server shard: a ``ParameterServer`` on TCP at this node's address."""
+    """One parameter-server shard: a ``ParameterServer`` on TCP at this node's
+    address, also served through ``call`` (the actor data plane)."""
 
     def __init__(self, config: ServerConfig, authkey: bytes) -> None:
         host = ray.util.get_node_ip_address()
@@ -50,6 +53,10 @@ class ServerActor:
     def endpoint(self) -> tuple[Address, int]:
         """(where trainers connect, this process's pid)."""
         return self.server.address, os.getpid()
+
+    def call(self, header: dict[str, Any], arrays: dict[str, Any]) -> tuple[Any, Any]:
+        """One request of the actor data plane (``ActorPSClient``)."""
+        return self.server.handle(header, arrays)
 
     def serve(self) -> None:
         """Return when the server stops (shutdown or a crash)."""

@@ -169,6 +169,7 @@ class RayRuntime:
                 progress=False,
                 resume=resume,
                 one_machine=placement.nodes() == 1,
+                server_actors=tuple(servers) if runtime.ray.data_plane == "actor" else (),
             )
             runs = {t.run.remote(r, launch): r for r, t in enumerate(trainers)}
             watches = {s.serve.remote(): p for p, s in enumerate(servers)}
