@@ -169,42 +169,78 @@ def test_a_killed_role_restarts_from_the_newest_checkpoint_to_the_undisturbed_re
     assert_same_tables(tmp_path / "hit" / "out", tmp_path / "ref" / "out")
 
 
-@pytest.mark.parametrize(("role", "rank"), [("ps", 0), ("trainer", 0)])
+def kill_data_executor_after_first_checkpoint(out: Path) -> threading.Thread:
+    """SIGKILL data executor 0 (an actor rank 0 started) once the first checkpoint
+    is written."""
+    import ray
+
+    def kill() -> None:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoints" / LATEST).is_file():
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+        [name] = [n for n in names if n.startswith("estuary-data-") and n.endswith("-0")]
+        actor = ray.get_actor(name)
+        os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(("role", "rank"), [("ps", 0), ("trainer", 0), ("data_executor", 0)])
 def test_a_dataset_run_trains_every_row_once_through_a_killed_role(
     ray_instance: Any, tmp_path: Path, role: str, rank: int
 ) -> None:
-    """A ``data.dataset`` job (rank 0 reads the task graph) with a checkpoint every
-    3 steps: a role SIGKILLed after the first checkpoint, the run restarts from
-    the newest one, every input row is trained exactly once in the end (the data
-    progress says so, row by row) and the AUC is an undisturbed run's, within 0.005."""
+    """A ``data.dataset`` job (rank 0 plans; 2 data executors read the splits) with
+    a checkpoint every 3 steps: a role SIGKILLed after the first checkpoint. A PS
+    shard or trainer: the run restarts from the newest checkpoint; a data
+    executor: it alone is replaced and its split read again. Either way every
+    input row is trained exactly once in the end (the data progress says so, row
+    by row) and the AUC is an undisturbed run's, within 0.005."""
     from estuary.runtime.ray import RayRuntime
 
     from ..graph.conftest import assert_every_row_once, write_hours
     from ..graph.test_multi_trainer import write_job as write_dataset_job
 
-    hours = 4
+    hours = 8
     results = {}
     for name in ("ref", "hit"):
         folder = tmp_path / name
         folder.mkdir()
-        written = write_hours(folder, hours, 1500)  # 6,000 rows: ~190 steps of 2 x 16
+        written = write_hours(folder, hours, 750)  # 6,000 rows: ~190 steps of 2 x 16
         write_hours(folder, 1, 600, first_hour=hours, seed=9)  # the held-out hour
         path = write_dataset_job(folder, hours, mode="sync")
         raw = yaml.safe_load(path.read_text())
-        streams = raw["data"]["dataset"]["streams"]
-        holdout = dict(streams["s"]["sources"][0], name="h")
+        dataset = raw["data"]["dataset"]
+        holdout = dict(dataset["streams"]["s"]["sources"][0], name="h")
         holdout.update(start=f"2026-01-01T{hours:02d}", end=f"2026-01-01T{hours + 1:02d}")
-        streams["holdout"] = {"sources": [holdout]}
-        raw["data"]["dataset"]["eval_stream"] = "holdout"
-        raw["runtime"] = {"backend": "ray", "trainers": 2, "ps_shards": 2, "max_restarts": 1}
+        dataset["streams"]["holdout"] = {"sources": [holdout]}
+        dataset["eval_stream"] = "holdout"
+        dataset["executor"].update(lookahead_splits=1, queue_blocks=1)  # read as trained
+        raw["runtime"] = {
+            "backend": "ray",
+            "trainers": 2,
+            "ps_shards": 2,
+            "data_executors": 2,
+            "max_restarts": 1,
+        }
         path.write_text(yaml.safe_dump(raw))
         runtime = RayRuntime()
-        if name == "hit":
+        if name == "hit" and role == "data_executor":
+            kill_data_executor_after_first_checkpoint(folder / "out")
+        elif name == "hit":
             kill_after_first_checkpoint(runtime, folder / "out", role, rank)
         results[name] = runtime.run(load_job(path), progress=False)
         assert_every_row_once(path, written, hours)
     got, want = results["hit"], results["ref"]
-    assert want.extra["restarts"] == 0 and got.extra["restarts"] == 1
-    assert got.extra["restart_log"][0]["role"] == role
+    assert want.extra["restarts"] == 0 and want.extra["data_executor_restarts"] == 0
+    assert want.extra["roles"] == {"ps": 2, "trainer": 2, "data_executor": 2}
+    if role == "data_executor":  # nothing else restarted
+        assert got.extra["restarts"] == 0 and got.extra["data_executor_restarts"] == 1
+    else:
+        assert got.extra["restarts"] == 1
+        assert got.extra["restart_log"][0]["role"] == role
     assert got.summary()["steps"] == want.summary()["steps"]
     assert want.auc is not None and got.auc == pytest.approx(want.auc, abs=0.005)

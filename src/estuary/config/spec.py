@@ -321,6 +321,7 @@ class RaySpec:
             (Ray actor calls, arrays through the object store).
         trainer: resources of each trainer.
         ps: resources of each parameter-server shard.
+        data_executor: resources of each data executor (``runtime.data_executors``).
     """
 
     address: str | None = None
@@ -329,6 +330,7 @@ class RaySpec:
     data_plane: Literal["socket", "actor"] = "socket"
     trainer: RoleResources = field(default_factory=RoleResources)
     ps: RoleResources = field(default_factory=RoleResources)
+    data_executor: RoleResources = field(default_factory=RoleResources)
 
     def validate(self, path: str) -> None:
         if self.num_cpus is not None and self.num_cpus < 1:
@@ -337,6 +339,7 @@ class RaySpec:
             raise ConfigError(f"{path}.placement_timeout_s", "must be > 0")
         self.trainer.validate(f"{path}.trainer")
         self.ps.validate(f"{path}.ps")
+        self.data_executor.validate(f"{path}.data_executor")
 
 
 @dataclass(frozen=True)
@@ -353,6 +356,11 @@ class RuntimeSpec:
         ps_shards: parameter-server processes the tables are split across (ids
             routed by a stable hash). 1 with one trainer: tables in the trainer's
             memory; N > 1 (any trainer count): N server processes.
+        data_executors: ``backend: ray`` with ``data.dataset``: E data executor
+            actors read whole splits for the driver on rank 0 (which plans,
+            shuffles, accounts and hands every rank its part); a lost executor
+            is replaced and its split read again, nothing else restarts. ``0``:
+            rank 0 reads (``data.dataset.executor``).
         max_restarts: how often a failed role (trainer, server) is restarted,
             the run continuing from the newest checkpoint, before the job fails;
             0 = fail at the first failure.
@@ -362,6 +370,7 @@ class RuntimeSpec:
     backend: str = "local"
     trainers: int = 1
     ps_shards: int = 1
+    data_executors: int = 0
     max_restarts: int = 0
     ray: RaySpec = field(default_factory=RaySpec)
 
@@ -373,6 +382,14 @@ class RuntimeSpec:
             raise ConfigError(f"{path}.ps_shards", "must be >= 1")
         if self.max_restarts < 0:
             raise ConfigError(f"{path}.max_restarts", "must be >= 0")
+        if self.data_executors < 0:
+            raise ConfigError(f"{path}.data_executors", "must be >= 0")
+        if self.data_executors and self.backend != "ray":
+            raise ConfigError(
+                f"{path}.data_executors",
+                f"needs runtime.backend: ray (got {self.backend!r}; the local runtime "
+                "reads with data.dataset.executor)",
+            )
         self.ray.validate(f"{path}.ray")
 
     @property

@@ -56,6 +56,8 @@ class WorkerLaunch:
         one_machine: every rank runs on this machine (gloo then uses loopback).
         server_actors: the servers' Ray actors, when trainers reach them through
             actor calls (``runtime.ray.data_plane: actor``) instead of sockets.
+        split_pool: rank 0, ``data.dataset``: makes the pool its driver reads whole
+            splits with (the Ray runtime's data executors); ``None``: its threads.
     """
 
     job: JobSpec
@@ -72,6 +74,7 @@ class WorkerLaunch:
     resume: bool
     one_machine: bool = True
     server_actors: tuple[Any, ...] = ()
+    split_pool: Any = None
 
 
 def _loopback_interface() -> str | None:
@@ -152,6 +155,8 @@ def run_trainer(
         trainer = DistributedTrainer(
             launch.job, client, rank=rank, world_size=launch.world_size, stop_signal=stop_signal
         )
+        if rank == 0:
+            trainer.split_pool = launch.split_pool
         resume_if_asked(trainer, launch.job, launch.resume)  # nothing checkpoints yet
         dist.barrier()  # Blocking wait: rank 0 has loaded the tables into the server.
         try:

@@ -30,6 +30,7 @@ from estuary.config import JobSpec
 from estuary.config.errors import ConfigError
 from estuary.data import DataError, DataPart, TabularDataset
 from estuary.data.graph import Driver, Progress
+from estuary.data.graph.executors import SplitPool
 from estuary.data.types import Batch, Int64Array
 from estuary.train.batch_scatter import BatchScatter
 from estuary.train.callbacks import LoopState
@@ -258,6 +259,8 @@ class GraphFeed:
         group: with W > 1, the gloo group that carries the batches.
         data_progress: the position to resume from (``None``: the start).
         should_stop: polled while the reader waits for data; a stop ends the batches.
+        split_pool: makes the pool rank 0's driver reads whole splits with (a
+            cluster runtime's data executors); ``None``: its own threads.
 
     Raises:
         ConfigError: ``train.epochs`` is not 1, or the progress is unreadable.
@@ -274,6 +277,7 @@ class GraphFeed:
         group: Any = None,
         data_progress: dict[str, Any] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        split_pool: Callable[[], SplitPool] | None = None,
     ) -> None:
         if job.train.epochs != 1:
             raise ConfigError(
@@ -299,6 +303,7 @@ class GraphFeed:
                 hash_names=dict(plan.shared),
                 progress=self.progress,
                 should_stop=should_stop,  # while idle: end the batches there
+                pool=None if split_pool is None else split_pool(),
             )
         self.scatter = BatchScatter(
             rank=rank,
@@ -341,6 +346,7 @@ class GraphFeed:
             "duplicate_rows": self.progress.duplicate_rows,
             "tasks_committed": self.progress.tasks_committed,
             "batch_send_s": round(self.scatter.send_s, 4),  # rank 0 to W - 1 ranks
+            **(self.driver.summary() if self.driver is not None else {}),
         }
 
     def close(self) -> None:
@@ -389,6 +395,7 @@ def feed_for(
     state: LoopState,
     group: Any = None,
     data_progress: dict[str, Any] | None = None,
+    split_pool: Callable[[], SplitPool] | None = None,
 ) -> Feed:
     """The feed of one rank (``state``) for the job's data path: an ``EpochFeed``
     for ``data.sources``, a ``GraphFeed`` for ``data.dataset``."""
@@ -403,4 +410,5 @@ def feed_for(
         group=group,
         data_progress=data_progress,
         should_stop=state.stop.asked,
+        split_pool=split_pool,
     )

@@ -20,6 +20,7 @@ from torch import nn
 
 from estuary.config import JobSpec
 from estuary.data import DataPart, TabularDataset
+from estuary.data.graph.executors import SplitPool
 from estuary.data.types import Batch
 from estuary.metrics.evaluation import EvalResult
 from estuary.metrics.training import TrainingMetrics
@@ -118,6 +119,9 @@ class Trainer:
         self.data_group: Any = None  # W > 1, data.dataset: the group batches travel on
         # Each batch's UpdatePlan (e.g. by ``batch.origin``); None: the plain step.
         self.plan_for: Callable[[Batch], UpdatePlan | None] | None = None
+        # data.dataset: makes the pool rank 0 reads whole splits with (a cluster
+        # runtime's data executors); None: the driver's own threads.
+        self.split_pool: Callable[[], SplitPool] | None = None
 
     # The parts, under the names users and tests know.
     model = property(lambda self: self.engine.model, doc="the dense network")
@@ -138,7 +142,13 @@ class Trainer:
         """This trainer's feed for the job's data path."""
         data_progress = self.checkpointer.data_progress
         return feed_for(
-            self.job, self.dataset, self.plan, self.state, self.data_group, data_progress
+            self.job,
+            self.dataset,
+            self.plan,
+            self.state,
+            self.data_group,
+            data_progress,
+            split_pool=self.split_pool,
         )
 
     def fit(self, *, progress: bool | None = None) -> FitResult:

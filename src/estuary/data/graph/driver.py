@@ -23,22 +23,22 @@ The failure surfaces in the caller's thread when the sink reaches that split.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from estuary.config.dataset import DatasetSpec
 from estuary.config.spec import DataSpec
 from estuary.data.badrows import BadRowReport
 from estuary.data.graph.executors import (
+    ProcessSplitPool,
     RetryPolicy,
+    SplitPool,
     SplitReader,
     TaskFailedError,
-    read_split_whole,
 )
 from estuary.data.graph.operators import build_operators
 from estuary.data.graph.progress import Progress
@@ -84,6 +84,9 @@ class Driver:
             it returns True the batches end there, without the rows still in the
             shuffle buffer (not in the progress, so a resume reads them again).
             Training stops between batches on its own (the fit loop polls its stop signal).
+        pool: where whole splits are read (a cluster runtime's data executors);
+            default: the worker threads themselves, or worker processes with
+            ``executor.kind: processes``. The driver closes it.
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class Driver:
         shuffle: bool = True,
         operators: Sequence[SourceOperator] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        pool: SplitPool | None = None,
     ) -> None:
         if data.dataset is None:
             raise ValueError("Driver needs data.dataset")
@@ -130,7 +134,7 @@ class Driver:
         self._state_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._pool: ProcessPoolExecutor | None = None
+        self._pool: SplitPool | None = pool
         self._sink: BatchSink | None = None
         self._jobs: queue.Queue[object] = queue.Queue(maxsize=executor.lookahead_splits)
         self._opened: queue.Queue[object] = queue.Queue()  # bounded by the workers
@@ -172,8 +176,12 @@ class Driver:
         """Bad rows seen so far (count, rows read, first examples)."""
         return self._sink.tracker.report() if self._sink is not None else BadRowReport()
 
+    def summary(self) -> dict[str, Any]:
+        """The split pool's figures (e.g. data executors lost and replaced)."""
+        return self._pool.summary() if self._pool is not None else {}
+
     def close(self) -> None:
-        """Stop every thread (and the process pool); idempotent."""
+        """Stop every thread (and the split pool); idempotent."""
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=10)
@@ -182,15 +190,13 @@ class Driver:
             if close is not None:
                 close()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+            self._pool.close()
 
     # -- threads -----------------------------------------------------------------------
 
     def _start(self) -> None:
-        if self.spec.executor.kind == "processes":
-            context = multiprocessing.get_context("spawn")  # threads are running: no fork
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+        if self._pool is None and self.spec.executor.kind == "processes":
+            self._pool = ProcessSplitPool(self.workers)
         threads = [threading.Thread(target=self._dispatch, name="estuary-graph-dispatch")]
         threads += [
             threading.Thread(target=self._work, name=f"estuary-graph-worker-{i}")
@@ -295,8 +301,8 @@ class Driver:
         while True:
             try:
                 if self._pool is not None:
-                    # Blocking wait: the whole split is read in a worker process.
-                    got, good, last = self._pool.submit(read_split_whole, reader).result()
+                    # Blocking wait: the whole split is read by the pool.
+                    got, good, last = self._pool.read(reader)
                     for block in got:
                         self._put(blocks, block)
                     reader.good_rows, reader.last_row = good, last

@@ -18,9 +18,11 @@ config errors and too many bad rows are not (they would fail again).
 from __future__ import annotations
 
 import logging
+import multiprocessing
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +39,10 @@ from estuary.data.types import Float32Array, Int64Array, JaggedIds
 
 __all__ = [
     "Block",
+    "ProcessSplitPool",
     "RetryDecision",
     "RetryPolicy",
+    "SplitPool",
     "SplitReader",
     "TaskFailedError",
     "read_split_whole",
@@ -244,3 +248,36 @@ def read_split_whole(reader: SplitReader) -> tuple[list[Block], int, int]:
     """Read a split to its end (in a worker process): blocks, good rows, last row."""
     blocks = list(reader.blocks())
     return blocks, reader.good_rows, reader.last_row
+
+
+class SplitPool(Protocol):
+    """Where whole splits are read, away from the driver's threads (worker
+    processes, or a cluster runtime's data executors). ``read`` may be called
+    from several threads at once; it recovers from its own workers' loss (or
+    raises) and returns ``read_split_whole``'s result."""
+
+    def read(self, reader: SplitReader) -> tuple[list[Block], int, int]: ...
+
+    def summary(self) -> dict[str, Any]:
+        """Figures for summary.json (e.g. executors lost and replaced)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ProcessSplitPool:
+    """``executor.kind: processes``: splits read in spawned worker processes."""
+
+    def __init__(self, workers: int) -> None:
+        context = multiprocessing.get_context("spawn")  # threads are running: no fork
+        self._pool = ProcessPoolExecutor(workers, mp_context=context)
+
+    def read(self, reader: SplitReader) -> tuple[list[Block], int, int]:
+        # Blocking wait: the whole split is read in a worker process.
+        return self._pool.submit(read_split_whole, reader).result()
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

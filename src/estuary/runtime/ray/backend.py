@@ -17,6 +17,7 @@ from estuary.runtime.failure import policy_for
 from estuary.runtime.launcher import act, default_backend
 from estuary.runtime.ray.actors import ServerActor, TrainerActor, kill_all
 from estuary.runtime.ray.cluster import Placement, PlacementError, connect, place, role_asks
+from estuary.runtime.ray.executors import RayExecutors
 from estuary.runtime.recovery import DistributedError, supervise
 from estuary.runtime.types import (
     FailurePolicy,
@@ -64,6 +65,8 @@ class RayRuntime:
         self.state = JobState.PENDING
         self.roles: dict[tuple[str, int], RoleState] = {}
         self._stop_signum = 0
+        self._run_id = os.urandom(4).hex()  # names this runtime's data executors
+        self._attempts = 0
 
     def run(
         self,
@@ -170,6 +173,7 @@ class RayRuntime:
                 resume=resume,
                 one_machine=placement.nodes() == 1,
                 server_actors=tuple(servers) if runtime.ray.data_plane == "actor" else (),
+                split_pool=self._executors(job, placement),
             )
             runs = {t.run.remote(r, launch): r for r, t in enumerate(trainers)}
             watches = {s.serve.remote(): p for p, s in enumerate(servers)}
@@ -178,6 +182,20 @@ class RayRuntime:
             return self._watch(runs, watches, trainers, policy)
         finally:
             kill_all([*trainers, *servers])
+
+    def _executors(self, job: JobSpec, placement: Placement) -> RayExecutors | None:
+        """The data executors rank 0 starts (``runtime.data_executors``), if any."""
+        if "data_executor" not in placement.first_bundle:
+            return None
+        self._attempts += 1
+        return RayExecutors(
+            count=job.runtime.data_executors,
+            resources=job.runtime.ray.data_executor,
+            group=placement.group,
+            first_bundle=placement.first_bundle["data_executor"],
+            max_restarts=job.runtime.max_restarts,
+            name=f"estuary-data-{self._run_id}-{self._attempts}",
+        )
 
     def _get(self, refs: list[Any], role: str) -> list[Any]:
         try:

@@ -46,12 +46,15 @@ class RoleAsk:
 
 
 def role_asks(job: JobSpec) -> list[RoleAsk]:
-    """The job's roles in placement order: PS shards, then trainers."""
+    """The job's roles in placement order: PS shards, trainers, data executors."""
     spec = job.runtime
-    return [
+    asks = [
         RoleAsk("ps", spec.ps_shards, spec.ray.ps),
         RoleAsk("trainer", spec.trainers, spec.ray.trainer),
     ]
+    if spec.data_executors and job.data.dataset is not None:
+        asks.append(RoleAsk("data_executor", spec.data_executors, spec.ray.data_executor))
+    return asks
 
 
 def connect(spec: RaySpec, asks: list[RoleAsk]) -> bool:
