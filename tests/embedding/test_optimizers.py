@@ -198,7 +198,7 @@ def test_ftrl_matches_reference_formula(lr_power: float) -> None:
 def test_unknown_optimizer_name_lists_registered() -> None:
     spec = SparseOptimizerSpec.__new__(SparseOptimizerSpec)
     object.__setattr__(spec, "name", "lamb")
-    with pytest.raises(ValueError, match="adagrad, adam, ftrl, sgd"):
+    with pytest.raises(ValueError, match="adagrad, adam, ftrl, rowwise_adagrad, rowwise_adam, sgd"):
         make_optimizer(spec, DIM)
 
 
@@ -219,3 +219,64 @@ def test_a_subclass_gets_the_scaled_learning_rate_and_decay_from_the_base_class(
     opt.step(storage, rows, grads)
     opt.step(storage, rows, grads, lr_scale=0.25)
     assert seen == [(0.2, 1.0 - 0.2 * 0.5), (0.2 * 0.25, 1.0 - 0.2 * 0.25 * 0.5)]
+
+
+def _reference_rowwise(
+    name: str, lr: float, decay: float, clip: float, **params: float
+) -> tuple[np.ndarray, EmbeddingShard]:
+    """The row-wise optimizers against a float64 reference of fbgemm's formulas,
+    with per-row state (rows touched in different steps keep their own)."""
+    opt = SparseOptimizerSpec(name=name, lr=lr, weight_decay=decay, clip=clip, **params)
+    shard = _shard(opt)
+    w = shard.lookup(IDS, train=True).astype(np.float64)
+    accum = np.full(N_IDS, params.get("initial_accumulator", 0.0))
+    m = np.zeros((N_IDS, DIM))
+    v = np.zeros(N_IDS)
+    t = np.zeros(N_IDS)
+    b1, b2, eps = params.get("beta1", 0.9), params.get("beta2", 0.999), params.get("eps", 1e-8)
+    for pos, grads in _batches():
+        shard.apply_gradients(IDS[pos], grads)
+        g = grads.astype(np.float64)
+        w[pos] *= 1 - lr * decay
+        if name == "rowwise_adagrad":
+            accum[pos] += (g * g).mean(axis=1)
+            w[pos] -= lr * g / (np.sqrt(accum[pos]) + eps)[:, None]
+        else:
+            t[pos] += 1
+            m[pos] = b1 * m[pos] + (1 - b1) * g
+            v[pos] = b2 * v[pos] + (1 - b2) * (g * g).mean(axis=1)
+            m_hat = m[pos] / (1 - b1 ** t[pos])[:, None]
+            v_hat = v[pos] / (1 - b2 ** t[pos])
+            w[pos] -= lr * m_hat / (np.sqrt(v_hat) + eps)[:, None]
+        w[pos] = np.clip(w[pos], -clip, clip)
+    return w, shard
+
+
+@pytest.mark.parametrize("name", ["rowwise_adagrad", "rowwise_adam"])
+@pytest.mark.parametrize(("decay", "clip"), [(0.0, 1e9), (0.05, 0.4)])
+def test_rowwise_optimizers_match_the_reference(name: str, decay: float, clip: float) -> None:
+    params = {"initial_accumulator": 0.1} if name == "rowwise_adagrad" else {"beta1": 0.8}
+    want, shard = _reference_rowwise(name, 0.3, decay, clip, **params)
+    got = shard.lookup(IDS, train=False)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    assert np.abs(got - shard.lookup(IDS, train=False)).max() == 0  # reads change nothing
+
+
+@pytest.mark.parametrize(
+    ("name", "width"), [("rowwise_adagrad", DIM + 1), ("rowwise_adam", 2 * DIM + 2)]
+)
+def test_rowwise_optimizers_keep_one_state_float_per_row(name: str, width: int) -> None:
+    """The point of them: Adagrad's D accumulators become 1, Adam's D second
+    moments 1; the state dict says so (its per-row scalars are (R,))."""
+    optimizer = make_optimizer(SparseOptimizerSpec(name=name), DIM)
+    assert optimizer.width == width
+    shard = _shard(SparseOptimizerSpec(name=name))
+    shard.lookup(IDS, train=True)
+    shard.apply_gradients(IDS, np.ones((N_IDS, DIM), np.float32))
+    state = shard.state_dict()
+    scalars = {"rowwise_adagrad": ["opt.accum"], "rowwise_adam": ["opt.exp_avg_sq", "opt.step"]}
+    for key in scalars[name]:
+        assert state[key].shape == (N_IDS,), key
+    if name == "rowwise_adam":
+        assert state["opt.exp_avg"].shape == (N_IDS, DIM)
+        np.testing.assert_array_equal(state["opt.step"], np.ones(N_IDS, np.float32))

@@ -40,7 +40,7 @@ __all__ = [
 # implementation (``estuary.plugins``): these fields are typed ``str`` and checked
 # against the registry at load.
 InitializerName = Literal["uniform", "normal", "truncated_normal", "zeros"]
-OptimizerName = Literal["sgd", "adagrad", "adam", "ftrl"]
+OptimizerName = Literal["sgd", "adagrad", "adam", "ftrl", "rowwise_adagrad", "rowwise_adam"]
 PoolingName = Literal["sum", "mean", "none"]
 
 
@@ -77,13 +77,14 @@ class SparseOptimizerSpec:
     typed, against the named optimizer's declaration (which imports it).
 
     Args:
-        name: ``sgd``, ``adagrad``, ``adam``, ``ftrl``, or another registered
-            optimizer (``register_optimizer``).
+        name: ``sgd``, ``adagrad``, ``adam``, ``ftrl``, ``rowwise_adagrad``,
+            ``rowwise_adam``, or another registered optimizer (``register_optimizer``).
         lr: learning rate (> 0).
-        eps: numerical floor in the denominator (adagrad, adam).
-        initial_accumulator: starting value of the squared-gradient sum (adagrad, ftrl).
-        beta1: adam first-moment decay.
-        beta2: adam second-moment decay.
+        eps: numerical floor in the denominator (adagrad, adam and their row-wise forms).
+        initial_accumulator: starting value of the squared-gradient sum (adagrad,
+            rowwise_adagrad, ftrl).
+        beta1: adam (and rowwise_adam) first-moment decay.
+        beta2: adam (and rowwise_adam) second-moment decay.
         l1: ftrl L1 strength.
         l2: ftrl L2 strength.
         lr_power: ftrl learning-rate power (usually -0.5).

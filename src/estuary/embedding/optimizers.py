@@ -5,10 +5,12 @@ Storage layout (one float32 array per shard, shape (R, W), row-major)::
     row r:  [ weights (D) | state slot 1 (D) | ... | state slot k (D) | scalars (s) ]
             W = D * (1 + k) + s
 
-    sgd      k=0 s=0   W = D
-    adagrad  k=1 s=0   W = 2D    accum
-    adam     k=2 s=1   W = 3D+1  exp_avg, exp_avg_sq | step
-    ftrl     k=2 s=0   W = 3D    accum (n), linear (z)
+    sgd              k=0 s=0   W = D
+    adagrad          k=1 s=0   W = 2D    accum
+    adam             k=2 s=1   W = 3D+1  exp_avg, exp_avg_sq | step
+    ftrl             k=2 s=0   W = 3D    accum (n), linear (z)
+    rowwise_adagrad  k=0 s=1   W = D+1   | accum (of the row's mean g^2)
+    rowwise_adam     k=1 s=2   W = 2D+2  exp_avg | exp_avg_sq (row mean), step
 
 The state sits beside its row so one update touches one contiguous W-float span
 (one or a few cache lines) instead of k+1 scattered ones. ``step`` is a per-row
@@ -215,6 +217,83 @@ def _ftrl_kernel(
             storage[r, n0 + j] = np.float32(acc_new)
             storage[r, z0 + j] = np.float32(z)
             storage[r, j] = _clamp(np.float32(w_new), clip32)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rowwise_adagrad_kernel(
+    storage: Float32Array,
+    rows: Int64Array,
+    grads: Float32Array,
+    dim: int,
+    lr: float,
+    eps: float,
+    decay: float,
+    clip: float,
+) -> None:
+    # fbgemm's exact row-wise Adagrad: one accumulator per row, of the mean g^2.
+    eps32 = np.float32(eps)
+    decay32 = np.float32(decay)
+    clip32 = np.float32(clip)
+    width = storage.shape[1]
+    for n in range(rows.size):
+        if n + ROWS_AHEAD < rows.size:
+            prefetch_span(storage, rows[n + ROWS_AHEAD] * width, width)
+        r = rows[n]
+        sq = np.float32(0.0)
+        for j in range(dim):
+            g = grads[n, j]
+            sq += g * g
+        acc = storage[r, dim] + sq / np.float32(dim)
+        storage[r, dim] = acc
+        step = np.float32(lr) / (np.sqrt(acc) + eps32)
+        for j in range(dim):
+            w = storage[r, j] * decay32 - step * grads[n, j]
+            storage[r, j] = _clamp(w, clip32)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rowwise_adam_kernel(
+    storage: Float32Array,
+    rows: Int64Array,
+    grads: Float32Array,
+    dim: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    decay: float,
+    clip: float,
+) -> None:
+    # fbgemm's partial row-wise Adam: the first moment per element, the second
+    # (of the mean g^2) and the step count per row.
+    b1 = np.float32(beta1)
+    b2 = np.float32(beta2)
+    eps32 = np.float32(eps)
+    decay32 = np.float32(decay)
+    clip32 = np.float32(clip)
+    one = np.float32(1.0)
+    m0, v_col, t_col = dim, 2 * dim, 2 * dim + 1
+    width = storage.shape[1]
+    for n in range(rows.size):
+        if n + ROWS_AHEAD < rows.size:
+            prefetch_span(storage, rows[n + ROWS_AHEAD] * width, width)
+        r = rows[n]
+        t = storage[r, t_col] + one
+        storage[r, t_col] = t
+        sq = np.float32(0.0)
+        for j in range(dim):
+            g = grads[n, j]
+            sq += g * g
+        v = b2 * storage[r, v_col] + (one - b2) * (sq / np.float32(dim))
+        storage[r, v_col] = v
+        correction1 = one - b1 ** np.float64(t)
+        denom = np.sqrt(v / np.float32(one - b2 ** np.float64(t))) + eps32
+        step = np.float32(lr / correction1) / denom
+        for j in range(dim):
+            m = b1 * storage[r, m0 + j] + (one - b1) * grads[n, j]
+            storage[r, m0 + j] = m
+            w = storage[r, j] * decay32 - step * m
+            storage[r, j] = _clamp(w, clip32)
 
 
 @njit(cache=True, nogil=True)
@@ -484,3 +563,44 @@ class FTRL(SparseOptimizer):
     ) -> None:
         s = self.params
         _ftrl_kernel(storage, rows, grads, self.dim, lr, s.l1, s.l2, s.lr_power, decay, self.clip)
+
+
+@register_optimizer("rowwise_adagrad")
+class RowwiseAdagrad(SparseOptimizer):
+    """Row-wise Adagrad (fbgemm's exact row-wise Adagrad, TorchRec's default): one
+    accumulator per row, ``accum += mean_j(g_j^2); w -= lr * g / (sqrt(accum) +
+    eps)``. State: 1 float per row instead of D."""
+
+    scalar_names = ("accum",)
+    params_type = AdagradParams
+    params: AdagradParams
+
+    def initial_values(self) -> dict[str, float]:
+        return {"accum": self.params.initial_accumulator}
+
+    def update(
+        self, storage: Float32Array, rows: Int64Array, grads: Float32Array, lr: float, decay: float
+    ) -> None:
+        s = self.params
+        _rowwise_adagrad_kernel(storage, rows, grads, self.dim, lr, s.eps, decay, self.clip)
+
+
+@register_optimizer("rowwise_adam")
+class RowwiseAdam(SparseOptimizer):
+    """Partial row-wise Adam (fbgemm's ``PARTIAL_ROWWISE_ADAM``): the first moment
+    per element, the second moment of ``mean_j(g_j^2)`` and the step count per
+    row, with Adam's bias corrections. State: D + 2 floats per row instead of
+    2D + 1."""
+
+    state_names = ("exp_avg",)
+    scalar_names = ("exp_avg_sq", "step")
+    params_type = AdamParams
+    params: AdamParams
+
+    def update(
+        self, storage: Float32Array, rows: Int64Array, grads: Float32Array, lr: float, decay: float
+    ) -> None:
+        s = self.params
+        _rowwise_adam_kernel(
+            storage, rows, grads, self.dim, lr, s.beta1, s.beta2, s.eps, decay, self.clip
+        )
