@@ -25,9 +25,10 @@ A third-party package declares, in its ``pyproject.toml``::
 
 An unknown name is a ``ConfigError`` naming the field path and the known names:
 ``get`` says ``model.embedding.default.optimizer.name: sparse optimizer 'lamb' is
-unknown (available: adagrad, adam, ftrl, rowwise_adagrad, rowwise_adam, sgd)``; ``check``, which the config
-loader runs on every name in a job file, words it like any closed choice there
-(``must be one of 'sgd', 'adagrad', 'adam', 'ftrl'; got str 'lamb'``).
+unknown (available: adagrad, adam, ftrl, rowwise_adagrad, rowwise_adam, sgd)``;
+``check``, which the config loader runs on every name in a job file, words it like
+any closed choice there (``must be one of 'sgd', 'adagrad', 'adam', ...; got str
+'lamb'``).
 
 The registry also reads like a dict (``name in r``, ``r[name]``, ``r[name] =
 obj``, ``del r[name]``, ``list(r)``), so the module-level dicts it replaced
