@@ -155,3 +155,28 @@ def test_a_push_with_a_negative_or_non_finite_lr_scale_is_refused(scale: float) 
     with pytest.raises(PSError, match="lr scale of step 1 must be finite and >= 0"):
         agg.push(1, 0, ids(1), grads(1), lr_scale=scale)
     assert agg.push(1, 0, ids(1), grads(1))  # the table is still fine
+
+
+def test_a_hook_after_a_step_sees_exactly_that_step() -> None:
+    """``after_step(s, hook)`` runs once step s is applied and before s + 1 is:
+    registered before s, at s (on its own thread), or just before s + 1 when that
+    comes first; never for a step already passed."""
+    from estuary.ps.aggregation import StepAggregator
+
+    applied: list[int] = []
+    seen: list[tuple[str, int]] = []
+    agg = StepAggregator("t", 1, 2, lambda ids, grads, lr_scale: applied.append(len(applied) + 1))
+    one = (np.array([1], np.int64), np.ones((1, 1), np.float32))
+
+    def push(step: int, rank: int) -> None:
+        agg.push(step, rank, *one)
+
+    assert agg.after_step(1, lambda: seen.append(("before", agg.applied)))
+    push(1, 0)
+    push(1, 1)  # step 1 applied: the hook runs on its thread, or before step 2
+    push(2, 0)
+    assert agg.after_step(1, lambda: seen.append(("at", agg.applied)))
+    push(2, 1)  # step 2 is applied only after both hooks of step 1 ran
+    assert sorted(seen) == [("at", 1), ("before", 1)]
+    assert not agg.after_step(1, lambda: seen.append(("late", agg.applied)))
+    assert applied == [1, 2]

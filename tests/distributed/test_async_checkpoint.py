@@ -14,17 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from safetensors.numpy import load_file
 
 from estuary.cli import main
 from estuary.config.spec import EvictionSpec
 from estuary.embedding import EmbeddingTable
-from estuary.embedding.delta import is_full, merge_server_parts
+from estuary.embedding.delta import is_full
 from estuary.embedding.hashing import SERVER_SALT, shard_of
 from estuary.ps import HostedTable, PSClient, ServerConfig, ShardedPSClient, server_share, serving
-from estuary.ps.snapshots import ServerSnapshot
+from estuary.ps.snapshots import MixedSnapshotError, ServerSnapshot
 from estuary.train import load_checkpoint
-from estuary.train.checkpoint import stage_checkpoint, table_versions
+from estuary.train.checkpoint import stage_checkpoint
 from estuary.train.checkpoint_chain import list_checkpoints, read_manifest
 
 from .conftest import DIM, SPEC, write_job
@@ -106,47 +105,50 @@ def test_an_asynchronous_checkpoint_resumes_to_the_uninterrupted_result(tmp_path
     same_tables(a.tables, b.tables)
 
 
-def test_a_delta_some_servers_must_send_full_is_full_on_every_server(tmp_path: Path) -> None:
-    """Server 0 evicts more ids since the last mark than its log holds (its delta
-    must be full), server 1 hardly any: the snapshot makes both parts full, and
-    base + that delta loads to the servers' state."""
+def test_a_delta_whose_parts_disagree_on_being_full(tmp_path: Path) -> None:
+    """Server 0 evicts more ids since the last mark than its log holds (its part
+    of a delta must be full), server 1 hardly any. A blocking delta takes server
+    1's whole state too, so base + that delta loads to the servers' state; an
+    asynchronous snapshot cannot merge the parts and says so (the checkpointer
+    then drops it and writes the next one full)."""
     spec = replace(SPEC, eviction=EvictionSpec(capacity_rows=40))
     hosted = server_share(HostedTable(spec, seed=3), 2)
     config = ServerConfig({"t": hosted}, world_size=1, staleness=None)
-    ids = np.arange(20_000, dtype=np.int64)
+    ids = np.arange(40_000, dtype=np.int64)
     owner = shard_of(ids, 2, salt=SERVER_SALT)
     to_0, to_1 = ids[owner == 0], ids[owner == 1]
-    with serving(config) as s0, serving(config) as s1:
-        client = ShardedPSClient([PSClient(s.address, s.authkey, timeout_s=30) for s in (s0, s1)])
-        table = client.tables()["t"]
-        grads = np.ones((64, DIM), np.float32)
-        for batch in (to_0[:64], to_1[:64]):
-            table.lookup(batch, train=True)
-            table.apply_gradients(batch, grads)
-        base = table.state_dict()
-        for start in range(64, 6400, 64):  # 20 new rows a batch through server 0's 20
+    grads = np.ones((64, DIM), np.float32)
+
+    def mix(table: Any, first: int) -> None:  # 20 new rows a batch through server 0's 20
+        for start in range(first, first + 6400, 64):
             batch = to_0[start : start + 64]
             table.lookup(batch, train=True)
             table.apply_gradients(batch, grads[: batch.size])
-        table.lookup(to_1[64:70], train=True)  # server 1: a few rows change
-        table.apply_gradients(to_1[64:70], grads[:6])
+        few = to_1[first // 64 : first // 64 + 6]  # server 1: a few rows change
+        table.lookup(few, train=True)
+        table.apply_gradients(few, grads[:6])
+
+    with serving(config) as s0, serving(config) as s1:
+        client = ShardedPSClient([PSClient(s.address, s.authkey, timeout_s=30) for s in (s0, s1)])
+        table = client.tables()["t"]
+        base = table.state_dict()
+        mix(table, 64)
         overflowed = [s.tables["t"].shards[0].log_overflowed() for s in (s0, s1)]
         assert overflowed == [True, False]  # the parts would disagree
+        delta = table.delta_state_dict()
+        want = table.state_dict()
+        assert is_full(delta)
+        local = EmbeddingTable(spec, seed=3, name="t")
+        local.load_state_dict(base)
+        local.apply_delta(delta)
+        got = local.state_dict()
+        assert sorted(got["ids"].tolist()) == sorted(want["ids"].tolist())
+        np.testing.assert_array_equal(by_id(got)["weights"], by_id(want)["weights"])
+
+        mix(table, 6464)
         snap = ServerSnapshot({"t": table}, delta=True)
-        assert is_full(snap.chains["t"])
         staged = stage_checkpoint(tmp_path, step=1, parent=None)
         snap.write(staged.part_paths)
-        files = snap.wait()["t"]
-        assert len(files) == 2
-        staged.add_files("t", 2, files)
-        path = staged.commit(versions=table_versions(snap.chains))
-        want = table.state_dict()
+        with pytest.raises(MixedSnapshotError, match=r"table 't': its parts are"):
+            snap.wait()
         client.close()
-    parts = [load_file(str(path / "tables" / f"t.part-{p}.safetensors")) for p in range(2)]
-    assert all(is_full(part) for part in parts)
-    local = EmbeddingTable(spec, seed=3, name="t")
-    local.load_state_dict(base)
-    local.apply_delta(merge_server_parts(parts, "t"))
-    got = local.state_dict()
-    assert sorted(got["ids"].tolist()) == sorted(want["ids"].tolist())
-    np.testing.assert_array_equal(by_id(got)["weights"], by_id(want)["weights"])

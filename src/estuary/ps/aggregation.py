@@ -19,16 +19,19 @@ Readers wait on ``wait_applied`` (the staleness barrier).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import numpy as np
 
 from estuary.embedding.types import Float32Array, Int64Array
 from estuary.ps.types import PSError, PSTimeoutError
+
+logger = logging.getLogger(__name__)
 
 
 class ApplyFn(Protocol):
@@ -80,6 +83,7 @@ class StepAggregator:
         # step -> rank -> (ids, grads, lr_scale)
         self._pending: dict[int, dict[int, tuple[Int64Array, Float32Array, float]]] = {}
         self._error: BaseException | None = None
+        self._hooks: dict[int, list[Callable[[], None]]] = {}  # step -> run once applied
         self.applied = 0  # last applied step; steps are 1-based
         self.duplicates = 0  # pushes ignored because (step, rank) was already in
         self.waits = 0  # requests that had to wait for a step
@@ -135,6 +139,7 @@ class StepAggregator:
     def _apply_complete_steps(self) -> None:
         # Called with the lock held: steps are applied one at a time, in order.
         while len(self._pending.get(self.applied + 1, ())) == self.world_size:
+            self._run_hooks(self.applied)  # snapshots of the last step come first
             step = self.applied + 1
             by_rank = self._pending.pop(step)
             scales = {r: by_rank[r][2] for r in range(self.world_size)}
@@ -155,7 +160,38 @@ class StepAggregator:
                 self._cond.notify_all()
                 raise PSError(f"table {self.name!r}: applying step {step} failed: {exc}") from exc
             self.applied = step
+            if step in self._hooks:
+                self._spawn_hooks(step)
             self._cond.notify_all()
+
+    def after_step(self, step: int, hook: Callable[[], None]) -> bool:
+        """Run ``hook()`` once ``step`` is applied and before ``step + 1`` is, with
+        step application held off meanwhile: a snapshot of exactly that step. It
+        runs on a thread of its own as soon as the step is applied (so neither the
+        caller nor the push that completes the step waits for it), or at the
+        latest just before ``step + 1`` is applied. Returns ``False`` (and never
+        runs it) when a later step was applied already. A hook's error is logged,
+        never fails the table: the hook reports its own failure."""
+        with self._cond:
+            if step < self.applied:
+                return False
+            self._hooks.setdefault(step, []).append(hook)
+            if step == self.applied:
+                self._spawn_hooks(step)
+            return True
+
+    def _spawn_hooks(self, step: int) -> None:
+        def run() -> None:
+            with self._cond:
+                if self.applied == step:  # else the next step's apply ran them
+                    self._run_hooks(step)
+
+        threading.Thread(target=run, name=f"estuary-ps-after-{step}", daemon=True).start()
+
+    def _run_hooks(self, step: int) -> None:
+        # Called with the lock held.
+        for hook in self._hooks.pop(step, ()):
+            _run_hook(self.name, step, hook)
 
     def wait_applied(self, step: int, timeout_s: float) -> None:
         """Return once ``step`` (and every step before it) has been applied.
@@ -216,3 +252,10 @@ class StepAggregator:
                 f"table {self.name!r} failed at step {self.applied + 1} and accepts no "
                 f"more requests: {self._error}"
             )
+
+
+def _run_hook(name: str, step: int, hook: Callable[[], None]) -> None:
+    try:
+        hook()
+    except Exception:  # the hook's owner reports it; the table goes on
+        logger.exception("table %r: a hook after step %d failed", name, step)

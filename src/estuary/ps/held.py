@@ -1,17 +1,20 @@
 """Server side of asynchronous checkpoints: table snapshots a parameter server
-holds and writes to files itself (``snapshot`` ops; see ``estuary.ps.snapshots``
-for the client side).
+takes at a given step and writes to files itself (``snapshot`` ops; see
+``estuary.ps.snapshots`` for the client side).
 
 ::
 
-    snapshot(tables, after, delta)  -> token, chain keys per table
-        each table: wait for step ``after``, then under the table's exclusive
-        lock copy its rows (``EmbeddingTable.snapshot``: a memcpy of the rows in
-        use): training stalls only for the copy; the writer gathers the state
-    snapshot_full(token, tables)    replace held deltas by whole states (unmarked)
-    snapshot_write(token, files)    a thread writes each held table to its file
-    snapshot_wait(token)            -> per file: bytes, sha256 (once flushed)
-    snapshot_drop(token)            forget it
+    snapshot(tables, at, delta)  -> token, at once
+        each table: its state (or delta) is captured right after step ``at`` is
+        applied and before ``at + 1`` is (``StepAggregator.after_step``; at once
+        if ``at`` is applied already): a copy of the rows in use
+        (``EmbeddingTable.snapshot``), taken on the thread that applies the step,
+        so the trainer that asked does not wait for it
+    snapshot_write(token, files)  a thread waits for every capture, then gathers
+                                  and writes each table to its file
+    snapshot_wait(token)          -> per file: bytes, sha256 (once flushed), and
+                                  per table its chain keys
+    snapshot_drop(token)          forget it
 """
 
 from __future__ import annotations
@@ -66,11 +69,15 @@ class ReadyState:
 
 @dataclass
 class _Held:
-    states: dict[str, Snapshot]
+    tables: set[str]
+    states: dict[str, Snapshot] = field(default_factory=dict)
+    captured: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    chains: dict[str, dict[str, int]] = field(default_factory=dict)
     error: BaseException | None = None
     writing: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class HeldSnapshots:
@@ -81,12 +88,31 @@ class HeldSnapshots:
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
 
-    def hold(self, states: dict[str, Snapshot]) -> int:
-        """Keep ``states`` (table -> its snapshot); returns its token."""
+    def expect(self, tables: list[str]) -> int:
+        """A new snapshot of ``tables``, captured later (``capture``); its token."""
         with self._lock:
             token = next(self._tokens)
-            self._held[token] = _Held(states)
+            self._held[token] = _Held(set(tables))
         return token
+
+    def capture(self, token: int, name: str, take: Any) -> None:
+        """Table ``name``'s part of snapshot ``token``: ``take()`` -> its ``Snapshot``
+        (called now, on the thread that applied the step)."""
+        with self._lock:
+            held = self._held.get(token)
+        if held is None:  # dropped meanwhile
+            return
+        try:
+            snapshot: Snapshot = take()
+        except BaseException as exc:
+            held.error = exc
+            held.captured.set()
+            raise
+        with held.lock:
+            held.states[name] = snapshot
+            held.chains[name] = chain_header(snapshot.chain)
+            if set(held.states) == held.tables:
+                held.captured.set()
 
     def get(self, token: int) -> _Held:
         with self._lock:
@@ -95,28 +121,26 @@ class HeldSnapshots:
             raise PSError(f"no snapshot {token} on this server (dropped, or already written)")
         return held
 
-    def replace(self, token: int, name: str, state: State) -> None:
-        """Put a whole ``state`` of table ``name`` in place of its held delta,
-        keeping the delta's chain keys, marked full."""
+    def write(self, token: int, files: Mapping[str, str], timeout_s: float) -> None:
+        """Once every table is captured, write each to ``files[table]`` (a path this
+        server can write: a shared file system), on a background thread."""
         held = self.get(token)
-        if name not in held.states or held.writing:
-            raise PSError(f"snapshot {token}: table {name!r} not held, or already writing")
-        chain = held.states[name].chain
-        rows = {k: v for k, v in state.items() if not k.startswith(CHAIN_PREFIX)}
-        held.states[name] = ReadyState({**rows, **chain, FULL: np.array([1], np.int64)})
-
-    def write(self, token: int, files: Mapping[str, str]) -> None:
-        """Start writing each held table to ``files[table]`` (a path this server
-        can write: a shared file system) on a background thread."""
-        held = self.get(token)
-        if set(files) != set(held.states):
+        if set(files) != held.tables:
             raise PSError(
-                f"snapshot {token}: files for {sorted(files)}, but it holds {sorted(held.states)}"
+                f"snapshot {token}: files for {sorted(files)}, but it holds {sorted(held.tables)}"
             )
         held.writing = True
 
         def run() -> None:
             try:
+                # Blocking wait: the steps to capture are applied (other ranks push).
+                if not held.captured.wait(timeout_s):
+                    missing = sorted(held.tables - set(held.states))
+                    raise PSTimeoutError(
+                        f"snapshot {token}: tables {missing} not captured within {timeout_s:g} s"
+                    )
+                if held.error is not None:
+                    raise held.error
                 for name, path in files.items():
                     state = held.states[name].materialize()
                     held.files[path] = write_state(Path(path), state)
@@ -128,9 +152,9 @@ class HeldSnapshots:
 
         threading.Thread(target=run, name=f"estuary-ps-snapshot-{token}", daemon=True).start()
 
-    def wait(self, token: int, timeout_s: float) -> dict[str, dict[str, Any]]:
-        """Block until snapshot ``token``'s files are written; returns per path its
-        ``bytes`` and ``sha256``, and forgets the snapshot."""
+    def wait(self, token: int, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Block until snapshot ``token``'s files are written; returns (per path its
+        ``bytes`` and ``sha256``, per table its chain keys) and forgets it."""
         held = self.get(token)
         if not held.writing:
             raise PSError(f"snapshot {token}: not being written (snapshot_write first)")
@@ -140,7 +164,7 @@ class HeldSnapshots:
         self.drop(token)
         if held.error is not None:
             raise PSError(f"snapshot {token}: writing failed: {held.error}")
-        return held.files
+        return held.files, held.chains
 
     def drop(self, token: int) -> None:
         with self._lock:

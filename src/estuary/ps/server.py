@@ -12,9 +12,10 @@ Shapes: ``N`` ids in a request, ``D`` a table's dim.
         lookup_many / push_many           the same for every table of a step, one request
         state_dict / load_state_dict / delta_state_dict / apply_delta
         stats / remove / wait / shutdown
-        snapshot / snapshot_full / snapshot_write / snapshot_wait / snapshot_drop
+        snapshot / snapshot_write / snapshot_wait / snapshot_drop
                                           asynchronous checkpoints: the server copies a
-                                          table's state, then writes it itself
+                                          table's state right after a given step is
+                                          applied, then writes it itself
                                           (``estuary.ps.held``)
 
 One thread per connection. Tables run their numba kernels with the GIL released
@@ -45,7 +46,7 @@ import numpy as np
 
 from estuary.embedding.table import EmbeddingTable
 from estuary.ps.aggregation import StepAggregator
-from estuary.ps.held import HeldSnapshots, Snapshot, chain_header
+from estuary.ps.held import HeldSnapshots, Snapshot
 from estuary.ps.protocol import (
     PROTOCOL_VERSION,
     Arrays,
@@ -137,7 +138,6 @@ class ParameterServer:
             "set_admission_counting": self._op_set_admission_counting,
             "shutdown": self._op_shutdown,
             "snapshot": self._op_snapshot,
-            "snapshot_full": self._op_snapshot_full,
             "snapshot_write": self._op_snapshot_write,
             "snapshot_wait": self._op_snapshot_wait,
             "snapshot_drop": self._op_snapshot_drop,
@@ -454,38 +454,33 @@ class ParameterServer:
         if not isinstance(names, list) or not names:
             raise PSError("'tables' must be a non-empty list of table names")
         parts = [(name, *self._named_table(name)) for name in names]
-        after = self._ints(header, "after", len(parts))
+        steps_at = self._ints(header, "at", len(parts))
         delta = bool(header.get("delta", False))
-        states: dict[str, Snapshot] = {}
-        for (name, table, steps), wait_for in zip(parts, after, strict=True):
-            with _naming(name):
-                steps.wait_applied(wait_for, self.config.wait_timeout_s)
-                with steps.exclusive():  # no step lands halfway through the copy
-                    states[name] = table.snapshot(delta=delta)
-        token = self.held.hold(states)
-        return {"token": token, "chains": {n: chain_header(s.chain) for n, s in states.items()}}, {}
+        token = self.held.expect(list(names))
+        for (name, table, steps), at in zip(parts, steps_at, strict=True):
 
-    def _op_snapshot_full(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
-        token = self._int(header, "token")
-        names = header.get("tables")
-        if not isinstance(names, list):
-            raise PSError("'tables' must be a list of table names")
-        for name in names:
-            table, steps = self._named_table(name)
-            with steps.exclusive():
-                self.held.replace(token, name, table.state_dict(mark_clean=False))
-        return {}, {}
+            def take(table: EmbeddingTable = table) -> Snapshot:
+                return table.snapshot(delta=delta)
+
+            def hook(name: str = name, take: Any = take) -> None:
+                self.held.capture(token, name, take)
+
+            with _naming(name):
+                if not steps.after_step(at, hook):
+                    self.held.drop(token)
+                    raise PSError(f"snapshot at step {at}: step {steps.applied} is applied already")
+        return {"token": token}, {}
 
     def _op_snapshot_write(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         files = header.get("files")
         if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
             raise PSError("'files' must map table names to file paths")
-        self.held.write(self._int(header, "token"), files)
+        self.held.write(self._int(header, "token"), files, self.config.wait_timeout_s)
         return {}, {}
 
     def _op_snapshot_wait(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
-        files = self.held.wait(self._int(header, "token"), self.config.wait_timeout_s)
-        return {"files": files}, {}
+        files, chains = self.held.wait(self._int(header, "token"), self.config.wait_timeout_s)
+        return {"files": files, "chains": chains}, {}
 
     def _op_snapshot_drop(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         self.held.drop(self._int(header, "token"))

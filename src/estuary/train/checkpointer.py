@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -25,10 +26,10 @@ from typing import Any
 import torch
 
 from estuary.config import JobSpec, to_dict
-from estuary.embedding.delta import LINEAGE, VERSION
+from estuary.embedding.delta import BASE, LINEAGE
 from estuary.metrics.training import TrainingMetrics
 from estuary.ps.held import ReadyState, Snapshot
-from estuary.ps.snapshots import ServerSnapshot, held_by_servers
+from estuary.ps.snapshots import MixedSnapshotError, ServerSnapshot, held_by_servers
 from estuary.train.callbacks import LoopState
 from estuary.train.checkpoint import (
     StagedCheckpoint,
@@ -51,6 +52,8 @@ from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
 __all__ = ["KEEP_CHECKPOINTS", "Checkpointer"]
 
+logger = logging.getLogger(__name__)
+
 KEEP_CHECKPOINTS = 2
 """Checkpoints a run keeps while it trains (the newest ones, plus the full
 checkpoint and deltas they are built on); older ones and partial ones left by a
@@ -59,27 +62,28 @@ killed run are deleted after each checkpoint."""
 
 @dataclass
 class _Snapshot:
-    """One step's state, copied, for a background commit (``save_async``)."""
+    """One step's state, set apart, for a background commit (``save_async``)."""
 
     staged: StagedCheckpoint
     servers: ServerSnapshot | None  # tables whose servers write their own parts
     states: dict[str, Snapshot]  # in-process tables' states (or deltas), gathered later
-    chains: dict[str, dict[str, Any]]  # every table's chain keys
     dense: dict[str, torch.Tensor]
     optimizer: dict[str, Any] | None
     metadata: dict[str, Any]
 
-    @property
-    def link(self) -> ChainLink:
-        """The checkpoint as the parent of the next delta."""
-        parent = self.staged.parent
-        chain = (self.staged.name,) if parent is None else (*parent.chain, self.staged.name)
-        versions = {
-            name: (int(c[LINEAGE][0]), int(c[VERSION][0]))
-            for name, c in self.chains.items()
-            if LINEAGE in c and VERSION in c
-        }
-        return ChainLink(self.staged.final, chain, versions)
+
+def _on_top_of(parent: ChainLink, states: Mapping[str, Snapshot]) -> bool:
+    """Whether these (in-process) tables' deltas were taken against ``parent``
+    (the tables on servers are checked once their chain keys are back)."""
+    return all(
+        BASE in s.chain
+        and (int(s.chain[LINEAGE][0]), int(s.chain[BASE][0])) == parent.versions.get(name)
+        for name, s in states.items()
+    )
+
+
+class _Inconsistent(Exception):
+    """An asynchronous checkpoint that would not load as written (it is dropped)."""
 
 
 def _snapshot(table: Any, *, delta: bool) -> Snapshot:
@@ -126,6 +130,7 @@ class Checkpointer:
             "checkpoints": 0,
             "checkpoint_stall_s": 0.0,
             "checkpoint_write_s": 0.0,
+            "checkpoints_dropped": 0,
         }
         self._pending: threading.Thread | None = None  # an asynchronous checkpoint's writer
         self._error: BaseException | None = None
@@ -191,23 +196,27 @@ class Checkpointer:
         return path
 
     def save_async(self, updater: SparseUpdater, state: LoopState) -> Path:
-        """A checkpoint in the middle of training that stalls it only while one
-        step's state is copied (``output.checkpoint_async``): every submitted
-        sparse update lands, the tables are snapshotted (tables on parameter
-        servers by the servers, which then write their own parts; in-process ones
-        copied here), the dense model and optimizer cloned; the files are written
-        and committed by a background thread while training goes on. Returns the
-        folder the checkpoint will have once committed; ``wait`` blocks until it
-        is. At most one is in flight: the next one waits for this one first."""
+        """A checkpoint in the middle of training that stalls it only while its
+        parts are set apart (``output.checkpoint_async``): every submitted sparse
+        update is sent; tables on parameter servers are captured by each server
+        right after this step is applied there (it then writes its own part),
+        in-process tables copied here; the dense model and optimizer cloned. A
+        background thread writes the rest and commits, while training goes on.
+        Returns the folder the checkpoint will have once committed; ``wait``
+        blocks until it is. At most one is in flight: the next one (or any
+        other checkpoint) waits for this one first.
+
+        A checkpoint that cannot be committed consistently (a table marked since
+        the delta's parent, a table whose servers' parts disagree on being full)
+        is dropped with a warning and the next one is written full."""
         self.wait()
         started = time.perf_counter()
-        updater.flush()  # Blocking wait: every submitted sparse update lands first
+        updater.flush()  # Blocking wait: every submitted sparse update is sent
         with contextlib.ExitStack() as stack:
             for store in self.engine.stores.values():
                 if isinstance(store, LockedStore):
                     stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
             snapshot = self._snapshot(state)
-        self.link = snapshot.link
         self._pending = threading.Thread(
             target=self._commit, args=(snapshot, started), name="estuary-checkpoint", daemon=True
         )
@@ -223,21 +232,12 @@ class Checkpointer:
         remote = {n: t for n, t in self.tables.items() if held_by_servers(t)}
         local = {n: t for n, t in self.tables.items() if n not in remote}
         parent = plan.parent
-        servers = ServerSnapshot(remote, delta=True) if parent and remote else None
         states = {n: _snapshot(t, delta=True) for n, t in local.items()} if parent else {}
-        chains = {**(servers.chains if servers else {}), **{n: s.chain for n, s in states.items()}}
-        if parent is not None and not parent.accepts(chains):
+        if parent is not None and not _on_top_of(parent, states):
             parent = None  # a table was marked since: write it full
-            if servers is not None:
-                servers.drop()
-                servers = None
         if parent is None:
-            servers = ServerSnapshot(remote, delta=False) if remote else None
             states = {n: _snapshot(t, delta=False) for n, t in local.items()}
-            chains = {
-                **(servers.chains if servers else {}),
-                **{n: s.chain for n, s in states.items()},
-            }
+        servers = ServerSnapshot(remote, delta=parent is not None) if remote else None
         staged = stage_checkpoint(root, step=state.step, parent=parent)
         if servers is not None:
             servers.write(staged.part_paths)
@@ -246,7 +246,6 @@ class Checkpointer:
             staged=staged,
             servers=servers,
             states=states,
-            chains=chains,
             dense={k: v.detach().clone() for k, v in self.engine.model.state_dict().items()},
             optimizer=None if optimizer is None else copy.deepcopy(optimizer.state_dict()),
             metadata=copy.deepcopy(self._metadata(state)),
@@ -257,14 +256,28 @@ class Checkpointer:
         try:
             staged.write_dense(snapshot.dense, snapshot.optimizer)
             staged.write_tables({n: s.materialize() for n, s in snapshot.states.items()})
+            chains = {n: s.chain for n, s in snapshot.states.items()}
             if snapshot.servers is not None:
-                for name, files in snapshot.servers.wait().items():
-                    staged.add_files(name, snapshot.servers.parts[name], files)
-            path = staged.commit(
-                versions=table_versions(snapshot.chains), metadata=snapshot.metadata
-            )
+                files, server_chains = snapshot.servers.wait()
+                for name, written in files.items():
+                    staged.add_files(name, snapshot.servers.parts[name], written)
+                chains.update(server_chains)
+            parent = staged.parent
+            if parent is not None and not parent.accepts(chains):
+                raise _Inconsistent("a table was marked since its parent checkpoint")
+            path = staged.commit(versions=table_versions(chains), metadata=snapshot.metadata)
+            self.link = read_link(path)
             prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
             self.metrics.checkpointed(staged.step)
+        except (_Inconsistent, MixedSnapshotError) as exc:
+            logger.warning(
+                "checkpoint of step %d dropped (%s); the next one is written full",
+                staged.step,
+                exc,
+            )
+            staged.abandon()
+            self.link = None
+            self.timings["checkpoints_dropped"] += 1
         except BaseException as exc:
             self._error = exc
             staged.abandon()

@@ -94,6 +94,7 @@ class FitLoop:
         self.checkpointer, self.metrics, self.tables = checkpointer, metrics, tables
         self.extra_callbacks, self.progress, self.load_s = list(callbacks), progress, load_s
         self.plan_for = plan_for
+        self._final = False  # True: checkpoints block (a stop's, the last ones)
 
     def run(self) -> FitResult:
         state, feed, engine = self.state, self.feed, self.engine
@@ -138,6 +139,7 @@ class FitLoop:
                     state.epoch, state.epoch_step = epoch + 1, 0
             updater.flush()
             rules = feed.rules
+            self._final = True  # the last checkpoints are written before fit returns
             if rules.final and rules.final_before_eval and state.step != cadence.saved_step:
                 cadence.write(state)
             if rules.stop_when_drained and state.chief and state.stop.asked():
@@ -157,7 +159,7 @@ class FitLoop:
         position = self.feed.position()
         if position is not None:  # the data position goes with the model state
             self.checkpointer.data_progress = position
-        if self.checkpointer.job.output.checkpoint_async:
+        if self.checkpointer.job.output.checkpoint_async and not self._final:
             return self.checkpointer.save_async(updater, self.state)
         return self.checkpointer.save_consistent(updater, self.state)
 
@@ -165,6 +167,7 @@ class FitLoop:
         """Checkpoint the current step (rank 0, when the feed's rules ask for it
         and the last checkpoint is not of it) and raise ``TrainingStopped``."""
         state = self.state
+        self._final = True  # a stop's checkpoint is on disk before TrainingStopped
         if state.chief and self.feed.rules.on_stop and cadence.saved_step != state.step:
             cadence.write(state)
         self.checkpointer.wait()  # Blocking wait: the stop's checkpoint is on disk
