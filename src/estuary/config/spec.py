@@ -318,6 +318,10 @@ class OutputSpec:
             while training (rank 0 of a multi-trainer run); ``0`` picks a free
             port (logged); ``null`` = off.
         metrics_host: interface the metrics endpoint binds (``0.0.0.0`` = all).
+        timeseries_every_s: append a sample of the run (loss, rows/s, windowed
+            AUC, stage times, staleness, table growth, data lag) to
+            ``timeseries.jsonl`` in the output folder every this many seconds, for
+            ``estuary report``; ``null`` = off.
     """
 
     dir: str = "runs/default"
@@ -327,6 +331,7 @@ class OutputSpec:
     checkpoint_full_every: int = 1
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    timeseries_every_s: float | None = 1.0
 
     def validate(self, path: str) -> None:
         if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
@@ -337,6 +342,8 @@ class OutputSpec:
             raise ConfigError(f"{path}.metrics_port", "must be in [0, 65535] (0 = a free port)")
         if not self.metrics_host.strip():
             raise ConfigError(f"{path}.metrics_host", "must not be empty")
+        if self.timeseries_every_s is not None and not self.timeseries_every_s > 0:
+            raise ConfigError(f"{path}.timeseries_every_s", "must be > 0 (null = off)")
 
 
 @dataclass(frozen=True)

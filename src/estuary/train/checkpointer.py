@@ -11,12 +11,12 @@ run's model, optimizer, tables and ``LoopState``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from estuary.config import JobSpec, to_dict
-from estuary.metrics.training import TrainingMetrics
 from estuary.train.callbacks import LoopState
 from estuary.train.checkpoint import load_checkpoint, restore_dense_warned, save_checkpoint
 from estuary.train.checkpoint_chain import ChainLink, plan_checkpoint, prune_checkpoints, read_link
@@ -39,7 +39,6 @@ class Checkpointer:
         job: the job (saved resolved in each manifest).
         engine: model and dense optimizer.
         tables: table name -> table (``state_dict``, ``delta_state_dict``, ...).
-        metrics: told of each checkpoint.
         plan: the job's plan (its features, in model order, go in the manifest).
         dense: dense feature names (saved in the manifest).
     """
@@ -49,11 +48,10 @@ class Checkpointer:
         job: JobSpec,
         engine: Engine,
         tables: Mapping[str, Any],
-        metrics: TrainingMetrics,
         plan: TrainPlan,
         dense: list[str],
     ) -> None:
-        self.job, self.engine, self.tables, self.metrics = job, engine, tables, metrics
+        self.job, self.engine, self.tables = job, engine, tables
         self.features, self.dense = list(plan.features), dense
         # The checkpoint the tables were last saved to or restored from: the
         # parent of the next delta checkpoint (``output.checkpoint_full_every``).
@@ -61,6 +59,9 @@ class Checkpointer:
         # data.dataset runs: rows trained (``estuary.data.graph.Progress`` JSON),
         # saved with and restored from checkpoints.
         self.data_progress: dict[str, Any] | None = None
+        # Called with (step, seconds) after each checkpoint (the fit's RunObserver:
+        # metrics and time series).
+        self.listeners: list[Callable[[int, float], None]] = []
 
     def root(self) -> Path:
         return self.job.resolve(self.job.output.dir) / "checkpoints"
@@ -68,6 +69,16 @@ class Checkpointer:
     def save(self, state: LoopState, root: Path | None = None) -> Path:
         """Write model, dense optimizer and every table atomically: the tables in
         full, or as a delta of the previous checkpoint (``plan_checkpoint``)."""
+        t0 = time.perf_counter()
+        path = self._write(state, root)
+        self._saved(state.step, time.perf_counter() - t0)
+        return path
+
+    def _saved(self, step: int, duration_s: float) -> None:
+        for listener in self.listeners:
+            listener(step, duration_s)
+
+    def _write(self, state: LoopState, root: Path | None = None) -> Path:
         root = root or self.root()
         plan = plan_checkpoint(
             self.link, root=root, step=state.step, full_every=self.job.output.checkpoint_full_every
@@ -92,6 +103,7 @@ class Checkpointer:
                 "epoch_step": state.epoch_step,
                 "features": self.features,
                 "dense": self.dense,
+                "restarts": state.restarts,
                 **({"data_progress": self.data_progress} if self.data_progress else {}),
             },
         )
@@ -103,14 +115,15 @@ class Checkpointer:
         submitted sparse update lands first and no prefetch lookup runs during the
         snapshot. Keeps the ``KEEP_CHECKPOINTS`` newest (and the checkpoints their
         delta chains are built on)."""
+        t0 = time.perf_counter()
         updater.flush()  # Blocking wait: every submitted sparse update lands first
         with contextlib.ExitStack() as stack:
             for store in self.engine.stores.values():
                 if isinstance(store, LockedStore):
                     stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
-            path = self.save(state)
+            path = self._write(state)
         prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
-        self.metrics.checkpointed(state.step)
+        self._saved(state.step, time.perf_counter() - t0)
         return path
 
     def load(self, path: Path, state: LoopState, *, tables: bool = True) -> None:
@@ -128,4 +141,5 @@ class Checkpointer:
         state.step = int(ckpt.manifest["step"])
         state.epoch = int(metadata.get("epoch", 0))
         state.epoch_step = int(metadata.get("epoch_step", 0))
+        state.restarts = int(metadata.get("restarts", 0)) + 1  # this load resumes the run
         self.data_progress = metadata.get("data_progress")

@@ -34,12 +34,12 @@ from estuary.train.callbacks import (
     Callbacks,
     CheckpointCadence,
     LoopState,
-    MetricsCallback,
     ProgressCallback,
 )
 from estuary.train.checkpointer import Checkpointer
 from estuary.train.engine import Engine, UpdatePlan
 from estuary.train.feeds import Feed
+from estuary.train.observe import RunObserver
 from estuary.train.result import FitResult, TrainingStopped
 from estuary.train.sparse_updates import SparseUpdater
 
@@ -68,7 +68,7 @@ class FitLoop:
         state: the run's loop state (restored by a resume), updated as it trains.
         checkpointer: writes the checkpoints.
         metrics: Prometheus metrics of the run.
-        tables: table name -> table (stats for metrics and the summary).
+        tables: table name -> table (stats for metrics, the time series and the summary).
         callbacks: more callbacks, called after the built-in ones.
         progress: show the progress bar.
         load_s: seconds spent loading before the loop (counted in ``wall_s``).
@@ -103,10 +103,23 @@ class FitLoop:
             lambda: self._save(updater),
             saved_step=state.step if feed.restored else None,
         )
+        job = self.checkpointer.job
+        observer = RunObserver(
+            self.metrics,
+            engine,
+            feed,
+            self.tables,
+            updater,
+            folder=job.resolve(job.output.dir),
+            every_s=job.output.timeseries_every_s,
+            job_name=job.name,
+            mode=job.train.mode,
+        )
+        self.checkpointer.listeners.append(observer.checkpointed)
         callbacks = Callbacks(
             [
                 ProgressCallback(feed.total_rows, self.progress),
-                MetricsCallback(self.metrics, lambda: self._refresh(updater)),
+                observer,
                 cadence,
                 *self.extra_callbacks,
             ]
@@ -145,7 +158,13 @@ class FitLoop:
             updater.close()
             callbacks.on_fit_end(state)
             feed.close()
-        return self._finish(updater, cadence, rows_done, time.perf_counter() - t_start)
+        try:
+            return self._finish(
+                updater, observer, cadence, rows_done, time.perf_counter() - t_start
+            )
+        finally:
+            self.checkpointer.listeners.remove(observer.checkpointed)
+            observer.close()
 
     def _save(self, updater: SparseUpdater) -> Path:
         position = self.feed.position()
@@ -163,33 +182,30 @@ class FitLoop:
         path = link.path if link is not None and cadence.saved_step == state.step else None
         raise TrainingStopped(state.stop.reason(), state.step, path)
 
-    def _refresh(self, updater: SparseUpdater) -> None:
-        """Table stats, staleness and bad rows to the metrics; called every
-        ``metrics.refresh_s`` seconds, as stats take each table's lock."""
-        stats = {name: t.stats() for name, t in self.tables.items()}
-        self.metrics.refresh(
-            stats, staleness_max=updater.log.max_behind, bad_rows=self.feed.bad_rows()
-        )
-
     def _finish(
-        self, updater: SparseUpdater, cadence: CheckpointCadence, rows: int, train_wall_s: float
+        self,
+        updater: SparseUpdater,
+        observer: RunObserver,
+        cadence: CheckpointCadence,
+        rows: int,
+        train_wall_s: float,
     ) -> FitResult:
         state, feed, engine, job = self.state, self.feed, self.engine, self.checkpointer.job
         t_end = time.perf_counter()
         samples_per_s = rows / train_wall_s if train_wall_s > 0 else 0.0
+        observer.finished(state.step, rows, samples_per_s)
         result = None
         batches = feed.eval_batches(job.train.eval_batch_size) if state.chief else None
         if batches is not None:  # one trainer evaluates
             result = evaluate_batches(engine.predict, batches)
-            self.metrics.evaluated(result)
+            observer.evaluated(state.step, result)
         checkpoint = cadence.last if feed.rules.final_before_eval else None
         if feed.rules.final and not feed.rules.final_before_eval and state.chief:
             checkpoint = self.checkpointer.save(state)
-            self.metrics.checkpointed(state.step)
         stats = {name: t.stats() for name, t in self.tables.items()}
         bad_rows = feed.bad_rows()
-        self.metrics.refresh(stats, staleness_max=updater.log.max_behind, bad_rows=bad_rows)
-        self.metrics.trained(samples_per_s)
+        if self.metrics.server is not None:  # the final figures (the eval's lookups too)
+            observer.sample(record=False)
         return FitResult(
             eval=result,
             train_rows=rows,

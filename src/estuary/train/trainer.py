@@ -110,9 +110,7 @@ class Trainer:
             mode=job.train.mode,
         )
         dense = list(dataset.dense_names)
-        self.checkpointer = Checkpointer(
-            job, self.engine, self.tables, self.metrics, self.plan, dense
-        )
+        self.checkpointer = Checkpointer(job, self.engine, self.tables, self.plan, dense)
         self.callbacks = [make() for make in self.default_callbacks] + list(callbacks)
         self.restores_tables = True  # False: another rank restores shared tables
         self.data_group: Any = None  # W > 1, data.dataset: the group batches travel on
@@ -145,8 +143,9 @@ class Trainer:
         """Train, evaluate (rank 0), checkpoint, return the result; serves
         ``/metrics`` meanwhile when ``output.metrics_port`` is set."""
         show = self.job.output.progress if progress is None else progress
-        # With several trainers a bar would count one rank's rows against the total.
-        show = bool(show) and self.state.world_size == 1
+        # One bar for the run: rank 0's, counting every rank's rows (a step's rows
+        # over all ranks, ``StepShare.rows``) against the run's total.
+        show = bool(show) and self.state.chief
         with self.metrics.serving():  # the port is released when fit returns
             feed = self.feed()
             extra = [AdmissionSwitch(self.tables.values())] if feed.epoch_positions else []

@@ -172,6 +172,12 @@ class Driver:
         """Bad rows seen so far (count, rows read, first examples)."""
         return self._sink.tracker.report() if self._sink is not None else BadRowReport()
 
+    def queue_depths(self) -> dict[str, int]:
+        """Items waiting between the reader's stages (approximate: ``qsize``):
+        ``data_splits`` planned splits no worker took yet, ``data_opened`` splits
+        being read that the batch sink has not reached."""
+        return {"data_splits": self._jobs.qsize(), "data_opened": self._opened.qsize()}
+
     def close(self) -> None:
         """Stop every thread (and the process pool); idempotent."""
         self._stop.set()
