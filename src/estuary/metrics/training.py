@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from estuary.config.errors import ConfigError
+from estuary.metrics.logs import LogSettings
 from estuary.metrics.prometheus import MetricsServer
 
 if TYPE_CHECKING:
@@ -369,12 +370,9 @@ class _SampleCollector(Collector):
 
 def show_metrics_url() -> None:
     """Let the metrics server's "serving Prometheus metrics at URL" line (INFO)
-    reach stderr: with ``output.metrics_port: 0`` it is the only place the port
-    shows. Called by ``estuary train`` and by rank 0 of a multi-trainer run."""
-    logger = logging.getLogger("estuary.metrics")
-    logger.setLevel(logging.INFO)
-    if not logger.handlers:
-        handler = logging.StreamHandler()  # stderr
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False  # not twice when the root logger prints too
+    reach stderr (with ``output.metrics_port: 0`` it is the only place the port
+    shows) when nothing configured Estuary's logging: the command line's
+    defaults (``LogSettings.parse([])``). For programs that embed a trainer."""
+    root = logging.getLogger("estuary")
+    if not root.handlers:
+        LogSettings.parse([]).apply()

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from estuary.config import JobSpec
+from estuary.metrics.logs import LogSettings
 from estuary.ps import PSClient
 from estuary.ps.types import Address
 from estuary.train import FitResult, Trainer, TrainingStopped
@@ -119,10 +120,9 @@ def trainer_main(rank: int, launch: WorkerLaunch, results: Any, stop_signal: Any
     """Entry point of trainer process ``rank`` (spawned by the launcher)."""
     # Ctrl-C reaches the whole process group: the launcher decides (``stop_signal``).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if rank == 0 and launch.job.output.metrics_port is not None:
-        from estuary.metrics.training import show_metrics_url
-
-        show_metrics_url()  # rank 0 serves the metrics; its port line reaches stderr
+    # The CLI's --log-* settings (from the environment), else warnings and the
+    # metrics port line (rank 0 serves the metrics); records carry this rank.
+    (LogSettings.from_env() or LogSettings.parse([])).apply(rank=rank)
     with worker_session(rank, launch) as client:
         trainer = DistributedTrainer(
             launch.job, client, rank=rank, world_size=launch.world_size, stop_signal=stop_signal

@@ -11,6 +11,7 @@ run's model, optimizer, tables and ``LoopState``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,6 +26,8 @@ from estuary.train.plan import TrainPlan
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
 __all__ = ["KEEP_CHECKPOINTS", "Checkpointer"]
+
+logger = logging.getLogger(__name__)
 
 KEEP_CHECKPOINTS = 2
 """Checkpoints a run keeps while it trains (the newest ones, plus the full
@@ -71,10 +74,11 @@ class Checkpointer:
         full, or as a delta of the previous checkpoint (``plan_checkpoint``)."""
         t0 = time.perf_counter()
         path = self._write(state, root)
-        self._saved(state.step, time.perf_counter() - t0)
+        self._saved(path, state.step, time.perf_counter() - t0)
         return path
 
-    def _saved(self, step: int, duration_s: float) -> None:
+    def _saved(self, path: Path, step: int, duration_s: float) -> None:
+        logger.info("checkpoint of step %d in %.2f s: %s", step, duration_s, path)
         for listener in self.listeners:
             listener(step, duration_s)
 
@@ -123,7 +127,7 @@ class Checkpointer:
                     stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
             path = self._write(state)
         prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
-        self._saved(state.step, time.perf_counter() - t0)
+        self._saved(path, state.step, time.perf_counter() - t0)
         return path
 
     def load(self, path: Path, state: LoopState, *, tables: bool = True) -> None:

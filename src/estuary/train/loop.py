@@ -28,6 +28,7 @@ import numpy as np
 
 from estuary.data.types import Batch
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
+from estuary.metrics.progress import ProgressBar
 from estuary.metrics.training import TrainingMetrics
 from estuary.train.callbacks import (
     Callback,
@@ -47,13 +48,22 @@ __all__ = ["FitLoop", "evaluate_batches"]
 
 
 def evaluate_batches(
-    predict: Callable[[Batch], np.ndarray], batches: Iterator[Batch]
+    predict: Callable[[Batch], np.ndarray],
+    batches: Iterator[Batch],
+    progress: ProgressBar | None = None,
 ) -> EvalResult:
-    """AUC / logloss of ``predict`` over ``batches``."""
+    """AUC / logloss of ``predict`` over ``batches`` (counting rows on ``progress``,
+    which it closes)."""
     labels, probabilities = [], []
-    for batch in batches:
-        probabilities.append(predict(batch))
-        labels.append(batch.labels)
+    try:
+        for batch in batches:
+            probabilities.append(predict(batch))
+            labels.append(batch.labels)
+            if progress is not None:
+                progress.count(batch.num_rows)
+    finally:
+        if progress is not None:
+            progress.close()
     if not labels:
         return evaluate_predictions(np.zeros(0), np.zeros(0))
     return evaluate_predictions(np.concatenate(labels), np.concatenate(probabilities))

@@ -22,6 +22,7 @@ from estuary.config import JobSpec
 from estuary.data import DataPart, TabularDataset
 from estuary.data.types import Batch
 from estuary.metrics.evaluation import EvalResult
+from estuary.metrics.progress import ProgressBar
 from estuary.metrics.training import TrainingMetrics
 from estuary.train.build import (
     DENSE_OPTIMIZERS,
@@ -182,13 +183,15 @@ class Trainer:
         """Click probabilities float32 (B,); lookups never insert ids."""
         return self.engine.predict(batch)
 
-    def evaluate(self, part: DataPart | None = None) -> EvalResult:
-        """AUC / logloss on the eval split (or ``part``)."""
+    def evaluate(self, part: DataPart | None = None, *, progress: bool = False) -> EvalResult:
+        """AUC / logloss on the eval split (or ``part``); ``progress``: a bar of
+        rows evaluated on stderr."""
         if part is None:
             _, part = self.dataset.split()
         size = self.job.train.eval_batch_size
         batches = self.dataset.batches(part, size, shuffle=False, seed=0, epoch=0)
-        return evaluate_batches(self.predict, batches)
+        bar = ProgressBar(part.num_rows, enabled=progress, desc="eval")
+        return evaluate_batches(self.predict, batches, bar)
 
     def save_checkpoint(self, root: Path | None = None) -> Path:
         """Write model, dense optimizer and every table (full, or a delta)."""
