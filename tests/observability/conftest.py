@@ -25,6 +25,7 @@ def write_tsv(path: Path, rows: int, seed: int = 0) -> None:
 
 
 def _tiny_job(tmp_path: Path, **output: Any) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     write_tsv(tmp_path / "train.tsv", 1500)
     job = {
         "name": "tiny",
