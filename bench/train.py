@@ -1,7 +1,7 @@
 """Benchmark: Estuary's training loop against plain PyTorch, TorchRec and a dense-only bound.
 
     python bench/train.py [--json PATH] [--batches 50] [--warmup 5] [--rounds 5] [--threads 2]
-                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg,hybrid_bf16]]
+                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg,hybrid_bf16,hybrid_obs]]
 
 One model, one data set, every contender in the same run:
 
@@ -18,6 +18,11 @@ One model, one data set, every contender in the same run:
              whatever the placement policy would choose
   hybrid_bf16 (only when asked for) hybrid with ``train.precision: bf16``: the
              dense forward/backward under bfloat16 autocast
+  hybrid_obs (only when asked for) hybrid with observability on: Prometheus
+             metrics served (``output.metrics_port: 0``) and scraped every
+             second by a thread in the process (15x a usual scrape interval), and
+             the time series written (``output.timeseries_every_s: 1``); the
+             other Estuary contenders run with both off
   dense      the upper bound: the MLPs + interaction fed a fixed random (B, F, D)
              tensor (its gradient is computed, as every contender must), no
              embedding work at all
@@ -96,7 +101,7 @@ WORKER_ARGS = (
 CONTENDERS = ("hybrid", "sync", "pytorch", "torchrec", "dense")
 # Not run by default (``--contenders ...,hybrid_bg``): hybrid with its sparse work
 # forced onto background threads, to check the placement policy's choice.
-EXTRA_CONTENDERS = ("hybrid_bg", "hybrid_bf16")
+EXTRA_CONTENDERS = ("hybrid_bg", "hybrid_bf16", "hybrid_obs")
 INSTALL_HINT = "install with bench/install-extras.sh"
 
 
@@ -135,7 +140,14 @@ def make_data(folder: Path, rows: int, warmup_rows: int, zipf_a: float, seed: in
 # -- contenders (each runs in a worker subprocess) -------------------------------------
 
 
-def estuary_job(tsv: Path, out: Path, mode: str, args: argparse.Namespace, **train: str) -> Any:
+def estuary_job(
+    tsv: Path,
+    out: Path,
+    mode: str,
+    args: argparse.Namespace,
+    output: dict[str, Any] | None = None,
+    **train: str,
+) -> Any:
     from estuary.config import job_from_dict
 
     return job_from_dict(
@@ -168,21 +180,38 @@ def estuary_job(tsv: Path, out: Path, mode: str, args: argparse.Namespace, **tra
                 "dense_optimizer": {"name": "adam", "lr": DENSE_LR},
                 **train,
             },
-            "output": {"dir": str(out), "checkpoint": False, "progress": False},
+            "output": {
+                "dir": str(out),
+                "checkpoint": False,
+                "progress": False,
+                "timeseries_every_s": None,
+                **(output or {}),
+            },
         }
     )
 
 
-def run_estuary(mode: str, data: Path, args: argparse.Namespace, **train: str) -> dict[str, Any]:
+def run_estuary(
+    mode: str,
+    data: Path,
+    args: argparse.Namespace,
+    output: dict[str, Any] | None = None,
+    **train: str,
+) -> dict[str, Any]:
     """``Trainer.fit`` on the measured rows, continuing from a fit on the warm-up
     rows (tables, weights and optimizer handed over with the public
-    ``state_dict``/``load_state_dict``, as a resumed run would)."""
+    ``state_dict``/``load_state_dict``, as a resumed run would). With
+    ``output.metrics_port`` set, a thread scrapes ``/metrics`` every second
+    while the measured fit runs."""
+    import threading
+    import urllib.request
+
     from estuary.data import TabularDataset
     from estuary.train import Trainer
 
     trainers = []
     for name in ("warm", "measure"):
-        job = estuary_job(data / f"{name}.tsv", data / "out", mode, args, **train)
+        job = estuary_job(data / f"{name}.tsv", data / "out", mode, args, output, **train)
         trainers.append(Trainer(job, dataset=TabularDataset(job.data, job.base_dir)))
     warm, measured = trainers
     warm.fit(progress=False)
@@ -190,8 +219,24 @@ def run_estuary(mode: str, data: Path, args: argparse.Namespace, **train: str) -
         measured.tables[table_name].load_state_dict(table.state_dict())
     measured.model.load_state_dict(warm.model.state_dict())
     measured.optimizer.load_state_dict(warm.optimizer.state_dict())
-    result = measured.fit(progress=False)
+    done, scrapes = threading.Event(), []
+
+    def scrape() -> None:
+        while not done.wait(1.0):
+            url = measured.metrics.url
+            if url is not None:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    scrapes.append(len(response.read()))
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    if measured.job.output.metrics_port is not None:
+        scraper.start()
+    try:
+        result = measured.fit(progress=False)
+    finally:
+        done.set()
     return {
+        "scrapes": len(scrapes),
         "placement": result.extra["sparse_placement"],
         "samples_per_s": result.samples_per_s,
         "steps": result.extra["steps"],
@@ -331,6 +376,9 @@ def worker(args: argparse.Namespace) -> None:
         result = run_estuary("hybrid", data, args, sparse_placement="background")
     elif args.worker == "hybrid_bf16":
         result = run_estuary("hybrid", data, args, precision="bf16")
+    elif args.worker == "hybrid_obs":
+        observed = {"metrics_port": 0, "timeseries_every_s": 1.0}
+        result = run_estuary("hybrid", data, args, output=observed)
     elif args.worker in ("hybrid", "sync"):
         result = run_estuary(args.worker, data, args)
     elif args.worker == "torchrec" and not torchrec_available():
@@ -500,8 +548,9 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
         ):
             if other in figures:
                 ratios[key] = figures["hybrid"] / figures[other]
-        if "hybrid_bf16" in figures:
-            ratios["hybrid_bf16_vs_hybrid"] = figures["hybrid_bf16"] / figures["hybrid"]
+        for variant in ("hybrid_bf16", "hybrid_obs"):
+            if variant in figures:
+                ratios[f"{variant}_vs_hybrid"] = figures[variant] / figures["hybrid"]
 
     print(
         f"DLRM F={NUM_SPARSE} D={DIM} bottom 13-{'-'.join(map(str, BOTTOM_MLP))} "
@@ -532,7 +581,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
             f"note: {name}'s best run shared the CPUs with other processes "
             f"({best_run_noise(runs[name]):.2f} cores busy); its figure is a lower bound"
         )
-    for name in ("hybrid", "hybrid_bg", "hybrid_bf16", "sync"):
+    for name in ("hybrid", "hybrid_bg", "hybrid_bf16", "hybrid_obs", "sync"):
         if name in figures:
             best = max(runs[name], key=lambda r: r["samples_per_s"])
             print(
