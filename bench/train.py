@@ -1,7 +1,7 @@
 """Benchmark: Estuary's training loop against plain PyTorch, TorchRec and a dense-only bound.
 
     python bench/train.py [--json PATH] [--batches 50] [--warmup 5] [--rounds 5] [--threads 2]
-                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg,hybrid_bf16,hybrid_obs]]
+                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg,...]]
 
 One model, one data set, every contender in the same run:
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from tqdm import tqdm
+
 from estuary.config.errors import ConfigError
 
 __all__ = [
@@ -94,7 +96,14 @@ class JsonFormatter(logging.Formatter):
 
 
 class _StderrHandler(logging.StreamHandler):
-    """A stream handler on the current ``sys.stderr`` (tests swap it per test)."""
+    """A stream handler on the current ``sys.stderr`` (tests swap it per test);
+    records go through ``tqdm.write``, so a line never lands on a progress bar's."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
 
     @property
     def stream(self) -> Any:

@@ -311,7 +311,7 @@ class _SampleCollector(Collector):
             "estuary_train_auc_window",
             "gauge",
             "AUC of the training predictions (before each step's update) over the rows "
-            "of the last refresh interval (rank 0's rows).",
+            "of the last refresh interval (its newest 32768 at most; rank 0's rows).",
         )
         if not math.isnan(auc_window):
             auc.add_metric([], auc_window)
