@@ -12,8 +12,6 @@ import re
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from estuary.config import load_job
@@ -21,7 +19,7 @@ from estuary.metrics.prometheus import CONTENT_TYPE
 from estuary.train import Trainer
 from estuary.train.callbacks import FaultInjection, LoopState
 
-from .conftest import TinyJob
+from .conftest import DatasetJob, TinyJob
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "estuary.json"
 
@@ -56,48 +54,9 @@ def sources_run_page(root: Path, tiny_job: TinyJob) -> Exported:
     return exported
 
 
-def dataset_job(root: Path) -> Path:
-    rng = np.random.default_rng(0)
-    for hour in range(2):
-        folder = root / "data" / "20260101" / f"{hour:02d}"
-        folder.mkdir(parents=True)
-        lines = []
-        for _ in range(200):
-            c1, c2 = int(rng.integers(0, 300)), int(rng.integers(0, 20))
-            lines.append(f"{int(c1 % 3 == 0)}\t{rng.integers(0, 9)}\t{c1:x}\t{c2:x}")
-        (folder / "part-00000.tsv").write_text("\n".join(lines) + "\n")
-        (folder / "_SUCCESS").write_text("")
-    source = {
-        "name": "a",
-        "path": "data/{{YYYY}}{{MM}}{{DD}}/{{HH}}/part-*.tsv",
-        "columns": ["label", "I1", "C1", "C2"],
-        "start": "2026-01-01T00",
-        "end": "2026-01-01T02",
-    }
-    job = {
-        "data": {
-            "schema": {"dense": ["I1"], "sparse": ["C1", "C2"]},
-            "dataset": {
-                "streams": {"clicks": {"sources": [source]}},
-                "timer": {"poll_interval_s": 0.01, "ready_timeout_s": 5},
-            },
-        },
-        "model": {
-            "type": "dlrm",
-            "params": {"bottom_mlp": [4], "top_mlp": [4]},
-            "embedding": {"default": {"dim": 4}},
-        },
-        "train": {"batch_size": 16, "threads": 1, "mode": "hybrid"},
-        "output": {"dir": "run", "progress": False, "metrics_port": 0},
-    }
-    path = root / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    return path
-
-
-def dataset_run_page(root: Path) -> Exported:
+def dataset_run_page(root: Path, dataset_job: DatasetJob) -> Exported:
     """Scraped from the training thread before step 20 (hour 01's rows trained)."""
-    trainer = Trainer(load_job(dataset_job(root)))
+    trainer = Trainer(load_job(dataset_job(root, metrics_port=0)))
     trainer.metrics.refresh_s = 0.0  # a sample every step
     exported: Exported = {}
 
@@ -135,10 +94,10 @@ def labels_used(expr: str, legend: str) -> set[str]:
 
 
 def test_every_panel_queries_metrics_a_running_trainer_exports(
-    tmp_path: Path, tiny_job: TinyJob
+    tmp_path: Path, tiny_job: TinyJob, dataset_job: DatasetJob
 ) -> None:
     exported = sources_run_page(tmp_path / "sources", tiny_job)
-    for name, labels in dataset_run_page(tmp_path / "dataset").items():
+    for name, labels in dataset_run_page(tmp_path / "dataset", dataset_job).items():
         exported.setdefault(name, set()).update(labels)
     assert exported["estuary_data_lag_seconds"] == {"stream"}
     problems = []

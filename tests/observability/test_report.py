@@ -11,6 +11,7 @@ import shutil
 import struct
 import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from estuary.metrics.report import render_report
 from estuary.metrics.timeseries import TIMESERIES_FILE, TimeSeriesWriter, read_timeseries
 from estuary.train import Trainer
 
-from .conftest import TinyJob
+from .conftest import DatasetJob, TinyJob
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,21 @@ def test_a_resume_appends_a_start_with_a_restart(tmp_path: Path, tiny_job: TinyJ
     assert main(["train", str(job), "--resume"]) == 0
     starts = by_kind(tmp_path / "run")["start"]
     assert [(s["step"], s["restarts"]) for s in starts] == [(0, 0), (75, 1)]
+
+
+def test_a_dataset_run_records_data_lag_per_stream(tmp_path: Path, dataset_job: DatasetJob) -> None:
+    job = dataset_job(tmp_path, timeseries_every_s=0.01)
+    assert main(["train", str(job)]) == 0
+    samples = by_kind(tmp_path / "run")["sample"]
+    # The newest trained row's window starts at 2026-01-01T01:00Z by the end.
+    hour_01 = datetime(2026, 1, 1, 1, tzinfo=UTC).timestamp()
+    last = samples[-1]
+    assert last["data_lag_s"]["clicks"] == pytest.approx(last["time"] - hour_01, abs=1.0)
+    lags = [s["data_lag_s"]["clicks"] - (s["time"] - hour_01) for s in samples]
+    assert lags[0] == pytest.approx(3600.0, abs=1.0)  # hour 00 first: an hour more
+    assert "data_splits" in last["queues"]
+    report = render_report(tmp_path / "run")
+    assert "data_lag.png" in {p.name for p in report.images}
 
 
 def test_no_time_series_when_off(tmp_path: Path, tiny_job: TinyJob) -> None:
