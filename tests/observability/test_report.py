@@ -238,3 +238,54 @@ def test_headless_chromium_loads_every_image_of_the_report(
     images = loaded_images(browser, report.index)
     assert images[report.images[0].name] is False
     assert sum(images.values()) == len(report.images) - 1
+
+
+def test_windowed_auc_reads_the_newest_rows_of_the_interval(tmp_path: Path) -> None:
+    """The observer keeps each step's logits and labels, and the window's AUC is
+    that of the newest ``AUC_WINDOW_ROWS`` of them (older steps dropped whole)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from estuary.metrics.evaluation import roc_auc
+    from estuary.metrics.training import TrainingMetrics
+    from estuary.train.callbacks import LoopState
+    from estuary.train.observe import AUC_WINDOW_ROWS, RunObserver
+
+    engine = SimpleNamespace(
+        last_logits=None, last_labels=None, times=SimpleNamespace(as_dict=dict)
+    )
+    updater = SimpleNamespace(submitted=0, landed=0, log=SimpleNamespace(max_behind=0))
+    feed = SimpleNamespace(bad_rows=lambda: 0, newest_event_s=dict, queue_depths=dict)
+    observer = RunObserver(
+        TrainingMetrics(port=None),
+        engine,
+        feed,
+        {},
+        updater,
+        folder=tmp_path,
+        every_s=3600.0,  # no sample but the ones asked for below
+    )
+    state = LoopState()
+    observer.on_fit_start(state)
+    rng = np.random.default_rng(0)
+    batch, steps = 8192, 6  # 49,152 rows: the first two steps fall out of the window
+    scores, labels = [], []
+    for step in range(1, steps + 1):
+        y = (rng.random(batch) < 0.3).astype(np.float32)
+        # Early steps predict badly, later ones well: the window's AUC shows which it read.
+        signal = 0.0 if step <= 2 else 2.0
+        logit = rng.normal(size=batch).astype(np.float32) + signal * y
+        engine.last_logits, engine.last_labels = torch.from_numpy(logit), torch.from_numpy(y)
+        scores.append(logit)
+        labels.append(y)
+        state.step = step
+        observer.after_step(state, batch, 0.5)
+    sample = observer.sample()
+    newest = AUC_WINDOW_ROWS // batch
+    expected = roc_auc(np.concatenate(labels[-newest:]), np.concatenate(scores[-newest:]))
+    assert sample.auc_window == pytest.approx(expected)
+    assert sample.auc_window > 0.85
+    assert observer.sample().auc_window != observer.sample().auc_window  # NaN: nothing since
+    observer.close()
