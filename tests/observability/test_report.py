@@ -6,6 +6,7 @@ one, and headless Chromium loads every image of the page."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import struct
@@ -241,8 +242,9 @@ def test_headless_chromium_loads_every_image_of_the_report(
 
 
 def test_windowed_auc_reads_the_newest_rows_of_the_interval(tmp_path: Path) -> None:
-    """The observer keeps each step's logits and labels, and the window's AUC is
-    that of the newest ``AUC_WINDOW_ROWS`` of them (older steps dropped whole)."""
+    """The observer keeps each step's logits and labels; the window's AUC is that
+    of the interval's rows, the newest ``AUC_WINDOW_ROWS`` at most and
+    ``AUC_MIN_ROWS`` at least (whole steps)."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -287,5 +289,25 @@ def test_windowed_auc_reads_the_newest_rows_of_the_interval(tmp_path: Path) -> N
     expected = roc_auc(np.concatenate(labels[-newest:]), np.concatenate(scores[-newest:]))
     assert sample.auc_window == pytest.approx(expected)
     assert sample.auc_window > 0.85
-    assert observer.sample().auc_window != observer.sample().auc_window  # NaN: nothing since
+    # A short interval (512 rows) reads the newest 2,048 at least: whole steps, so
+    # the last 8,192-row step too.
+    y = (rng.random(512) < 0.3).astype(np.float32)
+    logit = rng.normal(size=512).astype(np.float32)  # no signal
+    engine.last_logits, engine.last_labels = torch.from_numpy(logit), torch.from_numpy(y)
+    state.step += 1
+    observer.after_step(state, 512, 0.5)
+    short = observer.sample().auc_window
+    expected = roc_auc(np.concatenate([labels[-1], y]), np.concatenate([scores[-1], logit]))
+    assert short == pytest.approx(expected)
+    assert math.isnan(observer.sample().auc_window)  # nothing trained since
     observer.close()
+
+
+def test_samples_come_fast_at_first_and_spread_out_to_the_configured_interval() -> None:
+    from estuary.train.observe import series_interval_s
+
+    assert series_interval_s(0.0, 10.0) == 0.25
+    assert series_interval_s(5.0, 10.0) == 0.25
+    assert series_interval_s(100.0, 10.0) == 2.5
+    assert series_interval_s(3600.0, 10.0) == 10.0
+    assert series_interval_s(0.0, 0.02) == 0.02  # a shorter setting always wins

@@ -307,7 +307,7 @@ def render_report(run_dir: Path, out: Path | None = None, *, dpi: int = 100) -> 
     path = run_dir / TIMESERIES_FILE
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path}: no time series (train with output.timeseries_every_s set; default 1 s)"
+            f"{path}: no time series (runs record one unless output.timeseries_every_s is null)"
         )
     series = RunSeries.read(path)
     out = run_dir / "report" if out is None else out

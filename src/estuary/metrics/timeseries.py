@@ -5,7 +5,7 @@ Records (every one has ``kind`` and ``time``, s since 1970)::
 
     {"kind": "start", "step": 0, "world_size": 2, "mode": "sync", "job": "criteo-dlrm",
      "restarts": 0}                                      a fit starts (a resume: restarts > 0)
-    {"kind": "sample", "step": 120, "rows": 15360,       every output.timeseries_every_s
+    {"kind": "sample", "step": 120, "rows": 15360,       0.25 s .. timeseries_every_s apart
      "loss": 0.47, "rows_per_s": 24000.0,                 loss: mean over the interval's steps
      "auc_window": 0.74, "staleness_max": 0, "bad_rows": 0,
      "stages": {"data_s": 0.1, "lookup_s": 0.2, ...},     cumulative seconds per stage

@@ -7,7 +7,7 @@ Two kinds of figure, two update paths:
   gauge sets, each a lock round trip of about a microsecond, no I/O);
 * every ``refresh_s`` seconds (``step`` returns True), a ``RunSample`` of
   figures that cost more to read (table stats take each table's lock or a
-  parameter-server round trip; data lag, queue depths, windowed AUC). ``refresh``
+  parameter-server request per table; data lag, queue depths, windowed AUC). ``refresh``
   stores the sample; a scrape renders the latest one through a custom collector
   (``_SampleCollector``) and never touches a table.
 

@@ -2,14 +2,15 @@
 
 After each step it updates the Prometheus step counters (``TrainingMetrics.step``)
 and the log context's step, and keeps a reference to the step's logits and
-labels. Every few seconds (``output.timeseries_every_s``, and the metrics'
+labels. Every so often (``series_interval_s``: every 0.25 s at first, spreading
+out to ``output.timeseries_every_s`` as the run goes; and the metrics'
 ``refresh_s``) it reads a ``RunSample`` (table stats, staleness, bad rows, data
 lag, queue depths, the AUC of the interval's predictions) and hands it to the
 metrics and to the run's time series (``timeseries.jsonl``). Checkpoints,
 evaluations and the end of the fit become records too.
 
 Cost per step: a few attribute writes and two list appends; per sample: the
-table stats (a lock per table, or one parameter-server round trip), an AUC over
+table stats (a lock per table; a parameter-server request per remote table), an AUC over
 the interval's newest rows (at most ``AUC_WINDOW_ROWS``; a sort: about 4 ms per
 20k rows on 2 cores) and one flushed line.
 """
@@ -37,11 +38,23 @@ if TYPE_CHECKING:
     from estuary.train.feeds import Feed
     from estuary.train.sparse_updates import SparseUpdater
 
-__all__ = ["AUC_WINDOW_ROWS", "RunObserver"]
+__all__ = ["AUC_MIN_ROWS", "AUC_WINDOW_ROWS", "RunObserver", "series_interval_s"]
 
 AUC_WINDOW_ROWS = 32_768
 """The windowed AUC reads at most this many of an interval's newest rows (the
 whole interval below ~32k rows/s), which bounds its sort and memory."""
+
+AUC_MIN_ROWS = 2_048
+"""...and at least this many (the newest, from earlier intervals too): an AUC of a
+few hundred rows (the tail after the last sample) is mostly noise."""
+
+
+def series_interval_s(elapsed_s: float, every_s: float) -> float:
+    """Seconds to the next sample of the series, ``elapsed_s`` into the fit: 0.25
+    at first, then 1/40 of the time so far, at most ``every_s``. A short run gets
+    enough points to plot (40 in its first 10 s), a long one a bounded file (a
+    day at ``every_s`` 10: 8,640 lines, ~20 MB with 26 tables)."""
+    return min(every_s, max(0.25, elapsed_s / 40))
 
 
 class RunObserver(Callback):
@@ -55,7 +68,8 @@ class RunObserver(Callback):
         updater: the fit's sparse updater (staleness, updates in flight).
         folder: the run folder for ``timeseries.jsonl`` (``None``: no series;
             only rank 0 writes one).
-        every_s: seconds between samples of the series.
+        every_s: the longest interval between samples of the series
+            (``series_interval_s``).
         job_name: the job's name (the series' start record).
         mode: ``train.mode`` (the series' start record).
     """
@@ -78,12 +92,13 @@ class RunObserver(Callback):
         self.folder, self.every_s = folder, every_s
         self.job_name, self.mode = job_name, mode
         self.series: TimeSeriesWriter | None = None
-        self._next_sample = math.inf
+        self._t_start, self._next_sample = 0.0, math.inf
         self._t_rate, self._rows, self._rows_at_rate = 0.0, 0, 0
         self._loss_sum, self._loss_steps = 0.0, 0
         self._logits: deque[torch.Tensor] = deque()
         self._labels: deque[torch.Tensor] = deque()
-        self._window_rows = 0
+        self._window_rows = 0  # rows held in _logits
+        self._fresh_rows = 0  # of them, rows since the last sample
         self._restarts = 0
         self._step = 0
 
@@ -105,7 +120,8 @@ class RunObserver(Callback):
                 job=self.job_name,
                 restarts=state.restarts,
             )
-            self._next_sample = time.monotonic() + self.every_s
+            self._t_start = time.monotonic()
+            self._next_sample = self._t_start + series_interval_s(0.0, self.every_s)
 
     def after_step(self, state: LoopState, rows: int, loss: float) -> None:
         LOG_CONTEXT.step = self._step = state.step
@@ -120,6 +136,7 @@ class RunObserver(Callback):
             self._logits.append(logits)
             self._labels.append(labels)
             self._window_rows += int(logits.shape[0])
+            self._fresh_rows += int(logits.shape[0])
             while self._window_rows - int(self._logits[0].shape[0]) >= AUC_WINDOW_ROWS:
                 self._window_rows -= int(self._logits.popleft().shape[0])  # keep the newest
                 self._labels.popleft()
@@ -171,21 +188,36 @@ class RunObserver(Callback):
                 queues=queues,
             )
             assert self.every_s is not None
-            self._next_sample = now + self.every_s
+            self._next_sample = now + series_interval_s(now - self._t_start, self.every_s)
         self._t_rate, self._rows_at_rate = now, self._rows
         self._loss_sum, self._loss_steps = 0.0, 0
         return sample
 
     def _window_auc(self) -> float:
-        """AUC of the predictions since the last sample (NaN: one class or none)."""
-        if not self._logits:
+        """AUC of the predictions since the last sample, or of the newest
+        ``AUC_MIN_ROWS`` when fewer came since (NaN: one class or none)."""
+        if self._fresh_rows == 0:
             return math.nan
-        scores = torch.cat(list(self._logits)).float().cpu().numpy()  # (N,)
-        labels = torch.cat(list(self._labels)).float().cpu().numpy()  # (N,)
-        self._logits.clear()
-        self._labels.clear()
-        self._window_rows = 0
-        return roc_auc(labels.astype(np.float32), scores)
+        want = max(self._fresh_rows, AUC_MIN_ROWS)
+        logits: list[torch.Tensor] = []
+        labels: list[torch.Tensor] = []
+        rows = 0
+        for step_logits, step_labels in zip(
+            reversed(self._logits), reversed(self._labels), strict=True
+        ):
+            if rows >= want:
+                break
+            logits.append(step_logits)
+            labels.append(step_labels)
+            rows += int(step_logits.shape[0])
+        scores = torch.cat(logits).float().cpu().numpy()  # (N,)
+        truth = torch.cat(labels).float().cpu().numpy()  # (N,)
+        # Keep the newest steps holding AUC_MIN_ROWS rows for a short next interval.
+        while self._logits and self._window_rows - int(self._logits[0].shape[0]) >= AUC_MIN_ROWS:
+            self._window_rows -= int(self._logits.popleft().shape[0])
+            self._labels.popleft()
+        self._fresh_rows = 0
+        return roc_auc(truth.astype(np.float32), scores)
 
     def checkpointed(self, step: int, duration_s: float) -> None:
         """A checkpoint of ``step`` was written in ``duration_s`` seconds."""
