@@ -1,7 +1,8 @@
 """Benchmark: Estuary's training loop against plain PyTorch, TorchRec and a dense-only bound.
 
     python bench/train.py [--json PATH] [--batches 50] [--warmup 5] [--rounds 5] [--threads 2]
-                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg,...]]
+                          [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg,hybrid_bf16,
+                                        hybrid_obs,local_2x2,ray_2x2]]
 
 One model, one data set, every contender in the same run:
 
@@ -23,6 +24,10 @@ One model, one data set, every contender in the same run:
              second by a thread in the process (15x a usual scrape interval), and
              the time series written at its default cadence (every 0.25 s in a
              run this short); the other Estuary contenders run with both off
+  local_2x2  (only when asked for) 2 trainers and 2 PS shards as local processes
+             (``runtime.run``, hybrid, batch_size / 2 per trainer) over the
+             warm-up and measured rows; rank 0's rows/s of its training loop
+  ray_2x2    (only when asked for) the same as Ray actors on a local Ray instance
   dense      the upper bound: the MLPs + interaction fed a fixed random (B, F, D)
              tensor (its gradient is computed, as every contender must), no
              embedding work at all
@@ -97,11 +102,14 @@ WORKER_ARGS = (
     "staleness",
     "seed",
     "pytorch_optimizer",
+    "checkpoint_every",
 )
 CONTENDERS = ("hybrid", "sync", "pytorch", "torchrec", "dense")
 # Not run by default (``--contenders ...,hybrid_bg``): hybrid with its sparse work
-# forced onto background threads, to check the placement policy's choice.
-EXTRA_CONTENDERS = ("hybrid_bg", "hybrid_bf16", "hybrid_obs")
+# forced onto background threads, to check the placement policy's choice; the
+# multi-process runtimes (2 trainers and 2 PS shards, local processes or Ray actors).
+EXTRA_CONTENDERS = ("hybrid_bg", "hybrid_bf16", "hybrid_obs", "local_2x2", "ray_2x2")
+CLUSTER_CONTENDERS = {"local_2x2": "local", "ray_2x2": "ray"}
 INSTALL_HINT = "install with bench/install-extras.sh"
 
 
@@ -250,6 +258,58 @@ def run_estuary(
     }
 
 
+def run_cluster(backend: str, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``estuary.runtime.run`` with 2 trainers (hybrid, ``--batch-size / 2`` rows
+    each, so a step is still ``--batch-size`` rows; one torch thread each) and 2 PS
+    shards, on the ``local`` or ``ray`` backend, over the warm-up and the measured
+    rows together. The figure is rank 0's ``samples_per_s`` of a run without
+    checkpoints: rows over the training loop's wall time, so process start-up
+    (Ray's included) is not in it, while the first steps are, in both
+    contenders alike. Two more runs checkpoint every ``--checkpoint-every`` steps,
+    blocking and asynchronous (``output.checkpoint_async``): their mean training
+    time per checkpoint is ``blocking_checkpoint_s`` and ``async_stall_s``."""
+    from dataclasses import replace
+
+    from estuary import runtime
+
+    tsv = data / "all.tsv"
+    if not tsv.exists():
+        tsv.write_bytes((data / "warm.tsv").read_bytes() + (data / "measure.tsv").read_bytes())
+    if backend == "ray":  # one local instance for the three runs (RayRuntime joins it)
+        import ray
+
+        ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
+    base = estuary_job(tsv, data / f"out-{backend}", "hybrid", args)
+    job = replace(
+        base,
+        train=replace(base.train, batch_size=args.batch_size // 2, threads=1),
+        runtime=replace(base.runtime, backend=backend, trainers=2, ps_shards=2),
+    )
+    result = runtime.run(job, progress=False)
+    per_checkpoint = {}
+    for mode in ("blocking", "async"):
+        output = replace(
+            job.output,
+            checkpoint=True,
+            checkpoint_every_steps=args.checkpoint_every,
+            checkpoint_async=mode == "async",
+            dir=str(data / f"ckpt-{backend}-{mode}"),
+        )
+        timed = runtime.run(replace(job, output=output), progress=False).extra
+        per_checkpoint[mode] = timed["checkpoint_stall_s"] / max(1, timed["checkpoints"])
+        per_checkpoint[f"{mode}_write"] = timed["checkpoint_write_s"] / max(1, timed["checkpoints"])
+    return {
+        "placement": result.extra["sparse_placement"],
+        "samples_per_s": result.samples_per_s,
+        "steps": result.extra["steps"],
+        "profile": result.profile,
+        "max_staleness_seen": result.extra.get("max_staleness_seen"),
+        "blocking_checkpoint_s": per_checkpoint["blocking"],
+        "async_stall_s": per_checkpoint["async"],
+        "async_write_s": per_checkpoint["async_write"],
+    }
+
+
 class TorchBatches:
     """The measured rows as ready tensors: dense (B, Dd), labels (B,), ids (F, B)."""
 
@@ -384,6 +444,8 @@ def worker(args: argparse.Namespace) -> None:
     elif args.worker == "hybrid_obs":
         observed = {"metrics_port": 0, "timeseries_every_s": 10.0}  # the default
         result = run_estuary("hybrid", data, args, output=observed)
+    elif args.worker in CLUSTER_CONTENDERS:
+        result = run_cluster(CLUSTER_CONTENDERS[args.worker], data, args)
     elif args.worker in ("hybrid", "sync"):
         result = run_estuary(args.worker, data, args)
     elif args.worker == "torchrec" and not torchrec_available():
@@ -472,6 +534,12 @@ def main() -> None:
         help="rerun a contender whose best run had others busier than this",
     )
     parser.add_argument("--retries", type=int, default=3, help="such reruns per contender")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=5,
+        help="local_2x2 / ray_2x2: steps between checkpoints in their checkpoint runs",
+    )
     parser.add_argument("--zipf-a", type=float, default=1.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -556,6 +624,15 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
         for variant in ("hybrid_bf16", "hybrid_obs"):
             if variant in figures:
                 ratios[f"{variant}_vs_hybrid"] = figures[variant] / figures["hybrid"]
+    if "local_2x2" in figures and "ray_2x2" in figures:
+        ratios["ray_vs_local_2x2"] = figures["ray_2x2"] / figures["local_2x2"]
+    stalls = [
+        (min(r["async_stall_s"] for r in runs[n]), min(r["blocking_checkpoint_s"] for r in runs[n]))
+        for n in ("local_2x2", "ray_2x2")
+        if n in figures
+    ]
+    if stalls:  # the worse contender's best rounds: an async stall over a blocking checkpoint
+        ratios["async_checkpoint_stall"] = max(stall / block for stall, block in stalls)
 
     print(
         f"DLRM F={NUM_SPARSE} D={DIM} bottom 13-{'-'.join(map(str, BOTTOM_MLP))} "
@@ -586,7 +663,17 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
             f"note: {name}'s best run shared the CPUs with other processes "
             f"({best_run_noise(runs[name]):.2f} cores busy); its figure is a lower bound"
         )
-    for name in ("hybrid", "hybrid_bg", "hybrid_bf16", "hybrid_obs", "sync"):
+    for name in ("local_2x2", "ray_2x2"):
+        if name in figures:
+            print(
+                f"{name}: checkpoint every {args.checkpoint_every} steps, per checkpoint "
+                "(best round): blocking "
+                f"{min(r['blocking_checkpoint_s'] for r in runs[name]) * 1e3:.0f} ms, "
+                f"asynchronous stall {min(r['async_stall_s'] for r in runs[name]) * 1e3:.0f} ms "
+                f"(written in {min(r['async_write_s'] for r in runs[name]) * 1e3:.0f} ms)"
+            )
+    estuary = ("hybrid", "hybrid_bg", "hybrid_bf16", "hybrid_obs", "sync", "local_2x2", "ray_2x2")
+    for name in estuary:
         if name in figures:
             best = max(runs[name], key=lambda r: r["samples_per_s"])
             print(
@@ -615,7 +702,15 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
                 name: [
                     {
                         k: r[k]
-                        for k in ("samples_per_s", "others_cores", "placement", "profile")
+                        for k in (
+                            "samples_per_s",
+                            "others_cores",
+                            "placement",
+                            "profile",
+                            "blocking_checkpoint_s",
+                            "async_stall_s",
+                            "async_write_s",
+                        )
                         if k in r
                     }
                     for r in rs

@@ -140,3 +140,4 @@ RUNTIMES: Registry[Any] = Registry(
     unknown="unknown backend {name!r} (known: {known})",
 )
 RUNTIMES.register("local", "estuary.runtime.local:LocalRuntime")
+RUNTIMES.register("ray", "estuary.runtime.ray:RayRuntime", extra="ray", package="ray")

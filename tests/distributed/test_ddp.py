@@ -80,13 +80,19 @@ def by_id(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: state[k][order] for k in ("ids", "weights", "opt.accum")}
 
 
-def test_two_trainers_equal_one_step_of_the_summed_gradients(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ps_shards", [1, 2])
+def test_two_trainers_equal_one_step_of_the_summed_gradients(
+    tmp_path: Path, ps_shards: int
+) -> None:
+    """Also with the tables split across two parameter servers (``ps_shards``)."""
     job_path = write_job(tmp_path)  # 195 train rows -> 97 per rank, 7 steps x 2 epochs
     start = time.monotonic()
-    assert main(["train", str(job_path), "--nproc", str(WORLD), "--no-progress"]) == 0
+    args = ["--nproc", str(WORLD), "--set", f"runtime.ps_shards={ps_shards}", "--no-progress"]
+    assert main(["train", str(job_path), *args]) == 0
     wall_s = time.monotonic() - start
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["trainers"] == WORLD and summary["train_rows"] == 2 * 194
+    assert summary["ps_shards"] == ps_shards
     assert summary["ps_applied_steps"] == summary["steps"] == 14  # every step, once
     assert summary["ps_duplicate_pushes"] == 0
 
@@ -103,7 +109,11 @@ def test_two_trainers_equal_one_step_of_the_summed_gradients(tmp_path: Path) -> 
         np.testing.assert_allclose(got["weights"], want["weights"], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got["opt.accum"], want["opt.accum"], rtol=1e-5, atol=1e-7)
     assert summary["auc"] == pytest.approx(reference.evaluate().auc, abs=1e-6)
-    print(f"2-trainer run: {wall_s:.1f} s")
+    print(f"2-trainer run, {ps_shards} server(s): {wall_s:.1f} s")
+    if ps_shards > 1:  # the split checkpoint loads into one in-memory trainer
+        alone = Trainer(job)
+        alone.load_checkpoint(tmp_path / "out")
+        assert alone.evaluate().auc == pytest.approx(summary["auc"], abs=1e-9)
 
 
 def test_a_failing_trainer_stops_the_run_with_its_rank_and_cause(tmp_path: Path) -> None:

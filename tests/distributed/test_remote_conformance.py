@@ -1,5 +1,5 @@
-"""``RemoteTable`` passes the ``EmbeddingStore`` conformance suite
-(``estuary.testing.stores``) against a real in-process server."""
+"""``RemoteTable`` and ``ShardedTable`` pass the ``EmbeddingStore`` conformance
+suite (``estuary.testing.stores``) against real in-process servers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ from dataclasses import replace
 import pytest
 
 from estuary.config.spec import TableSpec
-from estuary.ps import HostedTable, PSClient, RemoteTable, ServerConfig, serving
+from estuary.ps import (
+    HostedTable,
+    PSClient,
+    RemoteTable,
+    ServerConfig,
+    ShardedPSClient,
+    ShardedTable,
+    server_share,
+    serving,
+)
 from estuary.testing.stores import StoreConformance
 
 
@@ -26,6 +35,25 @@ class TestRemoteTable(StoreConformance):
                 config = ServerConfig({"t": hosted}, world_size=1, staleness=None)
                 server = stack.enter_context(serving(config))
                 client = PSClient(server.address, server.authkey, timeout_s=30)
+                stack.callback(client.close)
+                return client.table("t")
+
+            yield factory
+
+
+class TestShardedTable(StoreConformance):
+    @pytest.fixture(params=[2, 3], ids=["servers2", "servers3"])
+    def make(self, request: pytest.FixtureRequest) -> Iterator[Callable[[TableSpec], ShardedTable]]:
+        """Each call: 2 or 3 fresh servers splitting one table ``t`` by id."""
+        with contextlib.ExitStack() as stack:
+
+            def factory(spec: TableSpec) -> ShardedTable:
+                hosted = server_share(HostedTable(replace(spec, shards=2), seed=5), request.param)
+                config = ServerConfig({"t": hosted}, world_size=1, staleness=None)
+                started = [stack.enter_context(serving(config)) for _ in range(request.param)]
+                client = ShardedPSClient(
+                    [PSClient(s.address, s.authkey, timeout_s=30) for s in started]
+                )
                 stack.callback(client.close)
                 return client.table("t")
 

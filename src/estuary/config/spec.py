@@ -54,6 +54,8 @@ __all__ = [
     "OptimizerName",
     "OutputSpec",
     "PoolingName",
+    "RaySpec",
+    "RoleResources",
     "RuntimeSpec",
     "SchemaSpec",
     "SourceSpec",
@@ -277,25 +279,102 @@ class TrainSpec:
 
 
 @dataclass(frozen=True)
+class RoleResources:
+    """What one process of a role asks of the cluster (the Ray runtime places it
+    where these are free).
+
+    Args:
+        cpus: logical CPUs (fractions allowed); a trainer also runs this many
+            torch threads (unless ``train.threads``).
+        gpus: GPUs (a CUDA dense model needs 1 per trainer).
+        memory_mb: memory reserved for it; ``None`` = none reserved.
+    """
+
+    cpus: float = 1.0
+    gpus: float = 0.0
+    memory_mb: int | None = None
+
+    def validate(self, path: str) -> None:
+        if self.cpus <= 0:
+            raise ConfigError(f"{path}.cpus", "must be > 0")
+        if self.gpus < 0:
+            raise ConfigError(f"{path}.gpus", "must be >= 0")
+        if self.memory_mb is not None and self.memory_mb < 1:
+            raise ConfigError(f"{path}.memory_mb", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class RaySpec:
+    """Settings of ``runtime.backend: ray``.
+
+    Args:
+        address: the cluster to join: ``null`` starts a local Ray instance (or
+            uses the one this process already runs), ``auto`` the one ``ray
+            start`` runs on this machine, ``HOST:PORT`` a head node, ``ray://
+            HOST:10001`` a Ray Client server.
+        num_cpus: CPUs of a local instance this run starts (``null``: this
+            machine's count, or what the roles ask if that is more).
+        placement_timeout_s: longest wait for the cluster to fit every role
+            (all together, or none) before failing with what each asked.
+        trainer: resources of each trainer.
+        ps: resources of each parameter-server shard.
+    """
+
+    address: str | None = None
+    num_cpus: int | None = None
+    placement_timeout_s: float = 60.0
+    trainer: RoleResources = field(default_factory=RoleResources)
+    ps: RoleResources = field(default_factory=RoleResources)
+
+    def validate(self, path: str) -> None:
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError(f"{path}.num_cpus", "must be >= 1")
+        if self.placement_timeout_s <= 0:
+            raise ConfigError(f"{path}.placement_timeout_s", "must be > 0")
+        self.trainer.validate(f"{path}.trainer")
+        self.ps.validate(f"{path}.ps")
+
+
+@dataclass(frozen=True)
 class RuntimeSpec:
     """Where the job runs.
 
     Args:
         backend: the runtime backend, a name in ``estuary.plugins.RUNTIMES``:
             ``local`` runs on this machine, no extra dependencies.
-        trainers: trainer processes on this machine. 1 = one process with the
+        trainers: trainer processes. 1 = one process with the
             tables in memory; W > 1 = W trainers (dense model replicated, gradients
             averaged) sharing tables on a parameter-server process;
             ``train.batch_size`` is then per trainer.
+        ps_shards: parameter-server processes the tables are split across (ids
+            routed by a stable hash). 1 with one trainer: tables in the trainer's
+            memory; N > 1 (any trainer count): N server processes.
+        max_restarts: how often a failed role (trainer, server) is restarted,
+            the run continuing from the newest checkpoint, before the job fails;
+            0 = fail at the first failure.
+        ray: settings of ``backend: ray``.
     """
 
     backend: str = "local"
     trainers: int = 1
+    ps_shards: int = 1
+    max_restarts: int = 0
+    ray: RaySpec = field(default_factory=RaySpec)
 
     def validate(self, path: str) -> None:
         RUNTIMES.check(self.backend, f"{path}.backend")
         if self.trainers < 1:
             raise ConfigError(f"{path}.trainers", "must be >= 1")
+        if self.ps_shards < 1:
+            raise ConfigError(f"{path}.ps_shards", "must be >= 1")
+        if self.max_restarts < 0:
+            raise ConfigError(f"{path}.max_restarts", "must be >= 0")
+        self.ray.validate(f"{path}.ray")
+
+    @property
+    def uses_servers(self) -> bool:
+        """Whether the tables live on parameter-server processes."""
+        return self.trainers > 1 or self.ps_shards > 1
 
 
 @dataclass(frozen=True)
@@ -314,6 +393,10 @@ class OutputSpec:
             snapshot; the ones between are deltas (table rows changed and ids
             evicted since the previous checkpoint; dense model and optimizer in
             full). ``1`` = every checkpoint is full.
+        checkpoint_async: mid-run checkpoints (``checkpoint_every_steps``) stall
+            training only while the state of one step is copied; the files are
+            written in the background (tables held by parameter servers: by
+            each server, its own part) while training goes on.
         metrics_port: serve Prometheus metrics at ``http://HOST:PORT/metrics``
             while training (rank 0 of a multi-trainer run); ``0`` picks a free
             port (logged); ``null`` = off.
@@ -330,6 +413,7 @@ class OutputSpec:
     progress: bool = True
     checkpoint_every_steps: int | None = None
     checkpoint_full_every: int = 1
+    checkpoint_async: bool = False
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     timeseries_every_s: float | None = 10.0

@@ -48,7 +48,7 @@ import os
 import numpy as np
 from numba import njit
 
-from estuary.embedding.hashing import as_ids, route
+from estuary.embedding.hashing import SERVER_SALT, as_ids, route
 from estuary.embedding.types import Int64Array
 
 IDS = "ids"
@@ -200,6 +200,29 @@ def merge_states(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
+def merge_server_parts(parts: list[dict[str, np.ndarray]], name: str) -> dict[str, np.ndarray]:
+    """The parts of one table held by several parameter servers (each a whole
+    table state or delta with its own chain keys) -> one state: ``merge_states``
+    of the rows, and server 0's chain keys (the servers advance together).
+
+    Raises:
+        ValueError: the parts' chain versions or keys differ (a server was
+            replaced, or the parts are of different checkpoints).
+    """
+    versions = {int(p[VERSION][0]) for p in parts if VERSION in p}
+    if len(versions) > 1:
+        raise ValueError(
+            f"table {name!r}: its parts are at chain versions {sorted(versions)}; the "
+            "servers advance together unless a server was replaced"
+        )
+    keys = [sorted(p) for p in parts]
+    if any(k != keys[0] for k in keys):
+        raise ValueError(f"table {name!r}: its parts hold different keys")
+    chain = {k: v for k, v in parts[0].items() if k.startswith(CHAIN_PREFIX)}
+    rows = [{k: v for k, v in p.items() if not k.startswith(CHAIN_PREFIX)} for p in parts]
+    return {**merge_states(rows), **chain}
+
+
 def split_state(state: dict[str, np.ndarray], n_shards: int) -> list[dict[str, np.ndarray]]:
     """A table state (or delta) saved with any shard count -> one part per shard.
 
@@ -209,26 +232,54 @@ def split_state(state: dict[str, np.ndarray], n_shards: int) -> list[dict[str, n
     otherwise unknown rows are averaged and ``meta.*`` takes the maximum. Chain
     keys (``delta.*``) belong to the table and are left out.
     """
+    return _split(state, n_shards, salt=None, shards_per_part=None)
+
+
+def split_for_servers(
+    state: dict[str, np.ndarray], n_servers: int, shards_per_server: int
+) -> list[dict[str, np.ndarray]]:
+    """A table state (or delta) of any shard count -> one part per parameter-server
+    process (ids routed with ``SERVER_SALT``), each a whole table state its server
+    loads into its own ``shards_per_server`` shards.
+
+    Per-shard keys: a state of ``n_servers x shards_per_server`` shards (one saved
+    by the same servers: ``merge_states`` of their parts) gives each server its own
+    back; any other count goes whole to every server, whose table averages it.
+    Chain keys (``delta.*``) go to every part: the servers adopt one chain.
+    """
+    return _split(state, n_servers, salt=SERVER_SALT, shards_per_part=shards_per_server)
+
+
+def _split(
+    state: dict[str, np.ndarray], n_parts: int, *, salt: int | None, shards_per_part: int | None
+) -> list[dict[str, np.ndarray]]:
+    # shards_per_part None: the parts are shards (leaves); else whole tables.
     stacked = {
         k: np.asarray(v) for k, v in state.items() if k.startswith((UNKNOWN_PREFIX, META_PREFIX))
     }
-    same_count = all(v.shape[0] == n_shards for v in stacked.values())
-    # Positions each shard takes, per routing key (one counting sort each).
+    per = 1 if shards_per_part is None else shards_per_part
+    same_count = all(v.shape[0] == n_parts * per for v in stacked.values())
+    # Positions each part takes, per routing key (one counting sort each).
     picks: dict[str, list[Int64Array]] = {}
     for owner_key in (IDS, PENDING_IDS, EVICTED_IDS):
-        if owner_key in state and n_shards > 1:
-            order, offsets = route(as_ids(state[owner_key]), n_shards)
-            picks[owner_key] = [order[offsets[k] : offsets[k + 1]] for k in range(n_shards)]
-    parts: list[dict[str, np.ndarray]] = [{} for _ in range(n_shards)]
+        if owner_key in state and n_parts > 1:
+            order, offsets = route(as_ids(state[owner_key]), n_parts, salt=salt)
+            picks[owner_key] = [order[offsets[k] : offsets[k + 1]] for k in range(n_parts)]
+    parts: list[dict[str, np.ndarray]] = [{} for _ in range(n_parts)]
     for key, value in state.items():
-        if key.startswith(CHAIN_PREFIX):
-            continue
         arr = np.asarray(value)
+        if key.startswith(CHAIN_PREFIX):
+            if shards_per_part is not None:
+                for part in parts:
+                    part[key] = arr
+            continue
         owner_key = PENDING_IDS if key in _PENDING else EVICTED_IDS if key == EVICTED_IDS else IDS
         for k, part in enumerate(parts):
             if key in stacked:
                 if same_count:
-                    part[key] = arr[k : k + 1]
+                    part[key] = arr[k * per : (k + 1) * per]
+                elif shards_per_part is not None:
+                    part[key] = arr
                 elif key.startswith(UNKNOWN_PREFIX):
                     part[key] = arr.mean(axis=0, keepdims=True)
                 else:

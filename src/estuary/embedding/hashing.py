@@ -26,6 +26,10 @@ _S11 = np.uint64(11)
 # a shard would share the low k bits of its probe hash and crowd a 1/2^k slice of
 # the shard's buckets. XOR-ing a salt before mixing gives an independent hash.
 _ROUTE_SALT = np.uint64(0x5851F42D4C957F2D)
+# Server routing (which parameter-server process owns an id) is independent of the
+# shard routing inside a process: with one salt, every id of server p would land in
+# the same shard of that server whenever the counts share a factor.
+SERVER_SALT = 0x2545F4914F6CDD1D
 _INV_2_53 = 1.0 / 9007199254740992.0  # 2**-53
 
 
@@ -58,12 +62,14 @@ def unit_float(seed: np.uint64, key: np.int64, counter: np.uint64) -> float:
 
 
 @njit(cache=True, nogil=True)
-def _route_kernel(ids: Int64Array, n_shards: int, order: Int64Array, offsets: Int64Array) -> None:
+def _route_kernel(
+    ids: Int64Array, n_shards: int, salt: np.uint64, order: Int64Array, offsets: Int64Array
+) -> None:
     # Counting sort by shard: two passes over ids, no Python per id.
     shard = np.empty(ids.size, np.int64)
     n_u = np.uint64(n_shards)
     for i in range(ids.size):
-        s = np.int64(mix64(np.uint64(ids[i]) ^ _ROUTE_SALT) % n_u)
+        s = np.int64(mix64(np.uint64(ids[i]) ^ salt) % n_u)
         shard[i] = s
         offsets[s + 1] += 1
     for k in range(n_shards):
@@ -76,18 +82,22 @@ def _route_kernel(ids: Int64Array, n_shards: int, order: Int64Array, offsets: In
 
 
 @njit(cache=True, nogil=True)
-def _shard_of_kernel(ids: Int64Array, n_shards: int, out: Int64Array) -> None:
+def _shard_of_kernel(ids: Int64Array, n_shards: int, salt: np.uint64, out: Int64Array) -> None:
     n_u = np.uint64(n_shards)
     for i in range(ids.size):
-        out[i] = np.int64(mix64(np.uint64(ids[i]) ^ _ROUTE_SALT) % n_u)
+        out[i] = np.int64(mix64(np.uint64(ids[i]) ^ salt) % n_u)
 
 
-def route(ids: Int64Array, n_shards: int) -> tuple[Int64Array, Int64Array]:
+def route(
+    ids: Int64Array, n_shards: int, *, salt: int | None = None
+) -> tuple[Int64Array, Int64Array]:
     """Group ids by shard (stable within a shard).
 
     Args:
         ids: int64 (N,).
         n_shards: number of shards S (>= 1).
+        salt: another independent routing (``SERVER_SALT``: parameter-server
+            processes); default: the shards of a table.
 
     Returns:
         ``order`` int64 (N,): positions into ``ids``, shard 0's first;
@@ -95,15 +105,19 @@ def route(ids: Int64Array, n_shards: int) -> tuple[Int64Array, Int64Array]:
     """
     order = np.empty(ids.size, np.int64)
     offsets = np.zeros(n_shards + 1, np.int64)
-    _route_kernel(ids, n_shards, order, offsets)
+    _route_kernel(ids, n_shards, _salt(salt), order, offsets)
     return order, offsets
 
 
-def shard_of(ids: Int64Array, n_shards: int) -> Int64Array:
-    """The shard (0..S-1) that owns each id, int64 (N,)."""
+def shard_of(ids: Int64Array, n_shards: int, *, salt: int | None = None) -> Int64Array:
+    """The shard (0..S-1) that owns each id, int64 (N,) (``salt``: as ``route``)."""
     out = np.empty(ids.size, np.int64)
-    _shard_of_kernel(ids, n_shards, out)
+    _shard_of_kernel(ids, n_shards, _salt(salt), out)
     return out
+
+
+def _salt(salt: int | None) -> np.uint64:
+    return _ROUTE_SALT if salt is None else np.uint64(salt)
 
 
 def table_seed(seed: int, name: str) -> int:

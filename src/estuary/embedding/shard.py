@@ -21,6 +21,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +60,47 @@ __all__ = ["IDS", "PENDING_COUNTS", "PENDING_IDS", "UNKNOWN_PREFIX", "WEIGHTS", 
 
 State = dict[str, np.ndarray]
 _UNKNOWN_ROWS = np.array([UNKNOWN_ROW], np.int64)
+
+
+def _gather(array: Float32Array, rows: Int64Array, dim: int, opt: Any, prefix: str) -> State:
+    """Weights and optimizer state of ``rows`` of a storage ``array``."""
+    state: State = {prefix + WEIGHTS: array[rows, :dim]}
+    for name in opt.state_names:
+        state[f"{prefix}{OPT_PREFIX}{name}"] = array[rows, opt.columns(name)]
+    for name in opt.scalar_names:
+        state[f"{prefix}{OPT_PREFIX}{name}"] = array[rows, opt.columns(name).start]
+    return state
+
+
+@dataclass(frozen=True)
+class RawExport:
+    """A shard's state copied under its lock, gathered later (``materialize``).
+
+    ``rows`` are storage rows (all rows in use, or the dirty ones), ``picked``
+    the positions in ``rows`` of the exported ids ``ids``; ``stamps``, ``freq``,
+    ``touch`` are aligned with ``rows`` (``None`` where the table keeps none);
+    ``small`` the per-shard keys, already final."""
+
+    dim: int
+    optimizer: Any
+    rows: Float32Array
+    picked: Int64Array
+    ids: Int64Array
+    stamps: Int64Array
+    freq: Any
+    touch: Any
+    small: State
+
+    def materialize(self) -> State:
+        state = _gather(self.rows, self.picked, self.dim, self.optimizer, "")
+        state[IDS] = self.ids
+        state[STAMP] = self.stamps[self.picked]
+        if self.freq is not None:
+            state[FREQ] = self.freq[self.picked]
+        if self.touch is not None:
+            state[TOUCH_S] = self.touch[self.picked]
+        state.update(self.small)
+        return state
 
 
 class EmbeddingShard:
@@ -402,48 +445,53 @@ class EmbeddingShard:
     def export_state(self, *, dirty_only: bool, mark: bool) -> State:
         """This shard's part of a table state (no chain keys); ``dirty_only`` keeps
         only rows stamped since the last mark and adds ``evicted_ids``."""
+        return self.export_raw(dirty_only=dirty_only, mark=mark).materialize()
+
+    def export_raw(self, *, dirty_only: bool, mark: bool) -> RawExport:
+        """``export_state`` in two halves: under the lock, contiguous copies of the
+        rows in use (a memcpy: the stall of a snapshot); ``materialize()`` then
+        gathers the state from the copies, off the lock, on any thread."""
         with self._lock:
+            end = self._index.slot_end
             if dirty_only:
-                stamp = self._storage.stamp[: self._index.slot_end]
+                stamp = self._storage.stamp[:end]
                 slots = np.empty(stamp.size, np.int64)
                 slots = slots[: dirty_slots(stamp, self._clean_stamp, slots)]
                 ids = self._storage.owner[slots]
+                # Few rows: gather them now (the copy of every row would cost more).
+                rows = self._storage.array[slots]
+                picked = np.arange(slots.size, dtype=np.int64)
+                stamps, freq, touch = (
+                    self._storage.stamp[slots],
+                    self._storage.freq[slots] if self._policy.lfu else None,
+                    self._storage.touch_s[slots] if self._policy.keep_time else None,
+                )
             else:
-                ids, slots = self._index.items()
-            state = self._rows_state(slots, "")
-            state[IDS] = ids
-            state[STAMP] = self._storage.stamp[slots]
-            if self._policy.lfu:
-                state[FREQ] = self._storage.freq[slots]
-            if self._policy.keep_time:
-                state[TOUCH_S] = self._storage.touch_s[slots]
-            state.update(self._rows_state(_UNKNOWN_ROWS, UNKNOWN_PREFIX))
+                ids, picked = self._index.items()
+                rows = self._storage.array[:end].copy()
+                stamps = self._storage.stamp[:end].copy()
+                freq = self._storage.freq[:end].copy() if self._policy.lfu else None
+                touch = self._storage.touch_s[:end].copy() if self._policy.keep_time else None
+            small = self._rows_state(_UNKNOWN_ROWS, UNKNOWN_PREFIX)
             pending = self._admission.state_dict()
-            state[PENDING_IDS] = pending["ids"]
-            state[PENDING_COUNTS] = pending["counts"]
-            state[CLOCK] = scalar(self._clock.value)
-            state[AGING] = scalar(self._policy.aging)
-            state[AGING_TOUCHES] = scalar(self._policy.aging_touches)
+            small[PENDING_IDS] = pending["ids"]
+            small[PENDING_COUNTS] = pending["counts"]
+            small[CLOCK] = scalar(self._clock.value)
+            small[AGING] = scalar(self._policy.aging)
+            small[AGING_TOUCHES] = scalar(self._policy.aging_touches)
             if dirty_only:
                 gone = np.unique(self._log.ids())
-                state[EVICTED_IDS] = gone[self._index.lookup(gone) < 0]  # not back since
+                small[EVICTED_IDS] = gone[self._index.lookup(gone) < 0]  # not back since
             if mark:
                 self._mark()
-            return state
+        return RawExport(self.dim, self._optimizer, rows, picked, ids, stamps, freq, touch, small)
 
     def _mark(self) -> None:
         self._clean_stamp = self._clock.value
         self._log.clear()
 
     def _rows_state(self, rows: Int64Array, prefix: str) -> State:
-        arr = self._storage.array
-        opt = self._optimizer
-        state: State = {prefix + WEIGHTS: arr[rows, : self.dim]}
-        for name in opt.state_names:
-            state[f"{prefix}{OPT_PREFIX}{name}"] = arr[rows, opt.columns(name)]
-        for name in opt.scalar_names:
-            state[f"{prefix}{OPT_PREFIX}{name}"] = arr[rows, opt.columns(name).start]
-        return state
+        return _gather(self._storage.array, rows, self.dim, self._optimizer, prefix)
 
     def import_state(self, state: State, *, delta: bool) -> None:
         """Load a full state part (``delta=False``: replaces every row) or apply a

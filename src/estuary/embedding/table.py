@@ -26,11 +26,24 @@ import numpy as np
 from estuary.config.spec import TableSpec
 from estuary.embedding.delta import DeltaChain, is_full, merge_states, split_state
 from estuary.embedding.hashing import as_ids, route
-from estuary.embedding.shard import EmbeddingShard
+from estuary.embedding.shard import EmbeddingShard, RawExport
 from estuary.embedding.storage import rows_out
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 
 State = dict[str, np.ndarray]
+
+
+class TableSnapshot:
+    """A table's state or delta taken at one moment (``EmbeddingTable.snapshot``):
+    ``chain`` (its ``delta.*`` keys) at once, the arrays from ``materialize()``."""
+
+    def __init__(self, parts: list[RawExport], chain: State) -> None:
+        self._parts = parts
+        self.chain = chain
+
+    def materialize(self) -> State:
+        """The state dict (as ``state_dict`` / ``delta_state_dict`` return it)."""
+        return {**merge_states([p.materialize() for p in self._parts]), **self.chain}
 
 
 class EmbeddingTable:
@@ -167,10 +180,10 @@ class EmbeddingTable:
         """All rows and state, the shards' parts merged (layout:
         ``estuary.embedding.delta``). ``mark_clean`` starts a new delta interval
         and chain version."""
-        parts = [s.export_state(dirty_only=False, mark=mark_clean) for s in self.shards]
+        parts = [s.export_raw(dirty_only=False, mark=mark_clean) for s in self.shards]
         if mark_clean:
             self._chain.advance()
-        return {**merge_states(parts), **self._chain.keys()}
+        return TableSnapshot(parts, self._chain.keys()).materialize()
 
     def delta_state_dict(self) -> State:
         """Rows changed and ids evicted since the last mark, plus the small
@@ -179,10 +192,22 @@ class EmbeddingTable:
         A full state (``delta.full = 1``) when a shard evicted more ids since the
         mark than it holds rows (see ``estuary.embedding.delta``).
         """
+        return self.snapshot(delta=True).materialize()
+
+    def snapshot(self, *, delta: bool) -> TableSnapshot:
+        """``state_dict()`` (or ``delta_state_dict()``) in two halves: the rows are
+        copied now, each shard under its lock (a memcpy of the rows in use; for a
+        delta, a gather of the changed rows), and the chain advances; the state's
+        arrays come from ``materialize()``, which any thread may call later while
+        the table trains on (an asynchronous checkpoint)."""
+        if not delta:
+            parts = [s.export_raw(dirty_only=False, mark=True) for s in self.shards]
+            self._chain.advance()
+            return TableSnapshot(parts, self._chain.keys())
         full = any(s.log_overflowed() for s in self.shards)
-        parts = [s.export_state(dirty_only=not full, mark=True) for s in self.shards]
+        parts = [s.export_raw(dirty_only=not full, mark=True) for s in self.shards]
         base = self._chain.advance()
-        return {**merge_states(parts), **self._chain.delta_keys(base, full)}
+        return TableSnapshot(parts, self._chain.delta_keys(base, full))
 
     def mark_clean(self) -> None:
         """Start a new delta interval (and chain version) without exporting."""

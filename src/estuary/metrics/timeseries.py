@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,20 +57,25 @@ class TimeSeriesWriter:
     def __init__(self, folder: Path) -> None:
         self.path = folder / TIMESERIES_FILE
         self._file: IO[str] | None = None
+        # Records come from the training thread and an asynchronous checkpoint's writer.
+        self._lock = threading.Lock()
 
     def write(self, kind: str, **fields: Any) -> None:
-        """One record (``kind``, ``time`` now, then ``fields``), flushed."""
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8")
+        """One record (``kind``, ``time`` now, then ``fields``), flushed; any thread."""
         record = {"kind": kind, "time": round(time.time(), 3), **_clean(fields)}
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._file.flush()  # a report (or a crash) sees every line written so far
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._lock:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = self.path.open("a", encoding="utf-8")
+            self._file.write(line)
+            self._file.flush()  # a report (or a crash) sees every line written so far
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
 
 def read_timeseries(path: Path) -> Iterator[dict[str, Any]]:

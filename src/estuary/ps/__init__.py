@@ -10,13 +10,16 @@
     client.apply_gradients_many([tables["C1"], tables["C2"]], [ids1, ids2], [grads1, grads2])
 
 Each step's pushes from all ``world_size`` ranks are summed per id and applied
-as one optimizer step, exactly once (``StepAggregator``). See docs/distributed.md.
+as one optimizer step, exactly once (``StepAggregator``). Several servers can
+split every table by id (``ShardedPSClient``, ``connect_servers``:
+``runtime.ps_shards``). See docs/distributed.md.
 """
 
 from estuary.ps.aggregation import StepAggregator, sum_by_id
 from estuary.ps.client import PSClient, RemoteTable
 from estuary.ps.process import ServerProcess
 from estuary.ps.server import ParameterServer, serving
+from estuary.ps.sharded import ShardedPSClient, ShardedTable, connect_servers, server_share
 from estuary.ps.types import (
     HostedTable,
     ProtocolError,
@@ -37,7 +40,11 @@ __all__ = [
     "RemoteTable",
     "ServerConfig",
     "ServerProcess",
+    "ShardedPSClient",
+    "ShardedTable",
     "StepAggregator",
+    "connect_servers",
+    "server_share",
     "serving",
     "sum_by_id",
 ]

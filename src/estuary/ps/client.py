@@ -468,10 +468,12 @@ class RemoteTable:
         header, _ = self.client.call("stats", {"table": self.name})
         return TableStats(**{k: int(v) for k, v in header["stats"].items() if k in _STATS_FIELDS})
 
-    def state_dict(self) -> dict[str, np.ndarray]:
+    def state_dict(self, *, mark_clean: bool = True) -> dict[str, np.ndarray]:
         """The table's state (``EmbeddingTable.state_dict`` layout), after every step
-        this table pushed has been applied."""
-        _, out = self.client.call("state_dict", {"table": self.name, "after": self.pushed})
+        this table pushed has been applied; ``mark_clean`` as for ``EmbeddingTable``."""
+        _, out = self.client.call(
+            "state_dict", {"table": self.name, "after": self.pushed, "mark": mark_clean}
+        )
         return out
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:

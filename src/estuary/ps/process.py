@@ -139,6 +139,11 @@ class ServerProcess:
     def is_alive(self) -> bool:
         return self._process.is_alive()
 
+    @property
+    def exitcode(self) -> int | None:
+        """The process's exit code (``-N``: killed by signal N); ``None`` while it runs."""
+        return self._process.exitcode
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Ask the server to shut down; terminate it if it does not within ``timeout_s``."""
         if self._started and self._process.is_alive():

@@ -12,6 +12,10 @@ Shapes: ``N`` ids in a request, ``D`` a table's dim.
         lookup_many / push_many           the same for every table of a step, one request
         state_dict / load_state_dict / delta_state_dict / apply_delta
         stats / remove / wait / shutdown
+        snapshot / snapshot_full / snapshot_write / snapshot_wait / snapshot_drop
+                                          asynchronous checkpoints: the server copies a
+                                          table's state, then writes it itself
+                                          (``estuary.ps.held``)
 
 One thread per connection. Tables run their numba kernels with the GIL released
 and lock per shard, so lookups of different connections run side by side;
@@ -41,6 +45,7 @@ import numpy as np
 
 from estuary.embedding.table import EmbeddingTable
 from estuary.ps.aggregation import StepAggregator
+from estuary.ps.held import HeldSnapshots, Snapshot, chain_header
 from estuary.ps.protocol import (
     PROTOCOL_VERSION,
     Arrays,
@@ -131,7 +136,13 @@ class ParameterServer:
             "remove": self._op_remove,
             "set_admission_counting": self._op_set_admission_counting,
             "shutdown": self._op_shutdown,
+            "snapshot": self._op_snapshot,
+            "snapshot_full": self._op_snapshot_full,
+            "snapshot_write": self._op_snapshot_write,
+            "snapshot_wait": self._op_snapshot_wait,
+            "snapshot_drop": self._op_snapshot_drop,
         }
+        self.held = HeldSnapshots()
 
     @property
     def address(self) -> Address:
@@ -308,6 +319,7 @@ class ParameterServer:
         return {
             "protocol": PROTOCOL_VERSION,
             "tables": {name: table.dim for name, table in self.tables.items()},
+            "shards": {name: table.spec.shards for name, table in self.tables.items()},
             "world_size": self.config.world_size,
             "staleness": self.config.staleness,
         }, {}
@@ -416,7 +428,7 @@ class ParameterServer:
         table, steps = self._table(header)
         steps.wait_applied(self._int(header, "after", 0), self.config.wait_timeout_s)
         with steps.exclusive():  # no step lands halfway through the snapshot
-            state = table.state_dict()
+            state = table.state_dict(mark_clean=bool(header.get("mark", True)))
         return {"applied": steps.applied}, state
 
     def _op_load_state_dict(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
@@ -431,6 +443,48 @@ class ParameterServer:
         with steps.exclusive():  # no step lands halfway through the delta
             delta = table.delta_state_dict()
         return {"applied": steps.applied}, delta
+
+    def _op_snapshot(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        names = header.get("tables")
+        if not isinstance(names, list) or not names:
+            raise PSError("'tables' must be a non-empty list of table names")
+        parts = [(name, *self._named_table(name)) for name in names]
+        after = self._ints(header, "after", len(parts))
+        delta = bool(header.get("delta", False))
+        states: dict[str, Snapshot] = {}
+        for (name, table, steps), wait_for in zip(parts, after, strict=True):
+            with _naming(name):
+                steps.wait_applied(wait_for, self.config.wait_timeout_s)
+                with steps.exclusive():  # no step lands halfway through the copy
+                    states[name] = table.snapshot(delta=delta)
+        token = self.held.hold(states)
+        return {"token": token, "chains": {n: chain_header(s.chain) for n, s in states.items()}}, {}
+
+    def _op_snapshot_full(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        token = self._int(header, "token")
+        names = header.get("tables")
+        if not isinstance(names, list):
+            raise PSError("'tables' must be a list of table names")
+        for name in names:
+            table, steps = self._named_table(name)
+            with steps.exclusive():
+                self.held.replace(token, name, table.state_dict(mark_clean=False))
+        return {}, {}
+
+    def _op_snapshot_write(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        files = header.get("files")
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            raise PSError("'files' must map table names to file paths")
+        self.held.write(self._int(header, "token"), files)
+        return {}, {}
+
+    def _op_snapshot_wait(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        files = self.held.wait(self._int(header, "token"), self.config.wait_timeout_s)
+        return {"files": files}, {}
+
+    def _op_snapshot_drop(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        self.held.drop(self._int(header, "token"))
+        return {}, {}
 
     def _op_apply_delta(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         table, steps = self._table(header)

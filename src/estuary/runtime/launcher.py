@@ -1,11 +1,12 @@
-"""The local multi-process launcher: one parameter server and W trainer
+"""The local multi-process launcher: N parameter servers and W trainer
 processes on this machine.
 
 ::
 
-    run_distributed(job, trainers=W)
-      ServerProcess ---- hosts every table; step t is applied once, when all W
-      |                  ranks have pushed it (sum of their gradients per id)
+    run_distributed(job, trainers=W)       N = runtime.ps_shards
+      N x ServerProcess - each hosts its share of every table (ids routed by a
+      |                  stable hash); step t is applied once per server, when all
+      |                  W ranks have pushed it (sum of their gradients per id)
       spawn W trainers (estuary.runtime.worker.trainer_main), rank r:
         init_process_group(gloo | nccl)   dense grads averaged by DDP (nccl: CUDA models)
         rows of an epoch: perm[r::W]      same permutation on every rank
@@ -14,22 +15,26 @@ processes on this machine.
       rank 0: eval + checkpoint (tables pulled from the server) -> FitResult
 
 A trainer's failure goes to the ``FailurePolicy``; the launcher acts on its
-``FailureDecision`` (today: ``FAIL``, with an error naming the rank).
+``FailureDecision``: ``FAIL`` raises an error naming the rank, ``RESTART`` raises
+``RoleFailed`` for the runtime's ``supervise`` loop (``estuary.runtime.recovery``).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn, assert_never
 
 import torch.multiprocessing as torch_mp
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
 from estuary.config import JobSpec
-from estuary.ps import ServerConfig, ServerProcess
+from estuary.ps import ServerConfig, ServerProcess, server_share
 from estuary.runtime.failure import FailFast
+from estuary.runtime.recovery import DistributedError, RoleFailed
 from estuary.runtime.types import (
     FailureAction,
     FailureDecision,
@@ -42,14 +47,16 @@ from estuary.train import FitResult, TrainingStopped
 from estuary.train.engine import resolve_device
 from estuary.train.plan import TrainPlan
 
-__all__ = ["BACKENDS", "DistributedError", "default_backend", "run_distributed", "stop_value"]
+__all__ = [
+    "BACKENDS",
+    "DistributedError",
+    "act",
+    "default_backend",
+    "run_distributed",
+    "stop_value",
+]
 
 BACKENDS = ("gloo", "nccl")  # nccl: dense models on CUDA (``train.device``)
-
-
-class DistributedError(RuntimeError):
-    """A trainer process of a multi-trainer run failed; the message names its rank
-    and the error's last line (the full traceback is the ``__cause__``)."""
 
 
 def default_backend(job: JobSpec) -> str:
@@ -57,16 +64,18 @@ def default_backend(job: JobSpec) -> str:
     return "nccl" if resolve_device(job.train.device).type == "cuda" else "gloo"
 
 
-def _act(
+def act(
     decision: FailureDecision,
     failure: RoleFailure,
-    roles: dict[int, RoleState],
     cause: BaseException,
+    noticed: float,
 ) -> NoReturn:
-    """The controller: carry out the policy's decision about a failed trainer."""
-    roles[failure.rank] = RoleState.FAILED
+    """The controller: carry out the policy's decision about a failed role
+    (``RESTART``: ``RoleFailed``, which the runtime's ``supervise`` loop acts on)."""
     if decision.action is FailureAction.FAIL:
         raise DistributedError(decision.message) from cause
+    if decision.action is FailureAction.RESTART:
+        raise RoleFailed(failure, decision.message, noticed) from cause
     assert_never(decision.action)
 
 
@@ -88,9 +97,10 @@ def run_distributed(
     stop_signal: Any = None,
     policy: FailurePolicy | None = None,
     roles: dict[int, RoleState] | None = None,
+    on_running: Callable[[], None] | None = None,
 ) -> FitResult:
-    """Train ``job`` with W trainer processes and one parameter server on this
-    machine; returns rank 0's ``FitResult`` (rank 0 also writes the checkpoint).
+    """Train ``job`` with W trainer processes and ``runtime.ps_shards`` parameter
+    servers on this machine; returns rank 0's ``FitResult`` (rank 0 also writes the checkpoint).
 
     Args:
         job: the job; ``train.batch_size`` is per trainer.
@@ -112,9 +122,11 @@ def run_distributed(
         policy: decides what a trainer's failure means (default ``FailFast``: the
             run fails with an error naming the rank).
         roles: filled with each trainer rank's ``RoleState`` as the run goes.
+        on_running: called once every process has started and the servers listen.
 
     Raises:
-        DistributedError: a trainer failed (its rank and error in the message).
+        DistributedError: a trainer failed (its rank and error in the message);
+            ``RoleFailed`` when the policy decided to restart.
         PSError: the parameter server failed to start.
         TrainingStopped: ``stop_signal`` was set; the run stopped with a checkpoint.
     """
@@ -129,22 +141,25 @@ def run_distributed(
     if backend == "nccl" and resolve_device(job.train.device).type != "cuda":
         raise ValueError("backend 'nccl' needs train.device 'cuda' (or 'auto' with CUDA present)")
     plan = TrainPlan.from_job(job)
+    shards = job.runtime.ps_shards
     config = ServerConfig(
-        plan.hosted_tables(),
+        {name: server_share(t, shards) for name, t in plan.hosted_tables().items()},
         world_size=world_size,
         staleness=plan.staleness,
         wait_timeout_s=ps_wait_timeout_s,
     )
-    # The server starts while the trainers import torch; they retry their connect.
-    server = ServerProcess(config, startup_timeout_s=startup_timeout_s, wait=False)
+    # The servers start while the trainers import torch; they retry their connect.
+    servers: list[ServerProcess] = []
     context = None
     try:
+        for _ in range(shards):
+            servers.append(ServerProcess(config, startup_timeout_s=startup_timeout_s, wait=False))
         with tempfile.TemporaryDirectory(prefix="estuary-pg-") as folder:
             launch = WorkerLaunch(
                 job=job,
                 world_size=world_size,
-                address=server.address,
-                authkey=server.authkey,
+                addresses=tuple(server.address for server in servers),
+                authkeys=tuple(server.authkey for server in servers),
                 init_method=f"file://{os.path.join(folder, 'rendezvous')}",
                 backend=backend,
                 pg_timeout_s=pg_timeout_s,
@@ -165,33 +180,66 @@ def run_distributed(
                 start_method="spawn",
             )
             roles.update((rank, RoleState.STARTING) for rank in range(world_size))
-            server.wait_ready()
+            for server in servers:
+                server.wait_ready()
             roles.update((rank, RoleState.RUNNING) for rank in range(world_size))
+            if on_running is not None:
+                on_running()
             out: list[FitResult | TrainingStopped] = []
             try:
                 # Blocking wait: trainers run; the first failure stops the others.
                 while not context.join(timeout=0.5):
                     while not results.empty():
                         out.append(results.get())
+                    lost = _lost_server(servers)
+                    if lost is not None:
+                        act(
+                            policy.decide(lost),
+                            lost,
+                            DistributedError(lost.reason),
+                            time.monotonic(),
+                        )
             except ProcessRaisedException as exc:
-                failure = RoleFailure("trainer", exc.error_index, f"failed: {_last_line(exc.msg)}")
-                _act(policy.decide(failure), failure, roles, exc)
+                # A server's death fails the trainers too: name the cause, not the symptom.
+                failure = _lost_server(servers, grace_s=1.0) or RoleFailure(
+                    "trainer", exc.error_index, f"failed: {_last_line(exc.msg)}"
+                )
+                if failure.role == "trainer":
+                    roles[failure.rank] = RoleState.FAILED
+                act(policy.decide(failure), failure, exc, time.monotonic())
             except ProcessExitedException as exc:
                 how = f"signal {exc.signal_name}" if exc.signal_name else f"code {exc.exit_code}"
                 failure = RoleFailure("trainer", exc.error_index, f"exited with {how}")
-                _act(policy.decide(failure), failure, roles, exc)
+                roles[failure.rank] = RoleState.FAILED
+                act(policy.decide(failure), failure, exc, time.monotonic())
             while not results.empty():
                 out.append(results.get())
             roles.update((rank, RoleState.FINISHED) for rank in range(world_size))
     finally:
         if context is not None:
             _stop(context.processes)
-        server.stop()
+        for server in servers:
+            server.stop()
     if not out:
         raise DistributedError("rank 0 finished without a result")
     if isinstance(out[0], TrainingStopped):
         raise out[0]
     return out[0]
+
+
+def _lost_server(servers: list[ServerProcess], grace_s: float = 0.0) -> RoleFailure | None:
+    """A parameter server that died, as a ``RoleFailure`` (``ps`` rank p), else ``None``;
+    ``grace_s``: how long a dying server may take to be seen dead."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        for rank, server in enumerate(servers):
+            code = server.exitcode
+            if code is not None:
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
+                return RoleFailure("ps", rank, f"exited with {how}")
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def stop_value() -> Any:

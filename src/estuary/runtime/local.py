@@ -1,17 +1,19 @@
 """``runtime.backend: local``: the job runs on this machine.
 
-One trainer (``runtime.trainers: 1``) trains in this process, tables in memory;
-W > 1 trainers run as W processes with a parameter-server process
-(``estuary.runtime.launcher``).
+One trainer (``runtime.trainers: 1``, ``runtime.ps_shards: 1``) trains in this
+process, tables in memory; otherwise W trainer processes share N parameter-server
+processes (``estuary.runtime.launcher``).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from estuary.config import JobSpec
-from estuary.runtime.failure import FailFast
+from estuary.runtime.failure import FailFast, policy_for
 from estuary.runtime.launcher import run_distributed, stop_value
+from estuary.runtime.recovery import supervise
 from estuary.runtime.types import FailurePolicy, JobState, RoleState, StopRequest
 from estuary.runtime.worker import resume_if_asked
 from estuary.train import FitResult, Trainer, TrainingStopped
@@ -23,14 +25,18 @@ class LocalRuntime:
     """Runs a job on this machine (see module docstring).
 
     Args:
-        policy: what a trainer's failure means (default ``FailFast``).
+        policy: what a trainer's failure means (default: the job's
+            ``runtime.max_restarts``, ``policy_for``). With restarts a failed
+            multi-process run starts its processes again from the newest
+            checkpoint (``estuary.runtime.recovery``).
 
     ``state`` is the job's ``JobState``; ``roles`` each trainer rank's
     ``RoleState`` (rank 0 only, in-process, with one trainer).
     """
 
     def __init__(self, policy: FailurePolicy | None = None) -> None:
-        self.policy = FailFast() if policy is None else policy
+        self._policy = policy
+        self.policy: FailurePolicy = FailFast() if policy is None else policy
         self.state = JobState.PENDING
         self.roles: dict[int, RoleState] = {}
 
@@ -43,9 +49,10 @@ class LocalRuntime:
         progress: bool | None = None,
     ) -> FitResult:
         stop = StopRequest() if stop is None else stop
+        self.policy = policy_for(job) if self._policy is None else self._policy
         self.state = JobState.RUNNING
         try:
-            if job.runtime.trainers > 1:
+            if job.runtime.uses_servers:
                 result = self._run_processes(job, resume, stop, progress)
             else:
                 result = self._run_here(job, resume, stop, progress)
@@ -87,11 +94,16 @@ class LocalRuntime:
             shared.value = StopRequest.signal_number(reason)
 
         stop.on_request(forward)
-        return run_distributed(
-            job,
-            progress=progress,
-            resume=resume,
-            stop_signal=shared,
-            policy=self.policy,
-            roles=self.roles,
-        )
+
+        def attempt(resume: bool, running: Callable[[], None]) -> FitResult:
+            return run_distributed(
+                job,
+                progress=progress,
+                resume=resume,
+                stop_signal=shared,
+                policy=self.policy,
+                roles=self.roles,
+                on_running=running,
+            )
+
+        return supervise(attempt, job, resume=resume)

@@ -69,6 +69,7 @@ class RoleFailure:
 
 class FailureAction(enum.Enum):
     FAIL = "fail"  # end the job with an error naming the role
+    RESTART = "restart"  # restart the roles; the run continues from the newest checkpoint
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ class FailureDecision:
 
     Args:
         action: what the controller does.
-        message: the error the job fails with (``FAIL``).
+        message: the error the job fails with (``FAIL``), or the line logged
+            about the restart (``RESTART``).
     """
 
     action: FailureAction

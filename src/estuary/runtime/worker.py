@@ -27,13 +27,13 @@ import torch.distributed as dist
 
 from estuary.config import JobSpec
 from estuary.metrics.logs import LogSettings
-from estuary.ps import PSClient
+from estuary.ps import PSClient, ShardedPSClient, connect_servers
 from estuary.ps.types import Address
 from estuary.train import FitResult, Trainer, TrainingStopped
 from estuary.train.checkpoint_chain import LATEST
 from estuary.train.distributed import DistributedTrainer
 
-__all__ = ["WorkerLaunch", "resume_if_asked", "trainer_main", "worker_session"]
+__all__ = ["WorkerLaunch", "resume_if_asked", "run_trainer", "trainer_main", "worker_session"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,9 @@ class WorkerLaunch:
     Args:
         job: the job.
         world_size: W.
-        address: the parameter server's address.
-        authkey: its key.
+        addresses: the parameter servers' addresses, in server order (one
+            server: every table; N: each table split by id, ``runtime.ps_shards``).
+        authkeys: their keys.
         init_method: the process group's rendezvous (``file://...``).
         backend: ``gloo`` or ``nccl``.
         pg_timeout_s: timeout of the process group's collectives.
@@ -53,12 +54,13 @@ class WorkerLaunch:
         threads: torch threads per process (unless ``train.threads``).
         progress: rank 0 shows its progress bar.
         resume: continue from ``output.dir``'s newest checkpoint, if any.
+        one_machine: every rank runs on this machine (gloo then uses loopback).
     """
 
     job: JobSpec
     world_size: int
-    address: Address
-    authkey: bytes
+    addresses: tuple[Address, ...]
+    authkeys: tuple[bytes, ...]
     init_method: str
     backend: str
     pg_timeout_s: float
@@ -67,6 +69,7 @@ class WorkerLaunch:
     threads: int
     progress: bool
     resume: bool
+    one_machine: bool = True
 
 
 def _loopback_interface() -> str | None:
@@ -75,10 +78,10 @@ def _loopback_interface() -> str | None:
 
 
 @contextlib.contextmanager
-def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient]:
+def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient | ShardedPSClient]:
     """The process group and a parameter-server client for rank ``rank``; both
     are closed on exit."""
-    loopback = _loopback_interface()
+    loopback = _loopback_interface() if launch.one_machine else None
     if loopback is not None:
         # All ranks share this machine: gloo need not resolve the host name.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
@@ -93,9 +96,9 @@ def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient]:
         world_size=launch.world_size,
         timeout=datetime.timedelta(seconds=launch.pg_timeout_s),
     )
-    client = PSClient(
-        launch.address,
-        launch.authkey,
+    client = connect_servers(
+        launch.addresses,
+        launch.authkeys,
         timeout_s=launch.ps_timeout_s,
         connect_timeout_s=launch.startup_timeout_s,
     )
@@ -120,6 +123,18 @@ def trainer_main(rank: int, launch: WorkerLaunch, results: Any, stop_signal: Any
     """Entry point of trainer process ``rank`` (spawned by the launcher)."""
     # Ctrl-C reaches the whole process group: the launcher decides (``stop_signal``).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    result = run_trainer(rank, launch, stop_signal)
+    if result is not None:
+        results.put(result)
+
+
+def run_trainer(
+    rank: int, launch: WorkerLaunch, stop_signal: Any
+) -> FitResult | TrainingStopped | None:
+    """Train as rank ``rank`` of ``launch`` (any runtime's trainer process); rank 0
+    returns the run's result (or the ``TrainingStopped`` every rank stopped with),
+    the other ranks ``None``. ``stop_signal``: an object whose ``value`` is a
+    signal number once a stop is asked (0 until then)."""
     # The CLI's --log-* settings (from the environment), else warnings and the
     # metrics port line (rank 0 serves the metrics); records carry this rank.
     (LogSettings.from_env() or LogSettings.parse([])).apply(rank=rank)
@@ -135,6 +150,5 @@ def trainer_main(rank: int, launch: WorkerLaunch, results: Any, stop_signal: Any
             result: FitResult | TrainingStopped = fitted
         except TrainingStopped as stop:  # every rank, after the same step
             result = stop
-        if rank == 0:
-            results.put(result)
         dist.barrier()  # Blocking wait: ranks leave together, after rank 0's eval/checkpoint.
+    return result if rank == 0 else None

@@ -7,6 +7,9 @@ Layout of one checkpoint (a folder)::
         dense.safetensors      model.state_dict()
         optimizer.safetensors  dense optimizer tensors (its scalars are in the manifest)
         tables/<name>.safetensors   one per embedding table (ids, rows, optimizer state)
+        tables/<name>.part-<p>.safetensors   or P parts, one per parameter server that
+                               wrote its own (manifest ``table_parts``: name -> P;
+                               loading merges them, ``merge_server_parts``)
 
 A *full* checkpoint holds every table row (``state_dict``). A *delta* holds, per
 table, only the rows changed and the ids evicted since its parent checkpoint
@@ -46,11 +49,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 from safetensors.numpy import load_file as load_numpy
-from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file as load_torch
 from safetensors.torch import save_file as save_torch
 
-from estuary.embedding.delta import BASE, LINEAGE, VERSION
+from estuary.embedding.delta import BASE, LINEAGE, VERSION, merge_server_parts
+from estuary.embedding.files import write_state
 from estuary.train.checkpoint_chain import (
     FORMAT,
     FORMAT_VERSION,
@@ -275,16 +278,148 @@ def save_checkpoint(
     written or loaded (a delta; ``ValueError`` otherwise). ``metadata`` (job
     spec, data progress, metrics) goes into the manifest and must be JSON-able.
     """
+    if parent is not None and not parent.accepts(tables):
+        raise ValueError(f"tables: not delta_state_dict()s taken against {parent.path}")
+    staged = stage_checkpoint(root, step=step, parent=parent)
+    staged.write_dense(model.state_dict(), None if optimizer is None else optimizer.state_dict())
+    staged.write_tables(tables)
+    return staged.commit(versions=_table_versions(tables), metadata=metadata)
+
+
+def table_part_file(folder: Path, name: str, part: int) -> Path:
+    """Where part ``part`` of table ``name`` lies (a table held by several parameter
+    servers, each writing its own part: ``manifest["table_parts"][name]`` parts)."""
+    return folder / "tables" / f"{name}.part-{part}.safetensors"
+
+
+def table_versions(chains: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, dict[str, int]]:
+    """Per table: chain lineage, version (and ``base`` for a delta), for the manifest,
+    from each table's chain keys (``delta.*``)."""
+    return _table_versions(chains)
+
+
+@dataclass
+class StagedCheckpoint:
+    """A checkpoint being written: files go into a temp folder beside the final
+    one (``write_dense``, ``write_tables``, or ``add_files`` for files others
+    wrote there, e.g. parameter servers' table parts); ``commit`` writes the
+    manifest, flushes and renames it into place, then points ``latest`` at it.
+
+    Made by ``stage_checkpoint``; ``final`` is where it will lie once committed.
+    """
+
+    root: Path
+    step: int
+    name: str
+    tmp: Path
+    final: Path
+    replaced: list[Path]
+    parent: ChainLink | None
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tables: set[str] = field(default_factory=set)
+    parts: dict[str, int] = field(default_factory=dict)
+    optimizer_meta: dict[str, Any] | None = None
+
+    def _record(self, path: Path, info: dict[str, Any]) -> None:
+        self.files[str(path.relative_to(self.tmp))] = info
+
+    def write_dense(
+        self, model_state: Mapping[str, torch.Tensor], optimizer_state: dict[str, Any] | None
+    ) -> None:
+        """The dense model and (optional) its optimizer's state dict."""
+        state = {k: v.detach().contiguous().cpu() for k, v in model_state.items()}
+        path = self.tmp / "dense.safetensors"
+        save_torch(state, str(path))
+        _fsync_file(path)
+        self._record(path, {"bytes": path.stat().st_size, "sha256": _sha256(path)})
+        if optimizer_state is not None:
+            opt_tensors, self.optimizer_meta = _optimizer_to_flat(optimizer_state)
+            path = self.tmp / "optimizer.safetensors"
+            save_torch(opt_tensors, str(path))
+            _fsync_file(path)
+            self._record(path, {"bytes": path.stat().st_size, "sha256": _sha256(path)})
+
+    def write_tables(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Whole tables (``state_dict`` or ``delta_state_dict`` arrays), one file each."""
+        for name, state in tables.items():
+            path = table_file(self.tmp, name)
+            self._record(path, write_state(path, state))
+            self.tables.add(name)
+
+    def part_paths(self, name: str, parts: int) -> list[Path]:
+        """Where ``parts`` writers each put their part of table ``name``."""
+        if parts == 1:
+            return [table_file(self.tmp, name)]
+        return [table_part_file(self.tmp, name, p) for p in range(parts)]
+
+    def add_files(self, name: str, parts: int, files: Mapping[str, Mapping[str, Any]]) -> None:
+        """Table ``name``'s files written into ``tmp`` by others (``part_paths``):
+        absolute path -> ``{"bytes", "sha256"}``."""
+        expected = {str(p) for p in self.part_paths(name, parts)}
+        if set(files) != expected:
+            raise ValueError(
+                f"table {name!r}: expected files {sorted(expected)}, got {sorted(files)}"
+            )
+        for path, info in files.items():
+            self._record(Path(path), dict(info))
+        self.tables.add(name)
+        if parts > 1:
+            self.parts[name] = parts
+
+    def commit(
+        self,
+        *,
+        versions: Mapping[str, Mapping[str, int]],
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Write the manifest, flush, rename into place, point ``latest`` here, drop
+        the checkpoint this one replaces (same step); returns the final folder."""
+        kind = CheckpointKind.FULL if self.parent is None else CheckpointKind.DELTA
+        manifest = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "kind": kind.value,
+            "parent": None if self.parent is None else self.parent.path.name,
+            "chain": [self.name] if self.parent is None else [*self.parent.chain, self.name],
+            "step": self.step,
+            "tables": sorted(self.tables),
+            "table_versions": dict(versions),
+            **({"table_parts": dict(sorted(self.parts.items()))} if self.parts else {}),
+            "optimizer": self.optimizer_meta,
+            "metadata": dict(metadata or {}),
+            "files": dict(sorted(self.files.items())),
+        }
+        root, tmp = self.root, self.tmp
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        _fsync_file(tmp / MANIFEST)
+        _fsync_dir(tmp / "tables")
+        _fsync_dir(tmp)
+        os.replace(tmp, self.final)
+        _fsync_dir(root)
+        latest_tmp = root / f"{LATEST}.tmp-{os.getpid()}"
+        latest_tmp.write_text(self.name + "\n")
+        _fsync_file(latest_tmp)
+        os.replace(latest_tmp, root / LATEST)
+        _fsync_dir(root)
+        for old in self.replaced:
+            if not _needed_by_others(root, old):
+                shutil.rmtree(old, ignore_errors=True)
+        return self.final
+
+    def abandon(self) -> None:
+        """Delete the temp folder (a write that will not be committed)."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def stage_checkpoint(root: Path, *, step: int, parent: ChainLink | None) -> StagedCheckpoint:
+    """Start writing the checkpoint of ``step`` under ``root`` (a delta of ``parent``
+    when given): names it and makes its temp folder."""
     root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
-    if parent is not None:
-        if parent.path.parent.resolve() != root.resolve() or name == parent.path.name:
-            raise ValueError(
-                f"a delta's parent must be another checkpoint in {root}: {parent.path}"
-            )
-        if not parent.accepts(tables):
-            raise ValueError(f"tables: not delta_state_dict()s taken against {parent.path}")
-    versions = _table_versions(tables)
+    if parent is not None and (
+        parent.path.parent.resolve() != root.resolve() or name == parent.path.name
+    ):
+        raise ValueError(f"a delta's parent must be another checkpoint in {root}: {parent.path}")
     # A checkpoint of a step already saved (a run resumed after its end, or a final
     # save on a mid-run checkpoint's step) goes to a new folder: the old one is
     # deleted only once ``latest`` names the new one, so a crash never leaves
@@ -292,61 +427,11 @@ def save_checkpoint(
     replaced = [f for f in list_checkpoints(root) if checkpoint_order(f.name)[0] == step]
     if replaced:  # the suffix grows with each save of the step (list order = save order)
         name = f"{name}-{max(checkpoint_order(f.name)[1] for f in replaced) + 1}"
-    final = root / name
     tmp = root / f"{name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     (tmp / "tables").mkdir(parents=True)
-    files: list[Path] = []
-
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_torch(state, str(tmp / "dense.safetensors"))
-    files.append(tmp / "dense.safetensors")
-
-    optimizer_meta: dict[str, Any] | None = None
-    if optimizer is not None:
-        opt_tensors, optimizer_meta = _optimizer_to_flat(optimizer.state_dict())
-        save_torch(opt_tensors, str(tmp / "optimizer.safetensors"))
-        files.append(tmp / "optimizer.safetensors")
-
-    for table_name, table_state in tables.items():
-        path = table_file(tmp, table_name)
-        save_numpy({k: np.ascontiguousarray(v) for k, v in table_state.items()}, str(path))
-        files.append(path)
-
-    kind = CheckpointKind.FULL if parent is None else CheckpointKind.DELTA
-    manifest = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "kind": kind.value,
-        "parent": None if parent is None else parent.path.name,
-        "chain": [name] if parent is None else [*parent.chain, name],
-        "step": step,
-        "tables": sorted(tables),
-        "table_versions": versions,
-        "optimizer": optimizer_meta,
-        "metadata": dict(metadata or {}),
-        "files": {
-            str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-            for p in files
-        },
-    }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    for p in [*files, tmp / MANIFEST]:
-        _fsync_file(p)
-    _fsync_dir(tmp / "tables")
-    _fsync_dir(tmp)
-    os.replace(tmp, final)
-    _fsync_dir(root)
-    latest_tmp = root / f"{LATEST}.tmp-{os.getpid()}"
-    latest_tmp.write_text(name + "\n")
-    _fsync_file(latest_tmp)
-    os.replace(latest_tmp, root / LATEST)
-    _fsync_dir(root)
-    for old in replaced:
-        if not _needed_by_others(root, old):
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+    return StagedCheckpoint(root, step, name, tmp, root / name, replaced, parent)
 
 
 def _needed_by_others(root: Path, folder: Path) -> bool:
@@ -423,8 +508,22 @@ def _read_tensors(file: Path) -> State:
         raise CheckpointError(f"{file}: unreadable tensor file ({exc})") from exc
 
 
-def _load_tables(folder: Path, names: list[str]) -> dict[str, State]:
-    return {name: _read_tensors(table_file(folder, name)) for name in names}
+def _load_tables(folder: Path, manifest: Mapping[str, Any]) -> dict[str, State]:
+    """Every table of the checkpoint in ``folder``; a table written in parts (one per
+    parameter server) is merged into one state."""
+    parts = manifest.get("table_parts", {})
+    out: dict[str, State] = {}
+    for name in manifest["tables"]:
+        count = int(parts.get(name, 1))
+        if count == 1:
+            out[name] = _read_tensors(table_file(folder, name))
+            continue
+        states = [_read_tensors(table_part_file(folder, name, p)) for p in range(count)]
+        try:
+            out[name] = merge_server_parts(states, name)
+        except ValueError as exc:
+            raise CheckpointError(f"{table_part_file(folder, name, 0)}: {exc}") from exc
+    return out
 
 
 def load_checkpoint(path: Path, *, tables: bool = True) -> Checkpoint:
@@ -463,8 +562,8 @@ def load_checkpoint(path: Path, *, tables: bool = True) -> Checkpoint:
     if not tables:
         return Checkpoint(folder, manifest, dense, optimizer, {}, chain, [])
     base_folder, base_manifest = links[0]
-    base = _load_tables(base_folder, base_manifest["tables"])
-    deltas = [_load_tables(f, m["tables"]) for f, m in links[1:]]
+    base = _load_tables(base_folder, base_manifest)
+    deltas = [_load_tables(f, m) for f, m in links[1:]]
     return Checkpoint(folder, manifest, dense, optimizer, base, chain, deltas)
 
 

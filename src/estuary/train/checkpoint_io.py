@@ -4,34 +4,14 @@ plus JSON-able scalars (no pickle)."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from estuary.embedding.files import fsync, sha256
+
 __all__ = ["fsync", "optimizer_from_flat", "optimizer_to_flat", "sha256"]
-
-
-def sha256(path: Path) -> str:
-    """The file's SHA-256, hex (read in 1 MiB blocks)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def fsync(path: Path) -> None:
-    """Flush a written file, or a folder's entries (a rename or a new file in it),
-    to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def optimizer_to_flat(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -4,23 +4,48 @@ state, data position) and how one comes back.
 ``save`` writes the tables in full or as a delta of the previous checkpoint
 (``plan_checkpoint``); ``save_consistent`` first lets every submitted sparse
 update land and holds the tables' locks, so a checkpoint taken in the middle of
-training is consistent with itself. ``load`` restores a checkpoint into the
-run's model, optimizer, tables and ``LoopState``.
+training is consistent with itself. ``save_async`` takes the same consistent
+snapshot but writes the files in the background (``output.checkpoint_async``;
+tables on parameter servers are written by the servers themselves, in
+parallel), so training stalls only for the copy; ``wait`` joins it. ``load``
+restores a checkpoint into the run's model, optimizer, tables and ``LoopState``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from estuary.config import JobSpec, to_dict
+from estuary.embedding.delta import LINEAGE, VERSION
+from estuary.metrics.training import TrainingMetrics
+from estuary.ps.held import ReadyState, Snapshot
+from estuary.ps.snapshots import ServerSnapshot, held_by_servers
 from estuary.train.callbacks import LoopState
-from estuary.train.checkpoint import load_checkpoint, restore_dense_warned, save_checkpoint
-from estuary.train.checkpoint_chain import ChainLink, plan_checkpoint, prune_checkpoints, read_link
+from estuary.train.checkpoint import (
+    StagedCheckpoint,
+    load_checkpoint,
+    restore_dense_warned,
+    save_checkpoint,
+    stage_checkpoint,
+    table_versions,
+)
+from estuary.train.checkpoint_chain import (
+    ChainLink,
+    CheckpointError,
+    plan_checkpoint,
+    prune_checkpoints,
+    read_link,
+)
 from estuary.train.engine import Engine
 from estuary.train.plan import TrainPlan
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
@@ -35,6 +60,40 @@ checkpoint and deltas they are built on); older ones and partial ones left by a
 killed run are deleted after each checkpoint."""
 
 
+@dataclass
+class _Snapshot:
+    """One step's state, copied, for a background commit (``save_async``)."""
+
+    staged: StagedCheckpoint
+    servers: ServerSnapshot | None  # tables whose servers write their own parts
+    states: dict[str, Snapshot]  # in-process tables' states (or deltas), gathered later
+    chains: dict[str, dict[str, Any]]  # every table's chain keys
+    dense: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] | None
+    metadata: dict[str, Any]
+
+    @property
+    def link(self) -> ChainLink:
+        """The checkpoint as the parent of the next delta."""
+        parent = self.staged.parent
+        chain = (self.staged.name,) if parent is None else (*parent.chain, self.staged.name)
+        versions = {
+            name: (int(c[LINEAGE][0]), int(c[VERSION][0]))
+            for name, c in self.chains.items()
+            if LINEAGE in c and VERSION in c
+        }
+        return ChainLink(self.staged.final, chain, versions)
+
+
+def _snapshot(table: Any, *, delta: bool) -> Snapshot:
+    """An in-process table's state at this moment: ``EmbeddingTable.snapshot``
+    (rows copied now, gathered by the writer), else the state dict itself."""
+    if hasattr(table, "snapshot"):
+        snapshot: Snapshot = table.snapshot(delta=delta)
+        return snapshot
+    return ReadyState(table.delta_state_dict() if delta else table.state_dict())
+
+
 class Checkpointer:
     """Saves and restores one trainer's state.
 
@@ -42,6 +101,7 @@ class Checkpointer:
         job: the job (saved resolved in each manifest).
         engine: model and dense optimizer.
         tables: table name -> table (``state_dict``, ``delta_state_dict``, ...).
+        metrics: told of each checkpoint (count, step, seconds).
         plan: the job's plan (its features, in model order, go in the manifest).
         dense: dense feature names (saved in the manifest).
     """
@@ -51,10 +111,11 @@ class Checkpointer:
         job: JobSpec,
         engine: Engine,
         tables: Mapping[str, Any],
+        metrics: TrainingMetrics,
         plan: TrainPlan,
         dense: list[str],
     ) -> None:
-        self.job, self.engine, self.tables = job, engine, tables
+        self.job, self.engine, self.tables, self.metrics = job, engine, tables, metrics
         self.features, self.dense = list(plan.features), dense
         # The checkpoint the tables were last saved to or restored from: the
         # parent of the next delta checkpoint (``output.checkpoint_full_every``).
@@ -62,9 +123,18 @@ class Checkpointer:
         # data.dataset runs: rows trained (``estuary.data.graph.Progress`` JSON),
         # saved with and restored from checkpoints.
         self.data_progress: dict[str, Any] | None = None
-        # Called with (step, seconds) after each checkpoint (the fit's RunObserver:
-        # metrics and time series).
+        # Mid-run checkpoints: how many, training time they took (stall), and time
+        # until committed (write; equal to the stall for blocking ones).
+        self.timings: dict[str, float] = {
+            "checkpoints": 0,
+            "checkpoint_stall_s": 0.0,
+            "checkpoint_write_s": 0.0,
+        }
+        self._pending: threading.Thread | None = None  # an asynchronous checkpoint's writer
+        # Called with (step, seconds until committed) after each checkpoint (the
+        # fit's RunObserver: the time series); an asynchronous one's, on its writer.
         self.listeners: list[Callable[[int, float], None]] = []
+        self._error: BaseException | None = None
 
     def root(self) -> Path:
         return self.job.resolve(self.job.output.dir) / "checkpoints"
@@ -72,14 +142,16 @@ class Checkpointer:
     def save(self, state: LoopState, root: Path | None = None) -> Path:
         """Write model, dense optimizer and every table atomically: the tables in
         full, or as a delta of the previous checkpoint (``plan_checkpoint``)."""
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         path = self._write(state, root)
-        self._saved(path, state.step, time.perf_counter() - t0)
+        self._saved(path, state.step, time.perf_counter() - started)
         return path
 
     def _saved(self, path: Path, step: int, duration_s: float) -> None:
+        """Tell the log, the metrics and the listeners of a committed checkpoint."""
         logger.info("checkpoint of step %d in %.2f s: %s", step, duration_s, path)
-        for listener in self.listeners:
+        self.metrics.checkpointed(step, duration_s)
+        for listener in list(self.listeners):
             listener(step, duration_s)
 
     def _write(self, state: LoopState, root: Path | None = None) -> Path:
@@ -101,25 +173,29 @@ class Checkpointer:
             optimizer=self.engine.optimizer,
             tables=tables,
             parent=parent,
-            metadata={
-                "job": to_dict(self.job, resolve_paths=True),
-                "epoch": state.epoch,
-                "epoch_step": state.epoch_step,
-                "features": self.features,
-                "dense": self.dense,
-                "restarts": state.restarts,
-                **({"data_progress": self.data_progress} if self.data_progress else {}),
-            },
+            metadata=self._metadata(state),
         )
         self.link = read_link(path)
         return path
+
+    def _metadata(self, state: LoopState) -> dict[str, Any]:
+        return {
+            "job": to_dict(self.job, resolve_paths=True),
+            "epoch": state.epoch,
+            "epoch_step": state.epoch_step,
+            "features": self.features,
+            "dense": self.dense,
+            "restarts": state.restarts,
+            **({"data_progress": self.data_progress} if self.data_progress else {}),
+        }
 
     def save_consistent(self, updater: SparseUpdater, state: LoopState) -> Path:
         """A checkpoint in the middle of training, consistent with itself: every
         submitted sparse update lands first and no prefetch lookup runs during the
         snapshot. Keeps the ``KEEP_CHECKPOINTS`` newest (and the checkpoints their
         delta chains are built on)."""
-        t0 = time.perf_counter()
+        self.wait()
+        started = time.perf_counter()
         updater.flush()  # Blocking wait: every submitted sparse update lands first
         with contextlib.ExitStack() as stack:
             for store in self.engine.stores.values():
@@ -127,8 +203,111 @@ class Checkpointer:
                     stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
             path = self._write(state)
         prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
-        self._saved(path, state.step, time.perf_counter() - t0)
+        took = time.perf_counter() - started
+        self._saved(path, state.step, took)
+        self.timings["checkpoint_stall_s"] += took
+        self.timings["checkpoint_write_s"] += took
+        self.timings["checkpoints"] += 1
         return path
+
+    def save_async(self, updater: SparseUpdater, state: LoopState) -> Path:
+        """A checkpoint in the middle of training that stalls it only while one
+        step's state is copied (``output.checkpoint_async``): every submitted
+        sparse update lands, the tables are snapshotted (tables on parameter
+        servers by the servers, which then write their own parts; in-process ones
+        copied here), the dense model and optimizer cloned; the files are written
+        and committed by a background thread while training goes on. Returns the
+        folder the checkpoint will have once committed; ``wait`` blocks until it
+        is. At most one is in flight: the next one waits for this one first."""
+        self.wait()
+        started = time.perf_counter()
+        updater.flush()  # Blocking wait: every submitted sparse update lands first
+        with contextlib.ExitStack() as stack:
+            for store in self.engine.stores.values():
+                if isinstance(store, LockedStore):
+                    stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
+            snapshot = self._snapshot(state)
+        self.link = snapshot.link
+        self._pending = threading.Thread(
+            target=self._commit, args=(snapshot, started), name="estuary-checkpoint", daemon=True
+        )
+        self._pending.start()
+        self.timings["checkpoint_stall_s"] += time.perf_counter() - started
+        return snapshot.staged.final
+
+    def _snapshot(self, state: LoopState) -> _Snapshot:
+        root = self.root()
+        plan = plan_checkpoint(
+            self.link, root=root, step=state.step, full_every=self.job.output.checkpoint_full_every
+        )
+        remote = {n: t for n, t in self.tables.items() if held_by_servers(t)}
+        local = {n: t for n, t in self.tables.items() if n not in remote}
+        parent = plan.parent
+        servers = ServerSnapshot(remote, delta=True) if parent and remote else None
+        states = {n: _snapshot(t, delta=True) for n, t in local.items()} if parent else {}
+        chains = {**(servers.chains if servers else {}), **{n: s.chain for n, s in states.items()}}
+        if parent is not None and not parent.accepts(chains):
+            parent = None  # a table was marked since: write it full
+            if servers is not None:
+                servers.drop()
+                servers = None
+        if parent is None:
+            servers = ServerSnapshot(remote, delta=False) if remote else None
+            states = {n: _snapshot(t, delta=False) for n, t in local.items()}
+            chains = {
+                **(servers.chains if servers else {}),
+                **{n: s.chain for n, s in states.items()},
+            }
+        staged = stage_checkpoint(root, step=state.step, parent=parent)
+        if servers is not None:
+            servers.write(staged.part_paths)
+        optimizer = self.engine.optimizer
+        return _Snapshot(
+            staged=staged,
+            servers=servers,
+            states=states,
+            chains=chains,
+            dense={k: v.detach().clone() for k, v in self.engine.model.state_dict().items()},
+            optimizer=None if optimizer is None else copy.deepcopy(optimizer.state_dict()),
+            metadata=copy.deepcopy(self._metadata(state)),
+        )
+
+    def _commit(self, snapshot: _Snapshot, started: float) -> None:
+        staged = snapshot.staged
+        try:
+            staged.write_dense(snapshot.dense, snapshot.optimizer)
+            staged.write_tables({n: s.materialize() for n, s in snapshot.states.items()})
+            if snapshot.servers is not None:
+                for name, files in snapshot.servers.wait().items():
+                    staged.add_files(name, snapshot.servers.parts[name], files)
+            path = staged.commit(
+                versions=table_versions(snapshot.chains), metadata=snapshot.metadata
+            )
+            prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
+            self._saved(path, staged.step, time.perf_counter() - started)
+        except BaseException as exc:
+            self._error = exc
+            staged.abandon()
+            if snapshot.servers is not None:
+                snapshot.servers.drop()
+        finally:
+            self.timings["checkpoint_write_s"] += time.perf_counter() - started
+            self.timings["checkpoints"] += 1
+
+    def wait(self) -> None:
+        """Block until the asynchronous checkpoint in flight (if any) is committed.
+
+        Raises:
+            CheckpointError: it failed (its cause chained); the run's newest
+                checkpoint is then the one before it.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.join()  # Blocking wait: the background writer commits
+        error, self._error = self._error, None
+        if error is not None:
+            self.link = None  # its chain is broken: the next checkpoint is full
+            raise CheckpointError(f"an asynchronous checkpoint failed: {error}") from error
 
     def load(self, path: Path, state: LoopState, *, tables: bool = True) -> None:
         """Restore model, dense optimizer, loop state and data progress from

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from estuary.config import JobSpec
 from estuary.data import TabularDataset
-from estuary.ps import HostedTable, PSClient
+from estuary.ps import HostedTable, PSClient, ShardedPSClient
 from estuary.train.feeds import rank_batches, rank_rows
 from estuary.train.plan import TrainPlan, server_staleness
 from estuary.train.stop import STOP_POLL_STEPS, CollectiveStop
@@ -59,7 +59,7 @@ class DistributedTrainer(Trainer):
 
     Args:
         job: the job (every rank gets the same one).
-        client: the parameter server's client.
+        client: the parameter server's client (several servers: ``ShardedPSClient``).
         rank: this trainer's rank r.
         world_size: W; the process group must be initialised when W > 1.
         model: as for ``Trainer``.
@@ -73,7 +73,7 @@ class DistributedTrainer(Trainer):
     def __init__(
         self,
         job: JobSpec,
-        client: PSClient,
+        client: PSClient | ShardedPSClient,
         *,
         rank: int,
         world_size: int,
@@ -114,6 +114,7 @@ class DistributedTrainer(Trainer):
         ps = self.client.server_stats()
         return {
             "trainers": self.world_size,
+            "ps_shards": getattr(self.client, "servers", 1),
             "ps_applied_steps": min((s["applied"] for s in ps.values()), default=0),
             "ps_duplicate_pushes": sum(s["duplicates"] for s in ps.values()),
             "ps_waits": sum(s["waits"] for s in ps.values()),

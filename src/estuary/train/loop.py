@@ -19,6 +19,7 @@ plain step).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -164,11 +165,16 @@ class FitLoop:
                 cadence.write(state)
             if rules.stop_when_drained and state.chief and state.stop.asked():
                 self._stop(cadence)  # the batches ended on a stop while idle
+        except BaseException:
+            with contextlib.suppress(Exception):  # the first error is the one to report
+                self.checkpointer.wait()
+            raise
         finally:
             updater.close()
             callbacks.on_fit_end(state)
             feed.close()
         try:
+            self.checkpointer.wait()  # Blocking wait: the last asynchronous checkpoint commits
             return self._finish(
                 updater, observer, cadence, rows_done, time.perf_counter() - t_start
             )
@@ -180,6 +186,8 @@ class FitLoop:
         position = self.feed.position()
         if position is not None:  # the data position goes with the model state
             self.checkpointer.data_progress = position
+        if self.checkpointer.job.output.checkpoint_async:
+            return self.checkpointer.save_async(updater, self.state)
         return self.checkpointer.save_consistent(updater, self.state)
 
     def _stop(self, cadence: CheckpointCadence) -> None:
@@ -188,6 +196,7 @@ class FitLoop:
         state = self.state
         if state.chief and self.feed.rules.on_stop and cadence.saved_step != state.step:
             cadence.write(state)
+        self.checkpointer.wait()  # Blocking wait: the stop's checkpoint is on disk
         link = self.checkpointer.link
         path = link.path if link is not None and cadence.saved_step == state.step else None
         raise TrainingStopped(state.stop.reason(), state.step, path)
@@ -238,5 +247,6 @@ class FitLoop:
                 "embedding_rows": sum(s.rows for s in stats.values()),
                 "embedding_bytes": sum(s.bytes for s in stats.values()),
                 "unknown_grads": sum(s.unknown_grads for s in stats.values()),
+                **{k: round(v, 6) for k, v in self.checkpointer.timings.items()},
             },
         )

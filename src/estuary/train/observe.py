@@ -220,8 +220,9 @@ class RunObserver(Callback):
         return roc_auc(truth.astype(np.float32), scores)
 
     def checkpointed(self, step: int, duration_s: float) -> None:
-        """A checkpoint of ``step`` was written in ``duration_s`` seconds."""
-        self.metrics.checkpointed(step, duration_s)
+        """A checkpoint of ``step`` was committed ``duration_s`` seconds after it
+        began (the ``Checkpointer`` tells the metrics itself); an asynchronous
+        one's is called on its writer thread."""
         if self.series is not None:
             self.series.write("checkpoint", step=step, duration_s=round(duration_s, 4))
 

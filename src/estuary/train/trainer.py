@@ -111,7 +111,9 @@ class Trainer:
             mode=job.train.mode,
         )
         dense = list(dataset.dense_names)
-        self.checkpointer = Checkpointer(job, self.engine, self.tables, self.plan, dense)
+        self.checkpointer = Checkpointer(
+            job, self.engine, self.tables, self.metrics, self.plan, dense
+        )
         self.callbacks = [make() for make in self.default_callbacks] + list(callbacks)
         self.restores_tables = True  # False: another rank restores shared tables
         self.data_group: Any = None  # W > 1, data.dataset: the group batches travel on

@@ -1,0 +1,434 @@
+"""Tables split across N parameter-server processes: ``ShardedPSClient`` and
+``ShardedTable`` (``runtime.ps_shards``).
+
+Shapes: ``N`` ids in a call, ``D`` a table's dim, ``P`` servers.
+
+::
+
+    trainer                                   server p (of P), every table
+      ShardedTable.lookup(ids, step s)          hosts the ids with
+        route(ids, P, salt=SERVER_SALT)         splitmix64(id ^ SERVER_SALT) mod P == p
+        server p: lookup_many(part p, step s)   (each its own staleness barrier,
+        ... all P at once (threads) ...          step aggregation and delta chain)
+        rows scattered back in call order
+
+Every step goes to every server, with no ids where a server owns none of the
+batch, so each server's step counters, staleness barrier and exactly-once
+aggregation are those of one server: a step is applied once per server when all
+W ranks have pushed it there. Rows, optimizer state, admission and eviction of
+an id live on one server, so results are those of one server holding the table
+(capacity is split evenly: each server keeps ``ceil(capacity_rows / P)``).
+
+State dicts merge the servers' parts (``merge_states``: a table of ``P x
+shards`` shards); they load into any server or shard count, and any state loads
+here (``split_for_servers``). The servers advance their delta chains together
+(every mark goes to all of them); a merged state carries server 0's chain keys
+and a load hands them to every server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import numpy as np
+
+from estuary.config.spec import TableSpec
+from estuary.embedding.delta import FULL, is_full, merge_server_parts, split_for_servers
+from estuary.embedding.hashing import SERVER_SALT, as_ids, route
+from estuary.embedding.storage import rows_out
+from estuary.embedding.types import EmbeddingStore, Float32Array, Int64Array, TableStats
+from estuary.ps.client import PSClient, RemoteTable
+from estuary.ps.types import Address, HostedTable, PSError
+
+__all__ = ["ShardedPSClient", "ShardedTable", "connect_servers", "server_share"]
+
+T = TypeVar("T")
+State = dict[str, np.ndarray]
+
+
+def server_share(table: HostedTable, servers: int) -> HostedTable:
+    """What one of ``servers`` processes hosts of ``table``: the same spec with the
+    capacity bounds split evenly (``ceil(rows / servers)`` each)."""
+    if servers == 1:
+        return table
+    spec: TableSpec = table.spec
+    capacity = spec.eviction.capacity_rows
+    share = replace(
+        spec,
+        initial_capacity_rows=math.ceil(spec.initial_capacity_rows / servers),
+        eviction=replace(
+            spec.eviction,
+            capacity_rows=None if capacity is None else math.ceil(capacity / servers),
+        ),
+    )
+    return replace(table, spec=share)
+
+
+def connect_servers(
+    addresses: Sequence[Address], authkeys: Sequence[bytes], **client_args: Any
+) -> PSClient | ShardedPSClient:
+    """A client of the servers at ``addresses``: a ``PSClient`` for one server, a
+    ``ShardedPSClient`` for several (``client_args``: as ``PSClient``'s)."""
+    if len(addresses) != len(authkeys) or not addresses:
+        raise ValueError(f"need one key per server address, got {len(addresses)} addresses")
+    clients = [PSClient(a, k, **client_args) for a, k in zip(addresses, authkeys, strict=True)]
+    return clients[0] if len(clients) == 1 else ShardedPSClient(clients)
+
+
+class _Routed:
+    """One table's ids of a call split by server: ``parts[p]`` int64 (N_p,) and the
+    positions ``order[offsets[p]:offsets[p + 1]]`` they came from."""
+
+    def __init__(self, ids: Int64Array, servers: int) -> None:
+        self.size = ids.size
+        self.order, self.offsets = route(ids, servers, salt=SERVER_SALT)
+        self.parts = [ids[self.positions(p)] for p in range(servers)]
+
+    def positions(self, server: int) -> Int64Array:
+        return self.order[self.offsets[server] : self.offsets[server + 1]]
+
+
+class ShardedPSClient:
+    """Clients of P parameter servers that together host every table; a
+    ``MultiTableStore`` whose calls go to all P servers at once.
+
+    Args:
+        clients: one ``PSClient`` per server, in server order (server p hosts the
+            ids with ``splitmix64(id ^ SERVER_SALT) mod P == p``).
+
+    Closing it closes the clients.
+    """
+
+    def __init__(self, clients: Sequence[PSClient]) -> None:
+        if not clients:
+            raise ValueError("ShardedPSClient needs at least one server client")
+        self.clients = list(clients)
+        self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="estuary-ps-shard")
+
+    @property
+    def servers(self) -> int:
+        """P."""
+        return len(self.clients)
+
+    def each(self, fn: Callable[[int], T]) -> list[T]:
+        """``fn(p)`` for every server p, concurrently; results in server order.
+        Every call finishes before the first error (if any) is raised."""
+        futures = [self._pool.submit(fn, p) for p in range(self.servers)]
+        errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+        return [f.result() for f in futures]
+
+    def hello(self) -> dict[str, Any]:
+        """Server 0's facts; raises ``PSError`` unless every server hosts the same tables."""
+        headers = self.each(lambda p: self.clients[p].hello())
+        for p, header in enumerate(headers[1:], start=1):
+            if header["tables"] != headers[0]["tables"]:
+                raise PSError(
+                    f"parameter servers disagree: server 0 hosts {headers[0]['tables']}, "
+                    f"server {p} {header['tables']}"
+                )
+        return headers[0]
+
+    def tables(self, *, rank: int = 0, grad_scale: float = 1.0) -> dict[str, ShardedTable]:
+        """Every hosted table as a ``ShardedTable``, by name."""
+        shards = self.hello().get("shards", {})
+        per_server = self.each(lambda p: self.clients[p].tables(rank=rank, grad_scale=grad_scale))
+        names = list(per_server[0])
+        for p, tables in enumerate(per_server):
+            if list(tables) != names:
+                raise PSError(f"parameter server {p} hosts {sorted(tables)}, server 0 {names}")
+        return {
+            name: ShardedTable(self, [t[name] for t in per_server], shards=int(shards.get(name, 1)))
+            for name in names
+        }
+
+    def table(self, name: str, *, rank: int = 0, grad_scale: float = 1.0) -> ShardedTable:
+        """A ``ShardedTable`` for ``name``."""
+        tables = self.tables(rank=rank, grad_scale=grad_scale)
+        if name not in tables:
+            raise PSError(f"unknown table {name!r}; the servers host {sorted(tables)}")
+        return tables[name]
+
+    def _own(self, stores: Sequence[EmbeddingStore], op: str) -> list[ShardedTable]:
+        tables: list[ShardedTable] = []
+        for store in stores:
+            if not isinstance(store, ShardedTable) or store.client is not self:
+                raise ValueError(f"{op}: {store!r} is not a table of this sharded client")
+            if any(store is seen for seen in tables):
+                raise ValueError(f"{op}: {store!r} is listed twice")
+            tables.append(store)
+        return tables
+
+    def lookup_many(
+        self,
+        stores: Sequence[EmbeddingStore],
+        ids: Sequence[Int64Array],
+        *,
+        train: bool,
+        out: Sequence[Float32Array] | None = None,
+    ) -> list[Float32Array]:
+        """Every table's ``lookup`` in one request per server, all servers at once ->
+        per table float32 (N_i, D_i) (``out[i]`` when given)."""
+        tables = self._own(stores, "lookup_many")
+        id_arrays = [as_ids(i) for i in ids]
+        if len(id_arrays) != len(tables) or (out is not None and len(out) != len(tables)):
+            raise ValueError(
+                f"lookup_many: need ids (and out) for each of the {len(tables)} tables"
+            )
+        if not tables:
+            return []
+        dest = [
+            rows_out(None if out is None else out[i], a.size, t.dim)
+            for i, (t, a) in enumerate(zip(tables, id_arrays, strict=True))
+        ]
+        routed = [_Routed(a, self.servers) for a in id_arrays]
+        steps = [t._next_lookup_step() for t in tables] if train else None
+
+        def one(p: int) -> None:
+            rows = self.clients[p].lookup_many(
+                [t.parts[p] for t in tables],
+                [r.parts[p] for r in routed],
+                train=train,
+                steps=steps,
+            )
+            for into, r, got in zip(dest, routed, rows, strict=True):
+                into[r.positions(p)] = got
+
+        self.each(one)
+        return dest
+
+    def apply_gradients_many(
+        self,
+        stores: Sequence[EmbeddingStore],
+        ids: Sequence[Int64Array],
+        grads: Sequence[Float32Array],
+        lr_scales: Sequence[float] | None = None,
+    ) -> None:
+        """Every table's ``apply_gradients`` (its next push) in one request per
+        server, all servers at once."""
+        tables = self._own(stores, "apply_gradients_many")
+        with contextlib.ExitStack() as stack:
+            for table in sorted(tables, key=id):  # fixed order: no deadlock
+                stack.enter_context(table._push_lock)
+            self.push_many(tables, [t._push_step + 1 for t in tables], ids, grads, lr_scales)
+            for table in tables:
+                table._push_step += 1
+
+    def push_many(
+        self,
+        stores: Sequence[EmbeddingStore],
+        steps: Sequence[int],
+        ids: Sequence[Int64Array],
+        grads: Sequence[Float32Array],
+        lr_scales: Sequence[float] | None = None,
+    ) -> list[bool]:
+        """Each table's ``push(steps[i], ids[i], grads[i])`` on every server (the
+        ids it owns; none where it owns none); per table ``False`` where every
+        server already had that (step, rank) (a retry)."""
+        tables = self._own(stores, "push_many")
+        id_arrays = [as_ids(i) for i in ids]
+        if not len(id_arrays) == len(grads) == len(steps) == len(tables):
+            raise ValueError(
+                f"push_many: need steps, ids and grads for each of {len(tables)} tables"
+            )
+        grad_arrays = []
+        for table, ids_t, grads_t in zip(tables, id_arrays, grads, strict=True):
+            grads_t = np.asarray(grads_t, dtype=np.float32)
+            if grads_t.shape != (ids_t.size, table.dim):
+                raise ValueError(
+                    f"table {table.name!r}: grads must have shape ({ids_t.size}, {table.dim}), "
+                    f"got {grads_t.shape}"
+                )
+            grad_arrays.append(grads_t)
+        routed = [_Routed(a, self.servers) for a in id_arrays]
+
+        def one(p: int) -> list[bool]:
+            return self.clients[p].push_many(
+                [t.parts[p] for t in tables],
+                steps,
+                [r.parts[p] for r in routed],
+                [g[r.positions(p)] for g, r in zip(grad_arrays, routed, strict=True)],
+                lr_scales,
+            )
+
+        fresh = self.each(one)
+        return [any(per_server) for per_server in zip(*fresh, strict=True)]
+
+    def server_stats(self) -> dict[str, dict[str, int]]:
+        """Per table, the servers' step figures combined: ``applied`` (the minimum),
+        ``duplicates`` and ``waits`` (sums), ``pending_steps`` and ``max_behind``
+        (maxima)."""
+        per_server = self.each(lambda p: self.clients[p].server_stats())
+        out: dict[str, dict[str, int]] = {}
+        for name in per_server[0]:
+            figures = [s[name] for s in per_server]
+            out[name] = {
+                "applied": min(f["applied"] for f in figures),
+                "duplicates": sum(f["duplicates"] for f in figures),
+                "waits": sum(f["waits"] for f in figures),
+                "pending_steps": max(f["pending_steps"] for f in figures),
+                "max_behind": max(f["max_behind"] for f in figures),
+            }
+        return out
+
+    def shutdown(self) -> None:
+        """Ask every server to stop."""
+        self.each(lambda p: self.clients[p].shutdown())
+
+    def close(self) -> None:
+        """Close every client's connections."""
+        for client in self.clients:
+            client.close()
+        self._pool.shutdown(wait=False)
+
+
+class ShardedTable:
+    """A table split across the servers of a ``ShardedPSClient``: one
+    ``RemoteTable`` per server (``parts``). Implements ``EmbeddingStore`` and the
+    ``state_dict`` API of ``EmbeddingTable``; thread-safe.
+
+    Args:
+        client: the sharded client.
+        parts: the table on each server, in server order.
+        shards: the hash shards each server splits its part into (``spec.shards``).
+
+    Its own step counters number train lookups and pushes 1, 2, 3, ...; each
+    step goes to every part with the same number.
+    """
+
+    def __init__(
+        self, client: ShardedPSClient, parts: Sequence[RemoteTable], *, shards: int = 1
+    ) -> None:
+        self.client = client
+        self.shards_per_server = shards
+        self.parts = list(parts)
+        self.name = self.parts[0].name
+        self.rank = self.parts[0].rank
+        self._dim = self.parts[0].dim
+        self._lookup_lock = threading.Lock()
+        self._push_lock = threading.Lock()
+        self._lookup_step = 0
+        self._push_step = 0
+
+    def __repr__(self) -> str:
+        return f"ShardedTable({self.name!r}, dim={self._dim}, servers={len(self.parts)})"
+
+    @property
+    def dim(self) -> int:
+        """Embedding width D."""
+        return self._dim
+
+    @property
+    def pushed(self) -> int:
+        """The last step every server acknowledged."""
+        return min(part.pushed for part in self.parts)
+
+    @property
+    def multi_store(self) -> ShardedPSClient:
+        """The ``MultiTableStore`` batching this table's calls with the others'."""
+        return self.client
+
+    def __len__(self) -> int:
+        """Ids holding their own row, over all servers."""
+        return self.stats().rows
+
+    def _next_lookup_step(self) -> int:
+        with self._lookup_lock:
+            self._lookup_step += 1
+            return self._lookup_step
+
+    def lookup(
+        self,
+        ids: Int64Array,
+        *,
+        train: bool,
+        out: Float32Array | None = None,
+    ) -> Float32Array:
+        """Rows of ``ids`` int64 (N,) -> float32 (N, D), as ``RemoteTable.lookup``."""
+        out_list = None if out is None else [out]
+        return self.client.lookup_many([self], [ids], train=train, out=out_list)[0]
+
+    def apply_gradients(
+        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> None:
+        """Push ``grads`` float32 (N, D) for ``ids`` int64 (N,) as this table's next step."""
+        self.client.apply_gradients_many([self], [ids], [grads], [lr_scale])
+
+    def push(
+        self, step: int, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> bool:
+        """Push this rank's gradients of ``step`` to every server (``RemoteTable.push``);
+        ``False`` if every server already had it."""
+        return self.client.push_many([self], [step], [ids], [grads], [lr_scale])[0]
+
+    def wait_applied(self, step: int | None = None) -> int:
+        """Block until ``step`` (default: the last pushed) is applied on every server;
+        returns the smallest last-applied step."""
+        target = self.pushed if step is None else step
+        return min(self.client.each(lambda p: self.parts[p].wait_applied(target)))
+
+    def stats(self) -> TableStats:
+        """The servers' counters, summed."""
+        total = TableStats()
+        for stats in self.client.each(lambda p: self.parts[p].stats()):
+            total = total + stats
+        return total
+
+    def state_dict(self, *, mark_clean: bool = True) -> State:
+        """All rows and state, the servers' parts merged (a table of P x shards
+        shards; loads into any count)."""
+        parts = self.client.each(lambda p: self.parts[p].state_dict(mark_clean=mark_clean))
+        return _merge(parts, self.name)
+
+    def delta_state_dict(self) -> State:
+        """Rows changed and ids evicted since the last mark, on every server.
+
+        Should some servers have to send a full state (``delta.full``: more ids
+        evicted than they hold rows) and others not, the others' full states are
+        taken too (unmarked: the delta already marked them), so the merged delta
+        is full and loads like one."""
+        parts = self.client.each(lambda p: self.parts[p].delta_state_dict())
+        fulls = [is_full(part) for part in parts]
+        if any(fulls) and not all(fulls):
+            for p, full in enumerate(fulls):
+                if not full:
+                    chain = {k: v for k, v in parts[p].items() if k.startswith("delta.")}
+                    parts[p] = {**self.parts[p].state_dict(mark_clean=False), **chain}
+                    parts[p][FULL] = np.array([1], np.int64)
+        return _merge(parts, self.name)
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Replace the table's state on every server (a state of any shard or
+        server count). Call it while no trainer is training."""
+        parts = split_for_servers(dict(state), len(self.parts), self.shards_per_server)
+        self.client.each(lambda p: self.parts[p].load_state_dict(parts[p]))
+
+    def apply_delta(self, delta: Mapping[str, np.ndarray]) -> None:
+        """Apply a delta (of any shard or server count) on every server; a wrong
+        base raises ``PSError``. Call it while no trainer is training."""
+        parts = split_for_servers(dict(delta), len(self.parts), self.shards_per_server)
+        self.client.each(lambda p: self.parts[p].apply_delta(parts[p]))
+
+    def remove(self, ids: Int64Array) -> int:
+        """Drop the rows of ``ids`` int64 (N,); returns how many existed."""
+        routed = _Routed(as_ids(ids), len(self.parts))
+        return sum(self.client.each(lambda p: self.parts[p].remove(routed.parts[p])))
+
+    def set_admission_counting(self, enabled: bool) -> None:
+        """As ``RemoteTable.set_admission_counting``, on every server."""
+        self.client.each(lambda p: self.parts[p].set_admission_counting(enabled))
+
+
+def _merge(parts: list[State], name: str) -> State:
+    try:
+        return merge_server_parts(parts, name)
+    except ValueError as exc:
+        raise PSError(str(exc)) from exc

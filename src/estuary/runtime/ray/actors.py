@@ -1,0 +1,90 @@
+"""The job's roles as Ray actor classes: a parameter-server shard and a trainer.
+
+Both are threaded actors (``max_concurrency``): a trainer's ``run`` trains
+while ``stop`` can still reach it; a server's ``serve`` returns only when it
+stops, so a finished ``serve`` call is a server gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from typing import Any
+
+import ray
+
+from estuary.ps import ParameterServer, ServerConfig
+from estuary.ps.types import Address
+from estuary.runtime.worker import WorkerLaunch, run_trainer
+from estuary.train import FitResult, TrainingStopped
+
+__all__ = ["ServerActor", "StopFlag", "TrainerActor"]
+
+
+class StopFlag:
+    """The trainer's stop signal: ``value`` is a signal number once a stop is
+    asked (``CollectiveStop`` polls it)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+@ray.remote(max_concurrency=4)  # type: ignore[call-overload]
+class ServerActor:
+    """One parameter-server shard: a ``ParameterServer`` on TCP at this node's address."""
+
+    def __init__(self, config: ServerConfig, authkey: bytes) -> None:
+        host = ray.util.get_node_ip_address()
+        self.server = ParameterServer(config, address=(host, 0), authkey=authkey)
+        self._done = threading.Event()
+        threading.Thread(target=self._serve, name="estuary-ps", daemon=True).start()
+
+    def _serve(self) -> None:
+        try:
+            self.server.serve_forever()
+        finally:
+            self._done.set()
+
+    def endpoint(self) -> tuple[Address, int]:
+        """(where trainers connect, this process's pid)."""
+        return self.server.address, os.getpid()
+
+    def serve(self) -> None:
+        """Return when the server stops (shutdown or a crash)."""
+        self._done.wait()
+
+    def shutdown(self) -> None:
+        self.server.close()
+
+
+@ray.remote(max_concurrency=2)  # type: ignore[call-overload]
+class TrainerActor:
+    """One trainer rank; ``run`` trains (see ``run_trainer``)."""
+
+    def __init__(self) -> None:
+        self.flag = StopFlag()
+
+    def rendezvous(self) -> tuple[str, int, int]:
+        """(this node's address, a free TCP port there, this process's pid): rank 0's
+        answer is the process group's ``tcp://`` rendezvous."""
+        host = ray.util.get_node_ip_address()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            port = int(probe.getsockname()[1])
+        return host, port, os.getpid()
+
+    def run(self, rank: int, launch: WorkerLaunch) -> FitResult | TrainingStopped | None:
+        return run_trainer(rank, launch, self.flag)
+
+    def stop(self, signum: int) -> None:
+        """Ask for a stop: the ranks agree on a step, checkpoint it and return."""
+        self.flag.value = int(signum)
+
+
+def kill_all(actors: list[Any]) -> None:
+    """Kill ``actors`` at once (no restart by Ray: the controller decides)."""
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)

@@ -1,0 +1,260 @@
+"""``RayRuntime``: connects, places the roles, runs attempts until one finishes
+(see the package docstring)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from estuary.config import JobSpec
+from estuary.ps import ServerConfig, server_share
+from estuary.runtime.failure import policy_for
+from estuary.runtime.launcher import act, default_backend
+from estuary.runtime.ray.actors import ServerActor, TrainerActor, kill_all
+from estuary.runtime.ray.cluster import Placement, PlacementError, connect, place, role_asks
+from estuary.runtime.recovery import DistributedError, supervise
+from estuary.runtime.types import (
+    FailurePolicy,
+    JobState,
+    RoleFailure,
+    RoleState,
+    StopRequest,
+)
+from estuary.runtime.worker import WorkerLaunch
+from estuary.train import FitResult, TrainingStopped
+from estuary.train.plan import TrainPlan
+
+__all__ = ["PlacementError", "RayRuntime"]
+
+POLL_S = 0.25  # how often the controller looks at its roles (failures seen within ~1 s)
+
+
+class RayRuntime:
+    """Runs a job's roles as Ray actors.
+
+    Args:
+        policy: what a role's failure means (default: the job's
+            ``runtime.max_restarts``).
+        ps_wait_timeout_s: longest a server request waits for a step.
+        pg_timeout_s: timeout of the trainers' process-group collectives.
+        startup_timeout_s: longest wait for the roles to start.
+
+    ``state`` is the job's ``JobState``; ``roles`` maps ``(role, rank)`` to its
+    ``RoleState``.
+    """
+
+    def __init__(
+        self,
+        policy: FailurePolicy | None = None,
+        *,
+        ps_wait_timeout_s: float = 300.0,
+        pg_timeout_s: float = 600.0,
+        startup_timeout_s: float = 180.0,
+    ) -> None:
+        self._policy = policy
+        self.policy: FailurePolicy | None = policy
+        self.ps_wait_timeout_s = ps_wait_timeout_s
+        self.pg_timeout_s = pg_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.state = JobState.PENDING
+        self.roles: dict[tuple[str, int], RoleState] = {}
+        self._stop_signum = 0
+
+    def run(
+        self,
+        job: JobSpec,
+        *,
+        resume: bool = False,
+        stop: StopRequest | None = None,
+        progress: bool | None = None,
+    ) -> FitResult:
+        policy = policy_for(job) if self._policy is None else self._policy
+        self.policy = policy
+        stop = StopRequest() if stop is None else stop
+        stop.on_request(self._ask_stop)
+        asks = role_asks(job)
+        self.state = JobState.RUNNING
+        connected = connect(job.runtime.ray, asks)
+        placement: Placement | None = None
+        try:
+            placement = place(asks, job.runtime.ray.placement_timeout_s)
+
+            def attempt(resume: bool, running: Callable[[], None]) -> FitResult:
+                assert placement is not None
+                return self._attempt(job, placement, policy, resume, running)
+
+            result = supervise(attempt, job, resume=resume)
+        except TrainingStopped:
+            self.state = JobState.STOPPED
+            raise
+        except BaseException:
+            self.state = JobState.FAILED
+            raise
+        finally:
+            if placement is not None:
+                placement.remove()
+            if connected:
+                ray.shutdown()
+        self.state = JobState.SUCCEEDED
+        result.extra["runtime"] = "ray"
+        result.extra["roles"] = {a.role: a.count for a in asks}
+        return result
+
+    def _ask_stop(self, reason: str) -> None:
+        # From a signal handler: only note it; the controller loop forwards it.
+        self._stop_signum = StopRequest.signal_number(reason)
+
+    def _attempt(
+        self,
+        job: JobSpec,
+        placement: Placement,
+        policy: FailurePolicy,
+        resume: bool,
+        running: Callable[[], None],
+    ) -> FitResult:
+        runtime = job.runtime
+        world = runtime.trainers
+        plan = TrainPlan.from_job(job)
+        config = ServerConfig(
+            {name: server_share(t, runtime.ps_shards) for name, t in plan.hosted_tables().items()},
+            world_size=world,
+            staleness=plan.staleness,
+            wait_timeout_s=self.ps_wait_timeout_s,
+        )
+        ps_res, tr_res = runtime.ray.ps, runtime.ray.trainer
+        keys = [os.urandom(32) for _ in range(runtime.ps_shards)]
+        servers = [
+            ServerActor.options(  # type: ignore[attr-defined]
+                num_cpus=ps_res.cpus,
+                num_gpus=ps_res.gpus,
+                scheduling_strategy=placement.strategy("ps", p),
+                name=None,
+            ).remote(config, keys[p])
+            for p in range(runtime.ps_shards)
+        ]
+        trainers = [
+            TrainerActor.options(  # type: ignore[attr-defined]
+                num_cpus=tr_res.cpus,
+                num_gpus=tr_res.gpus,
+                scheduling_strategy=placement.strategy("trainer", r),
+            ).remote()
+            for r in range(world)
+        ]
+        self.roles.update({("ps", p): RoleState.STARTING for p in range(len(servers))})
+        self.roles.update({("trainer", r): RoleState.STARTING for r in range(world)})
+        self.pids: dict[tuple[str, int], int] = {}
+        try:
+            endpoints = self._get([s.endpoint.remote() for s in servers], "ps")
+            host, port, pid0 = self._get([trainers[0].rendezvous.remote()], "trainer")[0]
+            pids = self._get([t.rendezvous.remote() for t in trainers[1:]], "trainer")
+            self.pids.update({("ps", p): e[1] for p, e in enumerate(endpoints)})
+            self.pids[("trainer", 0)] = pid0
+            self.pids.update({("trainer", r + 1): x[2] for r, x in enumerate(pids)})
+            launch = WorkerLaunch(
+                job=job,
+                world_size=world,
+                addresses=tuple(e[0] for e in endpoints),
+                authkeys=tuple(keys),
+                init_method=f"tcp://{host}:{port}",
+                backend=default_backend(job),
+                pg_timeout_s=self.pg_timeout_s,
+                ps_timeout_s=self.ps_wait_timeout_s + 60.0,
+                startup_timeout_s=self.startup_timeout_s,
+                threads=max(1, int(tr_res.cpus)),
+                progress=False,
+                resume=resume,
+                one_machine=placement.nodes() == 1,
+            )
+            runs = {t.run.remote(r, launch): r for r, t in enumerate(trainers)}
+            watches = {s.serve.remote(): p for p, s in enumerate(servers)}
+            self.roles.update({key: RoleState.RUNNING for key in self.roles})
+            running()
+            return self._watch(runs, watches, trainers, policy)
+        finally:
+            kill_all([*trainers, *servers])
+
+    def _get(self, refs: list[Any], role: str) -> list[Any]:
+        try:
+            return list(ray.get(refs, timeout=self.startup_timeout_s))
+        except GetTimeoutError as exc:
+            raise DistributedError(
+                f"{role} actors did not start within {self.startup_timeout_s:g} s"
+            ) from exc
+
+    def _watch(
+        self,
+        runs: dict[Any, int],
+        watches: dict[Any, int],
+        trainers: list[Any],
+        policy: FailurePolicy,
+    ) -> FitResult:
+        """The controller: forward stops, collect results, turn the first failure
+        into the policy's decision."""
+        out: FitResult | TrainingStopped | None = None
+        forwarded = False
+        while runs:
+            if self._stop_signum and not forwarded:
+                for trainer in trainers:
+                    trainer.stop.remote(self._stop_signum)
+                forwarded = True
+            # Blocking wait: the next role to finish (or fail), for at most POLL_S.
+            ready, _ = ray.wait([*runs, *watches], num_returns=1, timeout=POLL_S)
+            for ref in ready:
+                if ref in watches:
+                    rank = watches.pop(ref)
+                    self._fail(RoleFailure("ps", rank, _reason(ref)), policy)
+                rank = runs.pop(ref)
+                try:
+                    value = ray.get(ref)
+                except (RayActorError, RayTaskError) as exc:
+                    # A server's death fails the trainers too: name the cause.
+                    lost = _lost_server(watches, grace_s=2.0)
+                    failure = lost or RoleFailure("trainer", rank, _reason(ref, exc))
+                    self._fail(failure, policy, exc)
+                self.roles[("trainer", rank)] = RoleState.FINISHED
+                if rank == 0:
+                    out = value
+        if out is None:
+            raise DistributedError("trainer rank 0 finished without a result")
+        if isinstance(out, TrainingStopped):
+            raise out
+        return out
+
+    def _fail(
+        self, failure: RoleFailure, policy: FailurePolicy, cause: BaseException | None = None
+    ) -> NoReturn:
+        self.roles[(failure.role, failure.rank)] = RoleState.FAILED
+        noticed = time.monotonic()
+        act(policy.decide(failure), failure, cause or DistributedError(failure.reason), noticed)
+
+
+def _lost_server(watches: dict[Any, int], grace_s: float) -> RoleFailure | None:
+    """A server whose actor died (its ``serve`` call ended), within ``grace_s``."""
+    if not watches:
+        return None
+    ready, _ = ray.wait(list(watches), num_returns=1, timeout=grace_s)
+    if not ready:
+        return None
+    return RoleFailure("ps", watches[ready[0]], _reason(ready[0]))
+
+
+def _reason(ref: Any, exc: BaseException | None = None) -> str:
+    """One line on why a role's call ended."""
+    if exc is None:
+        try:
+            ray.get(ref)
+        except RayActorError as error:
+            exc = error
+        except RayTaskError as error:
+            exc = error
+        else:
+            return "stopped serving"
+    if isinstance(exc, RayActorError):
+        return "died (its process exited or its node was lost)"
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return f"failed: {lines[-1] if lines else type(exc).__name__}"

@@ -1,0 +1,150 @@
+"""Joining a Ray cluster and placing a job's roles on it (all or none)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+from estuary.config import JobSpec
+from estuary.config.spec import RaySpec, RoleResources
+
+__all__ = ["Placement", "PlacementError", "RoleAsk", "connect", "place"]
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot fit the job's roles; the message names each role, what
+    it asks and what the cluster has."""
+
+
+@dataclass(frozen=True)
+class RoleAsk:
+    """``count`` processes of ``role``, each asking ``resources``."""
+
+    role: str
+    count: int
+    resources: RoleResources
+
+    def bundle(self) -> dict[str, float]:
+        """One process's ask as a Ray resource bundle."""
+        out = {"CPU": float(self.resources.cpus)}
+        if self.resources.gpus:
+            out["GPU"] = float(self.resources.gpus)
+        if self.resources.memory_mb is not None:
+            out["memory"] = float(self.resources.memory_mb * 2**20)
+        return out
+
+    def describe(self) -> str:
+        return f"{self.role} x{self.count} asks {_fmt(self.bundle())} each"
+
+
+def role_asks(job: JobSpec) -> list[RoleAsk]:
+    """The job's roles in placement order: PS shards, then trainers."""
+    spec = job.runtime
+    return [
+        RoleAsk("ps", spec.ps_shards, spec.ray.ps),
+        RoleAsk("trainer", spec.trainers, spec.ray.trainer),
+    ]
+
+
+def connect(spec: RaySpec, asks: list[RoleAsk]) -> bool:
+    """Join the cluster ``spec`` names (a local instance when ``address`` is
+    ``null``), unless this process is connected already; returns whether it
+    connected (and so should disconnect when done)."""
+    if ray.is_initialized():
+        return False
+    # ray.init installs its own SIGTERM handler in the driver; the caller's
+    # (the CLI's graceful stop) must stay.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if spec.address is None:
+            wanted = sum(a.count * a.resources.cpus for a in asks)
+            cpus = spec.num_cpus or max(os.cpu_count() or 1, math.ceil(wanted))
+            ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+        else:
+            ray.init(address=spec.address, logging_level=logging.WARNING)
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+    return True
+
+
+@dataclass
+class Placement:
+    """A ready placement group and which bundle each role's process takes."""
+
+    group: PlacementGroup
+    first_bundle: dict[str, int]
+
+    def strategy(self, role: str, rank: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.group,
+            placement_group_bundle_index=self.first_bundle[role] + rank,
+        )
+
+    def nodes(self) -> int:
+        """Distinct nodes the bundles landed on."""
+        table = ray.util.placement_group_table(self.group)
+        return len(set(table.get("bundles_to_node_id", {}).values())) or 1
+
+    def remove(self) -> None:
+        remove_placement_group(self.group)
+
+
+def place(asks: list[RoleAsk], timeout_s: float) -> Placement:
+    """Reserve every role's resources together (``PACK``: as few nodes as fit).
+
+    Raises:
+        PlacementError: a role asks for more than the cluster has in all, or the
+            group did not fit within ``timeout_s``.
+    """
+    bundles: list[dict[str, float]] = []
+    first: dict[str, int] = {}
+    for ask in asks:
+        first[ask.role] = len(bundles)
+        bundles += [ask.bundle()] * ask.count
+    total: Counter[str] = Counter()
+    for bundle in bundles:
+        total.update(bundle)
+    have = ray.cluster_resources()
+    short = {k: v for k, v in total.items() if v > have.get(k, 0.0) + 1e-9}
+    if short:
+        raise PlacementError(_explain(asks, total, have, "can never fit them"))
+    group = placement_group(bundles, strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        free = ray.available_resources()
+        raise PlacementError(
+            _explain(asks, total, free, f"has not had room for them within {timeout_s:g} s")
+            + " (free now; runtime.ray.placement_timeout_s waits longer)"
+        )
+    return Placement(group, first)
+
+
+def _explain(asks: list[RoleAsk], total: Counter[str], have: dict[str, float], what: str) -> str:
+    roles = "; ".join(a.describe() for a in asks)
+    return (
+        f"the Ray cluster {what}: {roles} (in all {_fmt(dict(total))}); "
+        f"the cluster has {_fmt({k: have.get(k, 0.0) for k in total})}"
+    )
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    parts = []
+    for key, value in resources.items():
+        if key == "memory":
+            parts.append(f"memory {value / 2**20:,.0f} MiB")
+        else:
+            parts.append(f"{key} {value:g}")
+    return "{" + ", ".join(parts) + "}"

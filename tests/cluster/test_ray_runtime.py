@@ -1,0 +1,200 @@
+"""``runtime.backend: ray`` on a local Ray instance: the same run as the local
+runtime, roles placed all together or a clear error, a stop that checkpoints,
+and a SIGKILLed PS shard or trainer restarted from the newest checkpoint to the
+undisturbed result."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from estuary.cli import main
+from estuary.config import load_job
+from estuary.runtime import JobState, StopRequest
+from estuary.train import TrainingStopped, load_checkpoint
+from estuary.train.checkpoint_chain import LATEST
+
+from ..distributed.conftest import write_job
+
+pytestmark = pytest.mark.ray
+RAY_2X2 = ["runtime.backend=ray", "runtime.trainers=2", "runtime.ps_shards=2"]
+
+
+def by_id(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    order = np.argsort(state["ids"])
+    return {k: np.asarray(state[k])[order] for k in ("ids", "weights", "opt.accum")}
+
+
+def assert_same_tables(a: Path, b: Path) -> None:
+    got, want = load_checkpoint(a / "checkpoints"), load_checkpoint(b / "checkpoints")
+    assert set(got.tables) == set(want.tables)
+    for name in want.tables:
+        x, y = by_id(got.tables[name]), by_id(want.tables[name])
+        np.testing.assert_array_equal(x["ids"], y["ids"])
+        np.testing.assert_allclose(x["weights"], y["weights"], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(x["opt.accum"], y["opt.accum"], rtol=1e-6, atol=1e-7)
+
+
+def sets(*overrides: str) -> list[str]:
+    return [arg for o in overrides for arg in ("--set", o)]
+
+
+def test_ray_2x2_trains_what_the_local_runtime_trains(ray_instance: Any, tmp_path: Path) -> None:
+    job_path = write_job(tmp_path)  # sync mode: deterministic
+    local = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "local")]
+    assert main([*local, *sets("runtime.trainers=2", "runtime.ps_shards=2")]) == 0
+    on_ray = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "ray")]
+    assert main([*on_ray, *sets(*RAY_2X2)]) == 0
+    want = json.loads((tmp_path / "local" / "summary.json").read_text())
+    got = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert got["runtime"] == "ray" and got["roles"] == {"ps": 2, "trainer": 2}
+    assert got["ps_shards"] == 2 and got["restarts"] == 0
+    assert got["steps"] == want["steps"] == got["ps_applied_steps"]
+    assert got["auc"] == pytest.approx(want["auc"], abs=1e-9)
+    assert_same_tables(tmp_path / "ray", tmp_path / "local")
+    # A Ray checkpoint resumes on the local runtime (and so continues anywhere).
+    more = sets("train.epochs=3", "runtime.trainers=1", "runtime.ps_shards=1")
+    assert main([*on_ray, "--resume", *more]) == 0
+    resumed = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert resumed["steps"] > got["steps"]
+
+
+def test_roles_the_cluster_cannot_fit_fail_naming_each_role(
+    ray_instance: Any, tmp_path: Path
+) -> None:
+    from estuary.runtime.ray import RayRuntime
+    from estuary.runtime.ray.cluster import PlacementError
+
+    job = load_job(
+        write_job(tmp_path),
+        [*RAY_2X2, "runtime.ray.trainer.cpus=50", "runtime.ray.ps.memory_mb=1024"],
+    )
+    runtime = RayRuntime()
+    with pytest.raises(PlacementError) as info:
+        runtime.run(job, progress=False)
+    message = str(info.value)
+    assert "the Ray cluster can never fit them" in message
+    assert "ps x2 asks {CPU 1, memory 1,024 MiB} each" in message
+    assert "trainer x2 asks {CPU 50} each" in message
+    assert "the cluster has {CPU 8," in message
+    assert runtime.state is JobState.FAILED
+
+
+def test_a_stop_reaches_every_trainer_and_checkpoints_one_step(
+    ray_instance: Any, tmp_path: Path
+) -> None:
+    from estuary.runtime.ray import RayRuntime
+
+    job = load_job(write_job(tmp_path), RAY_2X2)
+    stop = StopRequest()
+    stop.request("SIGTERM")  # asked before the run: it stops at the first poll
+    with pytest.raises(TrainingStopped) as info:
+        RayRuntime().run(job, stop=stop, progress=False)
+    assert info.value.reason == "SIGTERM"
+    newest = load_checkpoint(tmp_path / "out" / "checkpoints")
+    assert newest.manifest["step"] == info.value.step >= 1
+
+
+def big_job(folder: Path, **runtime: Any) -> Path:
+    """Long enough (about 240 steps) that a kill lands mid-run; a checkpoint
+    every 3 steps; one restart allowed."""
+    path = write_job(folder, rows=4000)
+    raw = yaml.safe_load(path.read_text())
+    raw["output"]["checkpoint_every_steps"] = 3
+    raw["train"]["epochs"] = 1
+    raw["runtime"] = {"trainers": 2, "ps_shards": 2, "max_restarts": 1, **runtime}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def kill_after_first_checkpoint(runtime: Any, out: Path, role: str, rank: int) -> threading.Thread:
+    """SIGKILL the role's process as soon as the first checkpoint is written."""
+
+    def kill() -> None:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoints" / LATEST).is_file():
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        os.kill(runtime.pids[(role, rank)], signal.SIGKILL)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(("role", "rank"), [("ps", 1), ("trainer", 1)])
+def test_a_killed_role_restarts_from_the_newest_checkpoint_to_the_undisturbed_result(
+    ray_instance: Any, tmp_path: Path, role: str, rank: int
+) -> None:
+    from estuary.runtime.ray import RayRuntime
+
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "hit").mkdir()
+    ref = load_job(big_job(tmp_path / "ref"), ["runtime.backend=ray"])
+    want = RayRuntime().run(ref, progress=False)
+    hit = load_job(big_job(tmp_path / "hit"), ["runtime.backend=ray"])
+    runtime = RayRuntime()
+    killer = kill_after_first_checkpoint(runtime, tmp_path / "hit" / "out", role, rank)
+    got = runtime.run(hit, progress=False)
+    killer.join(timeout=5)
+    assert got.extra["restarts"] == 1
+    [record] = got.extra["restart_log"]
+    assert (record["role"], record["rank"]) == (role, rank)
+    assert record["reason"].startswith("died")
+    assert got.extra["lost_s"] > 0 and record["recovery_s"] > 0
+    assert got.auc == pytest.approx(want.auc, abs=1e-9)
+    assert got.summary()["steps"] == want.summary()["steps"]
+    # The restarted servers applied the steps after the checkpoint, each once.
+    assert got.extra["ps_duplicate_pushes"] == 0
+    assert got.extra["ps_applied_steps"] < want.extra["ps_applied_steps"]
+    assert_same_tables(tmp_path / "hit" / "out", tmp_path / "ref" / "out")
+
+
+@pytest.mark.parametrize(("role", "rank"), [("ps", 0), ("trainer", 0)])
+def test_a_dataset_run_trains_every_row_once_through_a_killed_role(
+    ray_instance: Any, tmp_path: Path, role: str, rank: int
+) -> None:
+    """A ``data.dataset`` job (rank 0 reads the task graph) with a checkpoint every
+    3 steps: a role SIGKILLed after the first checkpoint, the run restarts from
+    the newest one, every input row is trained exactly once in the end (the data
+    progress says so, row by row) and the AUC is an undisturbed run's, within 0.005."""
+    from estuary.runtime.ray import RayRuntime
+
+    from ..graph.conftest import assert_every_row_once, write_hours
+    from ..graph.test_multi_trainer import write_job as write_dataset_job
+
+    hours = 4
+    results = {}
+    for name in ("ref", "hit"):
+        folder = tmp_path / name
+        folder.mkdir()
+        written = write_hours(folder, hours, 1500)  # 6,000 rows: ~190 steps of 2 x 16
+        write_hours(folder, 1, 600, first_hour=hours, seed=9)  # the held-out hour
+        path = write_dataset_job(folder, hours, mode="sync")
+        raw = yaml.safe_load(path.read_text())
+        streams = raw["data"]["dataset"]["streams"]
+        holdout = dict(streams["s"]["sources"][0], name="h")
+        holdout.update(start=f"2026-01-01T{hours:02d}", end=f"2026-01-01T{hours + 1:02d}")
+        streams["holdout"] = {"sources": [holdout]}
+        raw["data"]["dataset"]["eval_stream"] = "holdout"
+        raw["runtime"] = {"backend": "ray", "trainers": 2, "ps_shards": 2, "max_restarts": 1}
+        path.write_text(yaml.safe_dump(raw))
+        runtime = RayRuntime()
+        if name == "hit":
+            kill_after_first_checkpoint(runtime, folder / "out", role, rank)
+        results[name] = runtime.run(load_job(path), progress=False)
+        assert_every_row_once(path, written, hours)
+    got, want = results["hit"], results["ref"]
+    assert want.extra["restarts"] == 0 and got.extra["restarts"] == 1
+    assert got.extra["restart_log"][0]["role"] == role
+    assert got.summary()["steps"] == want.summary()["steps"]
+    assert want.auc is not None and got.auc == pytest.approx(want.auc, abs=0.005)
