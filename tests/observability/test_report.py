@@ -311,3 +311,14 @@ def test_samples_come_fast_at_first_and_spread_out_to_the_configured_interval() 
     assert series_interval_s(100.0, 10.0) == 2.5
     assert series_interval_s(3600.0, 10.0) == 10.0
     assert series_interval_s(0.0, 0.02) == 0.02  # a shorter setting always wins
+
+
+def test_asynchronous_checkpoints_reach_the_series_from_their_writer(
+    tmp_path: Path, tiny_job: TinyJob
+) -> None:
+    job = tiny_job(tmp_path, checkpoint_every_steps=50, checkpoint_async=True)
+    assert main(["train", str(job)]) == 0
+    checkpoints = by_kind(tmp_path / "run")["checkpoint"]
+    # Mid-run ones committed by the background writer, then the final one.
+    assert [c["step"] for c in checkpoints] == [50, 100, 150, 150]
+    assert all(c["duration_s"] > 0 for c in checkpoints)
