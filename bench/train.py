@@ -705,6 +705,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
                         for k in (
                             "samples_per_s",
                             "others_cores",
+                            "scrapes",
                             "placement",
                             "profile",
                             "blocking_checkpoint_s",
