@@ -126,7 +126,6 @@ class FitLoop:
             job_name=job.name,
             mode=job.train.mode,
         )
-        self.checkpointer.listeners.append(observer.checkpointed)
         callbacks = Callbacks(
             [
                 ProgressCallback(feed.total_rows, self.progress),
@@ -135,6 +134,15 @@ class FitLoop:
                 *self.extra_callbacks,
             ]
         )
+        with observer.watching(self.checkpointer.listeners):  # its checkpoints, then closed
+            rows_done, train_wall_s = self._train(callbacks, cadence, updater)
+            return self._finish(updater, observer, cadence, rows_done, train_wall_s)
+
+    def _train(
+        self, callbacks: Callbacks, cadence: CheckpointCadence, updater: SparseUpdater
+    ) -> tuple[int, float]:
+        """The epochs and steps; returns (rows trained over all ranks, seconds)."""
+        state, feed, engine = self.state, self.feed, self.engine
         rows_done = 0
         t_start = time.perf_counter()
         callbacks.on_fit_start(state)
@@ -173,14 +181,8 @@ class FitLoop:
             updater.close()
             callbacks.on_fit_end(state)
             feed.close()
-        try:
-            self.checkpointer.wait()  # Blocking wait: the last asynchronous checkpoint commits
-            return self._finish(
-                updater, observer, cadence, rows_done, time.perf_counter() - t_start
-            )
-        finally:
-            self.checkpointer.listeners.remove(observer.checkpointed)
-            observer.close()
+        self.checkpointer.wait()  # Blocking wait: the last asynchronous checkpoint commits
+        return rows_done, time.perf_counter() - t_start
 
     def _save(self, updater: SparseUpdater) -> Path:
         position = self.feed.position()

@@ -17,10 +17,11 @@ the interval's newest rows (at most ``AUC_WINDOW_ROWS``; a sort: about 4 ms per
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -240,6 +241,19 @@ class RunObserver(Callback):
         self.metrics.trained(samples_per_s)
         if self.series is not None:
             self.series.write("end", step=step, rows=rows, rows_per_s=round(samples_per_s, 1))
+
+    @contextlib.contextmanager
+    def watching(self, listeners: list[Callable[[int, float], None]]) -> Iterator[RunObserver]:
+        """For one fit: hear of its checkpoints (a ``Checkpointer``'s ``listeners``);
+        afterwards, however the fit ended, close the series and clear the log
+        context's step (a later fit in this process starts without one)."""
+        listeners.append(self.checkpointed)
+        try:
+            yield self
+        finally:
+            listeners.remove(self.checkpointed)
+            self.close()
+            LOG_CONTEXT.step = None
 
     def on_fit_end(self, state: LoopState) -> None:
         """Close the series file (a later record, e.g. the evaluation's, reopens it)."""
