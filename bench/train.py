@@ -2,7 +2,7 @@
 
     python bench/train.py [--json PATH] [--batches 50] [--warmup 5] [--rounds 5] [--threads 2]
                           [--contenders hybrid,sync,pytorch,torchrec,dense[,hybrid_bg,hybrid_bf16,
-                                        local_2x2,ray_2x2]]
+                                        hybrid_obs,local_2x2,ray_2x2]]
 
 One model, one data set, every contender in the same run:
 
@@ -19,6 +19,11 @@ One model, one data set, every contender in the same run:
              whatever the placement policy would choose
   hybrid_bf16 (only when asked for) hybrid with ``train.precision: bf16``: the
              dense forward/backward under bfloat16 autocast
+  hybrid_obs (only when asked for) hybrid with observability on: Prometheus
+             metrics served (``output.metrics_port: 0``) and scraped every
+             second by a thread in the process (15x a usual scrape interval), and
+             the time series written at its default cadence (every 0.25 s in a
+             run this short); the other Estuary contenders run with both off
   local_2x2  (only when asked for) 2 trainers and 2 PS shards as local processes
              (``runtime.run``, hybrid, batch_size / 2 per trainer) over the
              warm-up and measured rows; rank 0's rows/s of its training loop
@@ -106,7 +111,14 @@ CONTENDERS = ("hybrid", "sync", "pytorch", "torchrec", "dense")
 # Not run by default (``--contenders ...,hybrid_bg``): hybrid with its sparse work
 # forced onto background threads, to check the placement policy's choice; the
 # multi-process runtimes (2 trainers and 2 PS shards, local processes or Ray actors).
-EXTRA_CONTENDERS = ("hybrid_bg", "hybrid_bf16", "local_2x2", "ray_2x2", "ray_2x2_actor")
+EXTRA_CONTENDERS = (
+    "hybrid_bg",
+    "hybrid_bf16",
+    "hybrid_obs",
+    "local_2x2",
+    "ray_2x2",
+    "ray_2x2_actor",
+)
 # name -> (runtime.backend, runtime.ray.data_plane, times checkpoints too)
 CLUSTER_CONTENDERS = {
     "local_2x2": ("local", "socket", True),
@@ -151,7 +163,14 @@ def make_data(folder: Path, rows: int, warmup_rows: int, zipf_a: float, seed: in
 # -- contenders (each runs in a worker subprocess) -------------------------------------
 
 
-def estuary_job(tsv: Path, out: Path, mode: str, args: argparse.Namespace, **train: str) -> Any:
+def estuary_job(
+    tsv: Path,
+    out: Path,
+    mode: str,
+    args: argparse.Namespace,
+    output: dict[str, Any] | None = None,
+    **train: str,
+) -> Any:
     from estuary.config import job_from_dict
 
     return job_from_dict(
@@ -184,21 +203,38 @@ def estuary_job(tsv: Path, out: Path, mode: str, args: argparse.Namespace, **tra
                 "dense_optimizer": {"name": "adam", "lr": DENSE_LR},
                 **train,
             },
-            "output": {"dir": str(out), "checkpoint": False, "progress": False},
+            "output": {
+                "dir": str(out),
+                "checkpoint": False,
+                "progress": False,
+                "timeseries_every_s": None,
+                **(output or {}),
+            },
         }
     )
 
 
-def run_estuary(mode: str, data: Path, args: argparse.Namespace, **train: str) -> dict[str, Any]:
+def run_estuary(
+    mode: str,
+    data: Path,
+    args: argparse.Namespace,
+    output: dict[str, Any] | None = None,
+    **train: str,
+) -> dict[str, Any]:
     """``Trainer.fit`` on the measured rows, continuing from a fit on the warm-up
     rows (tables, weights and optimizer handed over with the public
-    ``state_dict``/``load_state_dict``, as a resumed run would)."""
+    ``state_dict``/``load_state_dict``, as a resumed run would). With
+    ``output.metrics_port`` set, a thread scrapes ``/metrics`` every second
+    while the measured fit runs."""
+    import threading
+    import urllib.request
+
     from estuary.data import TabularDataset
     from estuary.train import Trainer
 
     trainers = []
     for name in ("warm", "measure"):
-        job = estuary_job(data / f"{name}.tsv", data / "out", mode, args, **train)
+        job = estuary_job(data / f"{name}.tsv", data / "out", mode, args, output, **train)
         trainers.append(Trainer(job, dataset=TabularDataset(job.data, job.base_dir)))
     warm, measured = trainers
     warm.fit(progress=False)
@@ -206,8 +242,29 @@ def run_estuary(mode: str, data: Path, args: argparse.Namespace, **train: str) -
         measured.tables[table_name].load_state_dict(table.state_dict())
     measured.model.load_state_dict(warm.model.state_dict())
     measured.optimizer.load_state_dict(warm.optimizer.state_dict())
-    result = measured.fit(progress=False)
+    done, scrapes = threading.Event(), []
+
+    def scrape() -> None:
+        while not done.wait(1.0):
+            url = measured.metrics.url
+            if url is not None:
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as response:
+                        scrapes.append(len(response.read()))
+                except OSError:  # the fit ended (the server closed) mid-scrape
+                    return
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    if measured.job.output.metrics_port is not None:
+        scraper.start()
+    try:
+        result = measured.fit(progress=False)
+    finally:
+        done.set()
+        if scraper.is_alive():
+            scraper.join()  # Blocking wait: at most one scrape's time
     return {
+        "scrapes": len(scrapes),
         "placement": result.extra["sparse_placement"],
         "samples_per_s": result.samples_per_s,
         "steps": result.extra["steps"],
@@ -409,6 +466,9 @@ def worker(args: argparse.Namespace) -> None:
         result = run_estuary("hybrid", data, args, sparse_placement="background")
     elif args.worker == "hybrid_bf16":
         result = run_estuary("hybrid", data, args, precision="bf16")
+    elif args.worker == "hybrid_obs":
+        observed = {"metrics_port": 0, "timeseries_every_s": 10.0}  # the default
+        result = run_estuary("hybrid", data, args, output=observed)
     elif args.worker in CLUSTER_CONTENDERS:
         result = run_cluster(*CLUSTER_CONTENDERS[args.worker], data, args)
     elif args.worker in ("hybrid", "sync"):
@@ -586,8 +646,9 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
         ):
             if other in figures:
                 ratios[key] = figures["hybrid"] / figures[other]
-        if "hybrid_bf16" in figures:
-            ratios["hybrid_bf16_vs_hybrid"] = figures["hybrid_bf16"] / figures["hybrid"]
+        for variant in ("hybrid_bf16", "hybrid_obs"):
+            if variant in figures:
+                ratios[f"{variant}_vs_hybrid"] = figures[variant] / figures["hybrid"]
     if "local_2x2" in figures and "ray_2x2" in figures:
         ratios["ray_vs_local_2x2"] = figures["ray_2x2"] / figures["local_2x2"]
     if "ray_2x2" in figures and "ray_2x2_actor" in figures:
@@ -638,7 +699,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
                 f"asynchronous stall {min(r['async_stall_s'] for r in runs[name]) * 1e3:.0f} ms "
                 f"(written in {min(r['async_write_s'] for r in runs[name]) * 1e3:.0f} ms)"
             )
-    for name in ("hybrid", "hybrid_bg", "hybrid_bf16", "sync", *CLUSTER_CONTENDERS):
+    for name in ("hybrid", "hybrid_bg", "hybrid_bf16", "hybrid_obs", "sync", *CLUSTER_CONTENDERS):
         if name in figures:
             best = max(runs[name], key=lambda r: r["samples_per_s"])
             print(
@@ -670,6 +731,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
                         for k in (
                             "samples_per_s",
                             "others_cores",
+                            "scrapes",
                             "placement",
                             "profile",
                             "blocking_checkpoint_s",

@@ -1,8 +1,13 @@
-"""Command line: ``estuary train`` and ``estuary eval``.
+"""Command line: ``estuary train``, ``eval``, ``report``, ``synth`` and ``replay``.
 
-    estuary train JOB.yaml [--set dotted.key=value]... [--output DIR] [--profile] [--nproc W]
-                  [--resume]
-    estuary eval  JOB.yaml --checkpoint PATH [--stream NAME] [--set dotted.key=value]...
+    estuary train  JOB.yaml [--set dotted.key=value]... [--output DIR] [--profile] [--nproc W]
+                   [--resume]
+    estuary eval   JOB.yaml --checkpoint PATH [--stream NAME] [--set dotted.key=value]...
+    estuary report RUN_DIR [--out DIR]
+    estuary --version
+
+Every command takes ``--log-level [COMPONENT=]LEVEL`` (repeatable), ``--quiet`` /
+``--verbose`` and ``--log-format text|json`` (see docs/observability.md).
 
 Known errors (bad job file, bad data over the limit, bad checkpoint) print one
 ``error: ...`` line naming what and where, and exit with status 2.
@@ -24,8 +29,55 @@ from typing import Any, TextIO
 import yaml
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import estuary
+
+    try:
+        installed = version("estuary")
+    except PackageNotFoundError:
+        installed = "not installed"
+    where = Path(estuary.__file__).resolve().parent
+    return f"estuary {installed} ({where})"
+
+
+def _logging_options() -> argparse.ArgumentParser:
+    """The options every command takes (a parent parser)."""
+    p = argparse.ArgumentParser(add_help=False)
+    group = p.add_argument_group("logging")
+    group.add_argument(
+        "--log-level",
+        dest="log_levels",
+        action="append",
+        default=[],
+        metavar="[COMPONENT=]LEVEL",
+        help="level for every estuary component (DEBUG, INFO, WARNING, ERROR) or for one, "
+        "e.g. estuary.ps=DEBUG or data.graph=INFO (repeatable; later wins)",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="INFO messages (-vv: DEBUG)",
+    )
+    group.add_argument(
+        "-q", "--quiet", action="store_true", help="errors only, and no progress bar"
+    )
+    group.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="json: one object per line with time, level, component, rank, step, message",
+    )
+    return p
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="estuary", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=_version())
+    logs = _logging_options()
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -39,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
             help="override a job field, e.g. --set train.epochs=3 (repeatable)",
         )
 
-    train = sub.add_parser("train", help="train a job, evaluate, checkpoint")
+    train = sub.add_parser("train", parents=[logs], help="train a job, evaluate, checkpoint")
     common(train)
     train.add_argument("--output", type=Path, help="output folder (overrides output.dir)")
     train.add_argument("--profile", action="store_true", help="print per-stage timings")
@@ -58,7 +110,9 @@ def _parser() -> argparse.ArgumentParser:
         help="trainer processes (sets runtime.trainers; W > 1: DDP + a parameter server)",
     )
 
-    ev = sub.add_parser("eval", help="evaluate a saved checkpoint on the job's eval split")
+    ev = sub.add_parser(
+        "eval", parents=[logs], help="evaluate a saved checkpoint on the job's eval split"
+    )
     common(ev)
     ev.add_argument("--checkpoint", type=Path, required=True, help="checkpoint or run folder")
     ev.add_argument(
@@ -66,11 +120,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="data.dataset jobs: the stream to evaluate (default: data.dataset.eval_stream)",
     )
+    ev.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    rep = sub.add_parser(
+        "report", parents=[logs], help="plot a run's time series into PNGs and an HTML page"
+    )
+    rep.add_argument("run_dir", type=Path, help="the run's output folder (output.dir)")
+    rep.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report)")
 
     from estuary.data.synthetic import SYNTHETIC_FORMATS, SyntheticSpec, parse_hour
 
     default = SyntheticSpec()
-    syn = sub.add_parser("synth", help="write synthetic CTR data in hourly partitions")
+    syn = sub.add_parser(
+        "synth", parents=[logs], help="write synthetic CTR data in hourly partitions"
+    )
     syn.add_argument("out_dir", type=Path, help="output root (ROOT/YYYYMMDD/HH/part-*)")
     syn.add_argument("--rows-per-hour", type=int, default=default.rows_per_hour)
     syn.add_argument("--hours", type=int, default=default.hours)
@@ -96,14 +159,16 @@ def _parser() -> argparse.ArgumentParser:
     syn.add_argument("--no-success", action="store_true", help="no _SUCCESS markers")
     syn.add_argument("--overwrite", action="store_true", help="rewrite finished hours")
 
-    rep = sub.add_parser("replay", help="replay a file's rows into a stream at a rate")
-    rep.add_argument("file", type=Path, help="line-format file (.gz/.zst by suffix)")
-    rep.add_argument(
+    play = sub.add_parser(
+        "replay", parents=[logs], help="replay a file's rows into a stream at a rate"
+    )
+    play.add_argument("file", type=Path, help="line-format file (.gz/.zst by suffix)")
+    play.add_argument(
         "--to", required=True, help="nats://HOST:PORT/SUBJECT or redis://HOST:PORT/KEY"
     )
-    rep.add_argument("--rate", type=float, required=True, help="rows per second (0 = no limit)")
-    rep.add_argument("--format", default="criteo_tsv", help="criteo_tsv, csv, tsv or jsonl")
-    rep.add_argument("--limit", type=int, help="stop after N rows")
+    play.add_argument("--rate", type=float, required=True, help="rows per second (0 = no limit)")
+    play.add_argument("--format", default="criteo_tsv", help="criteo_tsv, csv, tsv or jsonl")
+    play.add_argument("--limit", type=int, help="stop after N rows")
     return parser
 
 
@@ -124,11 +189,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         overrides.append(f"runtime.trainers={args.nproc}")
     job = load_job(args.job, overrides)
-    if job.output.metrics_port is not None:
-        from estuary.metrics.training import show_metrics_url
-
-        show_metrics_url()
-    show = not args.no_progress and job.output.progress
+    show = not (args.no_progress or args.quiet) and job.output.progress
     stop = runtime.StopRequest()
     try:
         # Bad rows skipped while loading are reported (logged) by the data layer.
@@ -200,12 +261,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError("data.dataset", "--stream needs a data.dataset job")
     trainer = Trainer(job)
     trainer.load_checkpoint(args.checkpoint)
+    show = not (args.no_progress or args.quiet) and job.output.progress
     if job.data.dataset is not None:  # a held-out stream, read once in order
         from estuary.train.dataset_eval import evaluate_stream
 
-        result = evaluate_stream(trainer, args.stream)
+        result = evaluate_stream(trainer, args.stream, progress=show)
     else:  # the last data.eval_fraction of the rows, as in training
-        result = trainer.evaluate()
+        result = trainer.evaluate(progress=show)
     print(f"eval AUC {result.auc:.4f}  logloss {result.logloss:.4f}  ({result.rows} eval rows)")
     print(
         json.dumps(
@@ -282,6 +344,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from estuary.metrics.report import render_report
+
+    report = render_report(args.run_dir, args.out)
+    for name, why in report.skipped.items():
+        print(f"  {name}: not plotted ({why})", file=sys.stderr)
+    print(f"{len(report.images)} plots: {report.index}")
+    return 0
+
+
 def _show_warning(
     message: Warning | str,
     category: type[Warning],
@@ -295,18 +367,30 @@ def _show_warning(
     print(f"warning: {message}", file=sys.stderr if file is None else file)
 
 
-COMMANDS = {"train": _cmd_train, "eval": _cmd_eval, "synth": _cmd_synth, "replay": _cmd_replay}
+COMMANDS = {
+    "train": _cmd_train,
+    "eval": _cmd_eval,
+    "report": _cmd_report,
+    "synth": _cmd_synth,
+    "replay": _cmd_replay,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from estuary.config import ConfigError
     from estuary.data import DataError
+    from estuary.metrics.logs import ENV_VAR, LogSettings
     from estuary.ps import PSError
     from estuary.runtime.launcher import DistributedError
     from estuary.train import CheckpointError
 
     args = _parser().parse_args(argv)
+    exported = os.environ.get(ENV_VAR)
     try:
+        verbosity = -1 if args.quiet else args.verbose
+        settings = LogSettings.parse(args.log_levels, verbosity=verbosity, fmt=args.log_format)
+        settings.apply()
+        settings.export()  # trainer processes of a multi-trainer run log the same way
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             return COMMANDS[args.command](args)
@@ -320,6 +404,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:  # main() may run again in this process (tests) with other settings
+        if exported is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = exported
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from estuary.cli import main
 from estuary.config import load_job
@@ -25,27 +26,19 @@ from estuary.metrics.prometheus import CONTENT_TYPE
 from estuary.train import Trainer
 from estuary.train.callbacks import FaultInjection, LoopState
 
-_LINE = re.compile(
-    r"# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .*"
-    r'|(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[a-z_]+="(?:[^"\\]|\\.)*"'
-    r'(?:,[a-z_]+="(?:[^"\\]|\\.)*")*)\})? (?P<value>NaN|[+-]Inf|-?[0-9.eE+-]+)'
-)
-
-Page = dict[str, float]  # 'name' or 'name{labels}' -> value
+Page = dict[str, float]  # 'name' or 'name{labels}' -> value (labels in exposition order)
 
 
 def scrape(url: str) -> Page:
-    """GET ``url``; every line must be a HELP/TYPE comment or a sample."""
+    """GET ``url`` and parse it with Prometheus's own text parser."""
     with urllib.request.urlopen(url, timeout=5) as response:
         assert response.headers["Content-Type"] == CONTENT_TYPE
         text = response.read().decode("utf-8")
     page: Page = {}
-    for line in text.splitlines():
-        match = _LINE.fullmatch(line)
-        assert match, f"bad exposition line: {line!r}"
-        if match["name"]:
-            key = f"{match['name']}{{{match['labels']}}}" if match["labels"] else match["name"]
-            page[key] = float(match["value"])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+            page[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return page
 
 
@@ -141,7 +134,7 @@ def test_sources_run_serves_growing_metrics_and_releases_the_port(tmp_path: Path
         assert page["estuary_train_steps_total"] == k - 1
         assert page["estuary_train_step"] == k - 1
         assert page["estuary_train_rows_total"] == 32 * (k - 1)
-        assert page['estuary_train_info{job="job \\"one\\"",mode="sync"}'] == 1
+        assert page['estuary_train_info{job="job "one"",mode="sync"}'] == 1
         assert page["estuary_train_loss"] > 0 and page["estuary_train_loss_smoothed"] > 0
         assert page['estuary_table_hit_rate{table="C1"}'] <= 1
     rows = [p['estuary_table_rows{table="C1"}'] for p in (first, middle, last)]
@@ -152,13 +145,15 @@ def test_sources_run_serves_growing_metrics_and_releases_the_port(tmp_path: Path
     assert last["estuary_sparse_staleness_max"] == 0  # sync mode
     assert last["estuary_checkpoints_total"] == 0 and "estuary_eval_auc" not in last
     # After training (read in-process: the server is gone).
-    final = trainer.metrics
-    assert final.steps.value() == result.extra["steps"] == 50
-    assert final.eval_auc.value() == pytest.approx(result.auc)
-    assert final.eval_rows.value() == 200
-    assert final.checkpoints.value() == 1 and final.checkpoint_step.value() == 50
-    assert final.samples_per_s.value() == pytest.approx(result.samples_per_s)
-    table_rows = [final.table_rows.value(table=t) or 0 for t in ("C1", "C2")]
+    final = trainer.metrics.value
+    assert final("estuary_train_steps_total") == result.extra["steps"] == 50
+    assert final("estuary_eval_auc") == pytest.approx(result.auc)
+    assert final("estuary_eval_rows") == 200
+    assert final("estuary_checkpoints_total") == 1
+    assert final("estuary_checkpoint_last_step") == 50
+    assert final("estuary_checkpoint_duration_seconds_count") == 1
+    assert final("estuary_train_samples_per_second") == pytest.approx(result.samples_per_s)
+    table_rows = [final("estuary_table_rows", table=t) or 0 for t in ("C1", "C2")]
     assert sum(table_rows) == result.extra["embedding_rows"]
     assert trainer.metrics.url is None and scraper.port is not None
     assert_port_released(scraper.port)
@@ -174,7 +169,7 @@ def test_sources_run_serves_no_metrics_by_default(
     trainer = Trainer(load_job(sources_job(tmp_path)))
     assert trainer.job.output.metrics_port is None
     trainer.fit()
-    assert trainer.metrics.steps.value() == 0
+    assert trainer.metrics.value("estuary_train_steps_total") == 0
 
 
 HOURS, ROWS, BATCH = 2, 100, 16
@@ -243,8 +238,9 @@ def test_dataset_run_serves_growing_metrics_and_counts_checkpoints(
     assert pages[-1]["estuary_checkpoint_last_step"] == 8
     assert pages[-1]['estuary_train_info{job="estuary-job",mode="hybrid"}'] == 1
     steps = result.extra["steps"]
-    assert trainer.metrics.steps.value() == steps == HOURS * ROWS // BATCH + 1
-    assert trainer.metrics.checkpoint_step.value() == steps  # the final checkpoint
+    assert trainer.metrics.value("estuary_train_steps_total") == steps
+    assert steps == HOURS * ROWS // BATCH + 1
+    assert trainer.metrics.value("estuary_checkpoint_last_step") == steps  # the final one
     port = int(re.findall(r"127\.0\.0\.1:(\d+)/metrics", caplog.text)[0])
     assert trainer.metrics.url is None
     assert_port_released(port)

@@ -422,6 +422,11 @@ class OutputSpec:
             while training (rank 0 of a multi-trainer run); ``0`` picks a free
             port (logged); ``null`` = off.
         metrics_host: interface the metrics endpoint binds (``0.0.0.0`` = all).
+        timeseries_every_s: append samples of the run (loss, rows/s, windowed
+            AUC, stage times, staleness, table growth, data lag) to
+            ``timeseries.jsonl`` in the output folder for ``estuary report``: every
+            0.25 s at first, then every 1/40 of the time trained so far, at most
+            every this many seconds; ``null`` = off.
     """
 
     dir: str = "runs/default"
@@ -432,6 +437,7 @@ class OutputSpec:
     checkpoint_async: bool = False
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    timeseries_every_s: float | None = 10.0
 
     def validate(self, path: str) -> None:
         if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
@@ -442,6 +448,8 @@ class OutputSpec:
             raise ConfigError(f"{path}.metrics_port", "must be in [0, 65535] (0 = a free port)")
         if not self.metrics_host.strip():
             raise ConfigError(f"{path}.metrics_host", "must not be empty")
+        if self.timeseries_every_s is not None and not self.timeseries_every_s > 0:
+            raise ConfigError(f"{path}.timeseries_every_s", "must be > 0 (null = off)")
 
 
 @dataclass(frozen=True)

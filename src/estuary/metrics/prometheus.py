@@ -1,216 +1,45 @@
-"""A dependency-free Prometheus exporter: counters and gauges with labels, rendered
-in the text exposition format 0.0.4 and served at ``/metrics`` by a stdlib HTTP
-server on a daemon thread.
+"""Serving a ``prometheus_client`` registry at ``/metrics``.
 
-::
+The metrics themselves are the standard client's (``prometheus_client``:
+``Counter``, ``Gauge``, ``Histogram``, custom collectors); this module only
+serves one ``CollectorRegistry`` over HTTP from a daemon thread, on a port that
+may be 0 (a free one, readable after ``start``) and is released by ``stop``::
 
-    registry = Registry()
-    steps = registry.counter("estuary_train_steps_total", "Training steps.")
-    rows = registry.gauge("estuary_table_rows", "Rows held.", labels=("table",))
-    steps.inc()
-    rows.set(1234, table="C1")
-    server = MetricsServer(registry, host="127.0.0.1", port=0).start()  # 0: a free port
+    registry = CollectorRegistry()
+    steps = Counter("estuary_train_steps_total", "Training steps.", registry=registry)
+    server = MetricsServer(registry, host="127.0.0.1", port=0).start()
     ...  # GET http://127.0.0.1:{server.port}/metrics
     server.stop()  # the port is released
 
-Updates and rendering share one lock per registry: an update costs a lock
-round trip and a dict write (about a microsecond), a scrape copies the values.
+The client's own ``start_http_server`` answers every path; this server answers
+``/metrics`` only (404 elsewhere, so a wrong URL is noticed) and negotiates the
+format from the ``Accept`` header as the client's handler does (Prometheus text
+by default, OpenMetrics when asked).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import re
 import threading
-from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-__all__ = [
-    "CONTENT_TYPE",
-    "Counter",
-    "Gauge",
-    "MetricsServer",
-    "Registry",
-    "escape_help",
-    "escape_label_value",
-    "format_value",
-]
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
+
+__all__ = ["CONTENT_TYPE", "MetricsServer"]
 
 logger = logging.getLogger(__name__)
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-"""The ``Content-Type`` of the text exposition format 0.0.4."""
-
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-
-
-def escape_help(text: str) -> str:
-    """A ``# HELP`` docstring: backslash and newline escaped."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def escape_label_value(value: str) -> str:
-    """A label value inside double quotes: backslash, double quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    """A sample value: integers without a point, ``NaN``, ``+Inf`` / ``-Inf``."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if isinstance(value, int) or (value.is_integer() and abs(value) < 2**53):
-        return str(int(value))
-    return repr(float(value))
-
-
-class _Metric:
-    """One metric family: a name, help text, label names and one value per label set.
-
-    Args:
-        name: metric name (``[a-zA-Z_:][a-zA-Z0-9_:]*``).
-        help: one-line description (the ``# HELP`` line).
-        labels: label names; every update passes a value for each, as keywords.
-        lock: the registry's lock, shared with rendering.
-    """
-
-    kind: ClassVar[str]
-
-    def __init__(self, name: str, help: str, labels: Sequence[str], lock: threading.Lock) -> None:
-        if not _METRIC_NAME.match(name):
-            raise ValueError(f"invalid metric name {name!r}")
-        for label in labels:
-            if not _LABEL_NAME.match(label) or label.startswith("__"):
-                raise ValueError(f"{name}: invalid label name {label!r}")
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"{name}: duplicate label names {list(labels)}")
-        self.name = name
-        self.help = help
-        self.labels = tuple(labels)
-        self._lock = lock
-        self._values: dict[tuple[str, ...], float] = {}
-
-    def _key(self, labels: dict[str, Any]) -> tuple[str, ...]:
-        if not self.labels and not labels:
-            return ()
-        if set(labels) != set(self.labels):
-            expected, got = list(self.labels), list(labels)
-            raise ValueError(f"{self.name}: expected labels {expected}, got {got}")
-        return tuple(str(labels[name]) for name in self.labels)
-
-    def value(self, **labels: Any) -> float | None:
-        """The current value for ``labels`` (``None`` when never set)."""
-        key = self._key(labels)
-        with self._lock:
-            return self._values.get(key)
-
-    def remove(self, **labels: Any) -> None:
-        """Drop the sample for ``labels`` (e.g. a table that no longer exists)."""
-        key = self._key(labels)
-        with self._lock:
-            self._values.pop(key, None)
-
-    def _render(self, out: list[str]) -> None:
-        """Append the family's lines; the caller holds the lock."""
-        out.append(f"# HELP {self.name} {escape_help(self.help)}")
-        out.append(f"# TYPE {self.name} {self.kind}")
-        for key, value in self._values.items():
-            if key:
-                pairs = ",".join(
-                    f'{name}="{escape_label_value(v)}"'
-                    for name, v in zip(self.labels, key, strict=True)
-                )
-                out.append(f"{self.name}{{{pairs}}} {format_value(value)}")
-            else:
-                out.append(f"{self.name} {format_value(value)}")
-
-
-class Counter(_Metric):
-    """A count that only goes up (name it ``..._total``). An unlabelled counter
-    reads 0 until its first increment."""
-
-    kind = "counter"
-
-    def __init__(self, name: str, help: str, labels: Sequence[str], lock: threading.Lock) -> None:
-        super().__init__(name, help, labels, lock)
-        if not self.labels:
-            self._values[()] = 0
-
-    def inc(self, amount: float = 1, **labels: Any) -> None:
-        """Add ``amount`` (>= 0)."""
-        if amount < 0:
-            raise ValueError(f"{self.name}: a counter cannot decrease (inc {amount})")
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0) + amount
-
-    def set_total(self, value: float, **labels: Any) -> None:
-        """Mirror a count kept elsewhere (e.g. a table's admissions since it was built)."""
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = value
-
-
-class Gauge(_Metric):
-    """A value that goes up and down. Absent from a scrape until first set."""
-
-    kind = "gauge"
-
-    def set(self, value: float, **labels: Any) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = value
-
-    def inc(self, amount: float = 1, **labels: Any) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0) + amount
-
-
-_M = TypeVar("_M", bound=_Metric)
-
-
-class Registry:
-    """The metric families one exporter serves, rendered in registration order.
-    Thread-safe: updates and ``render`` share one lock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._metrics: dict[str, _Metric] = {}
-
-    def counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
-        """Register a counter (``ValueError`` if the name is taken)."""
-        return self._add(Counter(name, help, labels, self._lock))
-
-    def gauge(self, name: str, help: str, labels: Sequence[str] = ()) -> Gauge:
-        """Register a gauge (``ValueError`` if the name is taken)."""
-        return self._add(Gauge(name, help, labels, self._lock))
-
-    def _add(self, metric: _M) -> _M:
-        with self._lock:
-            if metric.name in self._metrics:
-                raise ValueError(f"metric {metric.name!r} is already registered")
-            self._metrics[metric.name] = metric
-        return metric
-
-    def render(self) -> str:
-        """Every family in the text exposition format 0.0.4 (ends with a newline)."""
-        out: list[str] = []
-        with self._lock:
-            for metric in self._metrics.values():
-                metric._render(out)
-        return "\n".join(out) + "\n"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+"""The ``Content-Type`` of a scrape that asks for no format (text format 0.0.4)."""
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """``GET /metrics`` -> the registry's text; anything else -> 404."""
+    """``GET /metrics`` -> the registry, encoded as the scraper asks; else 404."""
 
-    registry: ClassVar[Registry]  # set on a per-server subclass
+    registry: ClassVar[CollectorRegistry]  # set on a per-server subclass
 
     def do_GET(self) -> None:  # http.server's hook name
         path = self.path.split("?", 1)[0]
@@ -218,7 +47,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = b"not found: metrics are at /metrics\n"
             self._reply(HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8", body)
             return
-        self._reply(HTTPStatus.OK, CONTENT_TYPE, self.registry.render().encode("utf-8"))
+        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        self._reply(HTTPStatus.OK, content_type, encoder(self.registry))
 
     def _reply(self, status: HTTPStatus, content_type: str, body: bytes) -> None:
         self.send_response(status)
@@ -240,7 +70,9 @@ class MetricsServer:
         port: TCP port; 0 picks a free one (read it from ``port`` after ``start``).
     """
 
-    def __init__(self, registry: Registry, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, *, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.registry = registry
         self.host = host
         self.requested_port = port

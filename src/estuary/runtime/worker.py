@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from estuary.config import JobSpec
+from estuary.metrics.logs import LogSettings
 from estuary.ps import PSClient, ShardedPSClient, connect_servers
 from estuary.ps.types import Address
 from estuary.train import FitResult, Trainer, TrainingStopped
@@ -147,10 +148,9 @@ def run_trainer(
     returns the run's result (or the ``TrainingStopped`` every rank stopped with),
     the other ranks ``None``. ``stop_signal``: an object whose ``value`` is a
     signal number once a stop is asked (0 until then)."""
-    if rank == 0 and launch.job.output.metrics_port is not None:
-        from estuary.metrics.training import show_metrics_url
-
-        show_metrics_url()  # rank 0 serves the metrics; its port line reaches stderr
+    # The CLI's --log-* settings (from the environment), else warnings and the
+    # metrics port line (rank 0 serves the metrics); records carry this rank.
+    (LogSettings.from_env() or LogSettings.parse([])).apply(rank=rank)
     with worker_session(rank, launch) as client:
         trainer = DistributedTrainer(
             launch.job, client, rank=rank, world_size=launch.world_size, stop_signal=stop_signal

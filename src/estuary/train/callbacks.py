@@ -8,9 +8,9 @@ The loop (``estuary.train.loop``) calls, in order::
     on_fit_end(state)          (also when the fit fails or stops)
 
 ``state`` is the run's ``LoopState`` (steps done, epoch, rank, stop signal).
-Built-in callbacks: ``ProgressCallback``, ``MetricsCallback``, ``AdmissionSwitch``,
-``CheckpointCadence`` and, for tests, ``FaultInjection`` (runs a function before
-a step: crash, kill, hold or stop a run at a known step).
+Built-in callbacks: ``ProgressCallback``, ``RunObserver`` (``train/observe.py``),
+``AdmissionSwitch``, ``CheckpointCadence`` and, for tests, ``FaultInjection``
+(runs a function before a step: crash, kill, hold or stop a run at a known step).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from estuary.metrics.progress import ProgressBar
-from estuary.metrics.training import TrainingMetrics
 from estuary.train.stop import LocalStop, StopSignal
 
 __all__ = [
@@ -30,7 +29,6 @@ __all__ = [
     "CheckpointCadence",
     "FaultInjection",
     "LoopState",
-    "MetricsCallback",
     "ProgressCallback",
 ]
 
@@ -46,6 +44,8 @@ class LoopState:
         rank: this trainer's rank.
         world_size: trainers in the run (W).
         stop: the run's stop signal.
+        restarts: times the run was resumed from its own checkpoints (saved
+            with them; a resume adds one).
     """
 
     step: int = 0
@@ -54,6 +54,7 @@ class LoopState:
     rank: int = 0
     world_size: int = 1
     stop: StopSignal = field(default_factory=LocalStop)
+    restarts: int = 0
 
     @property
     def chief(self) -> bool:
@@ -142,18 +143,6 @@ class ProgressCallback(Callback):
     def on_fit_end(self, state: LoopState) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-class MetricsCallback(Callback):
-    """Step counters to ``TrainingMetrics``; every ``metrics.refresh_s`` seconds
-    also ``refresh()`` (table stats, which take each table's lock)."""
-
-    def __init__(self, metrics: TrainingMetrics, refresh: Callable[[], None]) -> None:
-        self.metrics, self.refresh = metrics, refresh
-
-    def after_step(self, state: LoopState, rows: int, loss: float) -> None:
-        if self.metrics.step(state.step, rows, loss):
-            self.refresh()
 
 
 class AdmissionSwitch(Callback):

@@ -18,7 +18,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,7 @@ class Checkpointer:
         job: the job (saved resolved in each manifest).
         engine: model and dense optimizer.
         tables: table name -> table (``state_dict``, ``delta_state_dict``, ...).
-        metrics: told of each checkpoint.
+        metrics: told of each checkpoint (count, step, seconds).
         plan: the job's plan (its features, in model order, go in the manifest).
         dense: dense feature names (saved in the manifest).
     """
@@ -133,6 +133,9 @@ class Checkpointer:
             "checkpoints_dropped": 0,
         }
         self._pending: threading.Thread | None = None  # an asynchronous checkpoint's writer
+        # Called with (step, seconds until committed) after each checkpoint (the
+        # fit's RunObserver: the time series); an asynchronous one's, on its writer.
+        self.listeners: list[Callable[[int, float], None]] = []
         self._error: BaseException | None = None
 
     def root(self) -> Path:
@@ -141,6 +144,19 @@ class Checkpointer:
     def save(self, state: LoopState, root: Path | None = None) -> Path:
         """Write model, dense optimizer and every table atomically: the tables in
         full, or as a delta of the previous checkpoint (``plan_checkpoint``)."""
+        started = time.perf_counter()
+        path = self._write(state, root)
+        self._saved(path, state.step, time.perf_counter() - started)
+        return path
+
+    def _saved(self, path: Path, step: int, duration_s: float) -> None:
+        """Tell the log, the metrics and the listeners of a committed checkpoint."""
+        logger.info("checkpoint of step %d in %.2f s: %s", step, duration_s, path)
+        self.metrics.checkpointed(step, duration_s)
+        for listener in list(self.listeners):
+            listener(step, duration_s)
+
+    def _write(self, state: LoopState, root: Path | None = None) -> Path:
         root = root or self.root()
         plan = plan_checkpoint(
             self.link, root=root, step=state.step, full_every=self.job.output.checkpoint_full_every
@@ -171,6 +187,7 @@ class Checkpointer:
             "epoch_step": state.epoch_step,
             "features": self.features,
             "dense": self.dense,
+            "restarts": state.restarts,
             **({"data_progress": self.data_progress} if self.data_progress else {}),
         }
 
@@ -186,10 +203,10 @@ class Checkpointer:
             for store in self.engine.stores.values():
                 if isinstance(store, LockedStore):
                     stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
-            path = self.save(state)
+            path = self._write(state)
         prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
-        self.metrics.checkpointed(state.step)
         took = time.perf_counter() - started
+        self._saved(path, state.step, took)
         self.timings["checkpoint_stall_s"] += took
         self.timings["checkpoint_write_s"] += took
         self.timings["checkpoints"] += 1
@@ -268,7 +285,7 @@ class Checkpointer:
             path = staged.commit(versions=table_versions(chains), metadata=snapshot.metadata)
             self.link = read_link(path)
             prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
-            self.metrics.checkpointed(staged.step)
+            self._saved(path, staged.step, time.perf_counter() - started)
         except (_Inconsistent, MixedSnapshotError) as exc:
             logger.warning(
                 "checkpoint of step %d dropped (%s); the next one is written full",
@@ -317,4 +334,5 @@ class Checkpointer:
         state.step = int(ckpt.manifest["step"])
         state.epoch = int(metadata.get("epoch", 0))
         state.epoch_step = int(metadata.get("epoch_step", 0))
+        state.restarts = int(metadata.get("restarts", 0)) + 1  # this load resumes the run
         self.data_progress = metadata.get("data_progress")

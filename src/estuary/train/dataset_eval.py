@@ -39,6 +39,7 @@ import numpy as np
 from estuary.config import JobSpec
 from estuary.data.types import Batch
 from estuary.metrics.evaluation import EvalResult
+from estuary.metrics.progress import ProgressBar
 from estuary.train.feeds import stream_batches
 from estuary.train.loop import evaluate_batches
 from estuary.train.plan import TrainPlan
@@ -55,19 +56,23 @@ class Predictor(Protocol):
     def predict(self, batch: Batch) -> np.ndarray: ...
 
 
-def evaluate_stream(trainer: Predictor, stream: str | None = None) -> EvalResult:
+def evaluate_stream(
+    trainer: Predictor, stream: str | None = None, *, progress: bool = False
+) -> EvalResult:
     """AUC / logloss of the trainer's model on one stream of ``data.dataset``, read
     once, in plan order, unshuffled, from its first window (no data progress).
 
     Args:
         stream: the stream to predict; default ``data.dataset.eval_stream``, the
             held-out stream a training run evaluates at its end.
+        progress: a bar of rows evaluated on stderr.
 
     Raises:
         ConfigError: not a ``data.dataset`` job, no such stream, or no stream named
             and no ``eval_stream`` set.
     """
     size = trainer.job.train.eval_batch_size
+    bar = ProgressBar(None, enabled=progress, desc="eval")  # a stream's length is unknown
     return evaluate_batches(
-        trainer.predict, stream_batches(trainer.job, trainer.plan, stream, size)
+        trainer.predict, stream_batches(trainer.job, trainer.plan, stream, size), bar
     )

@@ -144,6 +144,10 @@ class Engine:
         self.loss_fn: StepLoss = RowLoss()
         self.bf16 = train.precision == "bf16"
         self.times = StageTimes()
+        # The last training step's logits (B,) and labels (B,), detached: what a
+        # windowed training AUC reads (references only, no copy per step).
+        self.last_logits: torch.Tensor | None = None
+        self.last_labels: torch.Tensor | None = None
 
     def sparse_updater(self) -> SparseUpdater:
         """The ``SparseUpdater`` for ``train.mode`` / ``staleness`` / ``sparse_placement``."""
@@ -229,6 +233,7 @@ class Engine:
         self.times.dense_step_s += t2 - t1
         self.times.sparse_submit_s += t3 - t2
         self.times.steps += 1
+        self.last_logits, self.last_labels = logits.detach(), labels
         return float(loss.detach())  # a CPU-GPU sync point on CUDA
 
     def _planned_dense_step(self, plan: UpdatePlan) -> None:

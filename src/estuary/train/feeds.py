@@ -123,6 +123,15 @@ class Feed(Protocol):
         """The eval batches (``None``: the job has no eval set)."""
         ...
 
+    def newest_event_s(self) -> dict[str, float]:
+        """Stream -> event time (s since 1970) of the newest trained row, to its
+        window's start; empty when the data has no event time (``data.sources``)."""
+        ...
+
+    def queue_depths(self) -> dict[str, int]:
+        """The reader's queues -> items waiting (empty when it has none)."""
+        ...
+
     def summary(self) -> dict[str, Any]:
         """Figures for ``summary.json``."""
         ...
@@ -191,7 +200,9 @@ class EpochFeed:
             )
         self.epochs = job.train.epochs
         self.epoch_positions, self.restored = True, False
-        self.total_rows = self.train_part.num_rows * self.epochs
+        # Rows over all ranks: each epoch drops the last R mod W (``rank_rows``).
+        rows = self.train_part.num_rows
+        self.total_rows = (rows - rows % world_size) * self.epochs
         checkpoint = job.output.checkpoint
         self.rules = CheckpointRules(
             on_stop=checkpoint, final=checkpoint, final_before_eval=False, stop_when_drained=False
@@ -228,6 +239,12 @@ class EpochFeed:
         if not self.eval_part.num_rows:
             return None
         return self.dataset.batches(self.eval_part, batch_size, shuffle=False, seed=0, epoch=0)
+
+    def newest_event_s(self) -> dict[str, float]:
+        return {}
+
+    def queue_depths(self) -> dict[str, int]:
+        return {}
 
     def summary(self) -> dict[str, Any]:
         return {"epochs": self.epochs}
@@ -337,6 +354,12 @@ class GraphFeed:
         if spec is None or spec.eval_stream is None:
             return None
         return stream_batches(self.job, self.plan, spec.eval_stream, batch_size)
+
+    def newest_event_s(self) -> dict[str, float]:
+        return {stream: float(s) for stream, s in self.progress.newest_window_s.items()}
+
+    def queue_depths(self) -> dict[str, int]:
+        return self.driver.queue_depths() if self.driver is not None else {}
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -29,18 +29,19 @@ import numpy as np
 
 from estuary.data.types import Batch
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
+from estuary.metrics.progress import ProgressBar
 from estuary.metrics.training import TrainingMetrics
 from estuary.train.callbacks import (
     Callback,
     Callbacks,
     CheckpointCadence,
     LoopState,
-    MetricsCallback,
     ProgressCallback,
 )
 from estuary.train.checkpointer import Checkpointer
 from estuary.train.engine import Engine, UpdatePlan
 from estuary.train.feeds import Feed
+from estuary.train.observe import RunObserver
 from estuary.train.result import FitResult, TrainingStopped
 from estuary.train.sparse_updates import SparseUpdater
 
@@ -48,13 +49,22 @@ __all__ = ["FitLoop", "evaluate_batches"]
 
 
 def evaluate_batches(
-    predict: Callable[[Batch], np.ndarray], batches: Iterator[Batch]
+    predict: Callable[[Batch], np.ndarray],
+    batches: Iterator[Batch],
+    progress: ProgressBar | None = None,
 ) -> EvalResult:
-    """AUC / logloss of ``predict`` over ``batches``."""
+    """AUC / logloss of ``predict`` over ``batches`` (counting rows on ``progress``,
+    which it closes)."""
     labels, probabilities = [], []
-    for batch in batches:
-        probabilities.append(predict(batch))
-        labels.append(batch.labels)
+    try:
+        for batch in batches:
+            probabilities.append(predict(batch))
+            labels.append(batch.labels)
+            if progress is not None:
+                progress.count(batch.num_rows)
+    finally:
+        if progress is not None:
+            progress.close()
     if not labels:
         return evaluate_predictions(np.zeros(0), np.zeros(0))
     return evaluate_predictions(np.concatenate(labels), np.concatenate(probabilities))
@@ -69,7 +79,7 @@ class FitLoop:
         state: the run's loop state (restored by a resume), updated as it trains.
         checkpointer: writes the checkpoints.
         metrics: Prometheus metrics of the run.
-        tables: table name -> table (stats for metrics and the summary).
+        tables: table name -> table (stats for metrics, the time series and the summary).
         callbacks: more callbacks, called after the built-in ones.
         progress: show the progress bar.
         load_s: seconds spent loading before the loop (counted in ``wall_s``).
@@ -105,14 +115,35 @@ class FitLoop:
             lambda: self._save(updater),
             saved_step=state.step if feed.restored else None,
         )
+        job = self.checkpointer.job
+        observer = RunObserver(
+            self.metrics,
+            engine,
+            feed,
+            self.tables,
+            updater,
+            folder=job.resolve(job.output.dir),
+            every_s=job.output.timeseries_every_s,
+            job_name=job.name,
+            mode=job.train.mode,
+        )
         callbacks = Callbacks(
             [
                 ProgressCallback(feed.total_rows, self.progress),
-                MetricsCallback(self.metrics, lambda: self._refresh(updater)),
+                observer,
                 cadence,
                 *self.extra_callbacks,
             ]
         )
+        with observer.watching(self.checkpointer.listeners):  # its checkpoints, then closed
+            rows_done, train_wall_s = self._train(callbacks, cadence, updater)
+            return self._finish(updater, observer, cadence, rows_done, train_wall_s)
+
+    def _train(
+        self, callbacks: Callbacks, cadence: CheckpointCadence, updater: SparseUpdater
+    ) -> tuple[int, float]:
+        """The epochs and steps; returns (rows trained over all ranks, seconds)."""
+        state, feed, engine = self.state, self.feed, self.engine
         rows_done = 0
         t_start = time.perf_counter()
         callbacks.on_fit_start(state)
@@ -153,7 +184,7 @@ class FitLoop:
             callbacks.on_fit_end(state)
             feed.close()
         self.checkpointer.wait()  # Blocking wait: the last asynchronous checkpoint commits
-        return self._finish(updater, cadence, rows_done, time.perf_counter() - t_start)
+        return rows_done, time.perf_counter() - t_start
 
     def _save(self, updater: SparseUpdater) -> Path:
         position = self.feed.position()
@@ -175,33 +206,30 @@ class FitLoop:
         path = link.path if link is not None and cadence.saved_step == state.step else None
         raise TrainingStopped(state.stop.reason(), state.step, path)
 
-    def _refresh(self, updater: SparseUpdater) -> None:
-        """Table stats, staleness and bad rows to the metrics; called every
-        ``metrics.refresh_s`` seconds, as stats take each table's lock."""
-        stats = {name: t.stats() for name, t in self.tables.items()}
-        self.metrics.refresh(
-            stats, staleness_max=updater.log.max_behind, bad_rows=self.feed.bad_rows()
-        )
-
     def _finish(
-        self, updater: SparseUpdater, cadence: CheckpointCadence, rows: int, train_wall_s: float
+        self,
+        updater: SparseUpdater,
+        observer: RunObserver,
+        cadence: CheckpointCadence,
+        rows: int,
+        train_wall_s: float,
     ) -> FitResult:
         state, feed, engine, job = self.state, self.feed, self.engine, self.checkpointer.job
         t_end = time.perf_counter()
         samples_per_s = rows / train_wall_s if train_wall_s > 0 else 0.0
+        observer.finished(state.step, rows, samples_per_s)
         result = None
         batches = feed.eval_batches(job.train.eval_batch_size) if state.chief else None
         if batches is not None:  # one trainer evaluates
             result = evaluate_batches(engine.predict, batches)
-            self.metrics.evaluated(result)
+            observer.evaluated(state.step, result)
         checkpoint = cadence.last if feed.rules.final_before_eval else None
         if feed.rules.final and not feed.rules.final_before_eval and state.chief:
             checkpoint = self.checkpointer.save(state)
-            self.metrics.checkpointed(state.step)
         stats = {name: t.stats() for name, t in self.tables.items()}
         bad_rows = feed.bad_rows()
-        self.metrics.refresh(stats, staleness_max=updater.log.max_behind, bad_rows=bad_rows)
-        self.metrics.trained(samples_per_s)
+        if self.metrics.server is not None:  # the final figures (the eval's lookups too)
+            observer.sample(record=False)
         return FitResult(
             eval=result,
             train_rows=rows,

@@ -23,6 +23,7 @@ from estuary.data import DataPart, TabularDataset
 from estuary.data.graph.executors import SplitPool
 from estuary.data.types import Batch
 from estuary.metrics.evaluation import EvalResult
+from estuary.metrics.progress import ProgressBar
 from estuary.metrics.training import TrainingMetrics
 from estuary.train.build import (
     DENSE_OPTIMIZERS,
@@ -155,8 +156,9 @@ class Trainer:
         """Train, evaluate (rank 0), checkpoint, return the result; serves
         ``/metrics`` meanwhile when ``output.metrics_port`` is set."""
         show = self.job.output.progress if progress is None else progress
-        # With several trainers a bar would count one rank's rows against the total.
-        show = bool(show) and self.state.world_size == 1
+        # One bar for the run: rank 0's, counting every rank's rows (a step's rows
+        # over all ranks, ``StepShare.rows``) against the run's total.
+        show = bool(show) and self.state.chief
         with self.metrics.serving():  # the port is released when fit returns
             feed = self.feed()
             extra = [AdmissionSwitch(self.tables.values())] if feed.epoch_positions else []
@@ -193,13 +195,15 @@ class Trainer:
         """Click probabilities float32 (B,); lookups never insert ids."""
         return self.engine.predict(batch)
 
-    def evaluate(self, part: DataPart | None = None) -> EvalResult:
-        """AUC / logloss on the eval split (or ``part``)."""
+    def evaluate(self, part: DataPart | None = None, *, progress: bool = False) -> EvalResult:
+        """AUC / logloss on the eval split (or ``part``); ``progress``: a bar of
+        rows evaluated on stderr."""
         if part is None:
             _, part = self.dataset.split()
         size = self.job.train.eval_batch_size
         batches = self.dataset.batches(part, size, shuffle=False, seed=0, epoch=0)
-        return evaluate_batches(self.predict, batches)
+        bar = ProgressBar(part.num_rows, enabled=progress, desc="eval")
+        return evaluate_batches(self.predict, batches, bar)
 
     def save_checkpoint(self, root: Path | None = None) -> Path:
         """Write model, dense optimizer and every table (full, or a delta)."""

@@ -180,6 +180,12 @@ class Driver:
         """The split pool's figures (e.g. data executors lost and replaced)."""
         return self._pool.summary() if self._pool is not None else {}
 
+    def queue_depths(self) -> dict[str, int]:
+        """Items waiting between the reader's stages (approximate: ``qsize``):
+        ``data_splits`` planned splits no worker took yet, ``data_opened`` splits
+        being read that the batch sink has not reached."""
+        return {"data_splits": self._jobs.qsize(), "data_opened": self._opened.qsize()}
+
     def close(self) -> None:
         """Stop every thread (and the split pool); idempotent."""
         self._stop.set()

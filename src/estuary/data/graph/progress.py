@@ -165,6 +165,9 @@ class Progress:
         self.stream_offsets: dict[str, dict[str, Any]] = {}  # "stream/source" -> offset, next
         # task id -> "stream/source" -> offset, recorded once the watermark passes the task
         self._task_offsets: dict[str, dict[str, Any]] = {}
+        # stream -> start of the newest window a trained row came from (s since
+        # 1970): the run's data lag, to the window. Not saved; the next step sets it.
+        self.newest_window_s: dict[str, int] = {}
         self._lock = threading.Lock()
 
     # -- what to read ---------------------------------------------------------------
@@ -269,6 +272,9 @@ class Progress:
                     continue
                 record = self.tasks[entry.task_id]
                 assert record.splits is not None
+                stream, start_s = record.task.stream, record.task.start_s
+                if start_s > self.newest_window_s.get(stream, start_s - 1):
+                    self.newest_window_s[stream] = start_s
                 split = record.splits[entry.split]
                 unique = np.unique(rows)
                 before = split.trained_rows
