@@ -100,12 +100,13 @@ def run_distributed(
     on_running: Callable[[], None] | None = None,
 ) -> FitResult:
     """Train ``job`` with W trainer processes and ``runtime.ps_shards`` parameter
-    servers on this machine; returns rank 0's ``FitResult`` (rank 0 also writes the checkpoint).
+    servers on this machine; returns rank 0's ``FitResult`` (rank 0 also writes the
+    checkpoint).
 
     Args:
         job: the job; ``train.batch_size`` is per trainer.
         trainers: W (default ``runtime.trainers``).
-        progress: show rank 0's progress bar (only with W = 1; see ``fit``).
+        progress: show the progress bar (rank 0's, counting every rank's rows).
         backend: torch.distributed backend for the dense all-reduce; default
             ``default_backend(job)``: ``nccl`` for CUDA dense models, else ``gloo``.
         ps_wait_timeout_s: longest a request waits at the server for a step (a
