@@ -30,6 +30,8 @@ One model, one data set, every contender in the same run:
   ray_2x2    (only when asked for) the same as Ray actors on a local Ray instance
   ray_2x2_actor (only when asked for) ray_2x2 with the actor data plane
              (``runtime.ray.data_plane: actor``: Ray actor calls to the PS shards)
+  ray_2x2_ew (only when asked for) ray_2x2 with an embedding worker per trainer
+             (``runtime.embedding_workers``: pooled blocks instead of rows)
   dense      the upper bound: the MLPs + interaction fed a fixed random (B, F, D)
              tensor (its gradient is computed, as every contender must), no
              embedding work at all
@@ -118,12 +120,14 @@ EXTRA_CONTENDERS = (
     "local_2x2",
     "ray_2x2",
     "ray_2x2_actor",
+    "ray_2x2_ew",
 )
-# name -> (runtime.backend, runtime.ray.data_plane, times checkpoints too)
+# name -> (runtime.backend, runtime.ray.data_plane, embedding workers, times checkpoints too)
 CLUSTER_CONTENDERS = {
-    "local_2x2": ("local", "socket", True),
-    "ray_2x2": ("ray", "socket", True),
-    "ray_2x2_actor": ("ray", "actor", False),
+    "local_2x2": ("local", "socket", False, True),
+    "ray_2x2": ("ray", "socket", False, True),
+    "ray_2x2_actor": ("ray", "actor", False, False),
+    "ray_2x2_ew": ("ray", "socket", True, False),
 }
 INSTALL_HINT = "install with bench/install-extras.sh"
 
@@ -274,7 +278,12 @@ def run_estuary(
 
 
 def run_cluster(
-    backend: str, plane: str, checkpoints: bool, data: Path, args: argparse.Namespace
+    backend: str,
+    plane: str,
+    embedding_workers: bool,
+    checkpoints: bool,
+    data: Path,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     """``estuary.runtime.run`` with 2 trainers (hybrid, ``--batch-size / 2`` rows
     each, so a step is still ``--batch-size`` rows; one torch thread each) and 2 PS
@@ -305,6 +314,7 @@ def run_cluster(
             backend=backend,
             trainers=2,
             ps_shards=2,
+            embedding_workers=embedding_workers,
             ray=replace(base.runtime.ray, data_plane=plane),
         ),
     )
@@ -653,6 +663,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
         ratios["ray_vs_local_2x2"] = figures["ray_2x2"] / figures["local_2x2"]
     if "ray_2x2" in figures and "ray_2x2_actor" in figures:
         ratios["actor_vs_socket_plane"] = figures["ray_2x2_actor"] / figures["ray_2x2"]
+    if "ray_2x2" in figures and "ray_2x2_ew" in figures:
+        ratios["embedding_workers_vs_direct"] = figures["ray_2x2_ew"] / figures["ray_2x2"]
     stalls = [
         (min(r["async_stall_s"] for r in runs[n]), min(r["blocking_checkpoint_s"] for r in runs[n]))
         for n in ("local_2x2", "ray_2x2")

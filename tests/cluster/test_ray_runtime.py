@@ -244,3 +244,28 @@ def test_a_dataset_run_trains_every_row_once_through_a_killed_role(
         assert got.extra["restart_log"][0]["role"] == role
     assert got.summary()["steps"] == want.summary()["steps"]
     assert want.auc is not None and got.auc == pytest.approx(want.auc, abs=0.005)
+
+
+@pytest.mark.parametrize("mode", ["sync", "hybrid"])
+def test_embedding_workers_train_what_the_trainers_train_themselves(
+    ray_instance: Any, tmp_path: Path, mode: str
+) -> None:
+    """``runtime.embedding_workers``: each trainer sends its batch's ids to its
+    worker and gets pooled blocks back, sends pooled gradients and the worker
+    pushes per-id sums. Sync mode ends bit for bit where trainers that look up
+    themselves end; hybrid applies every step once."""
+    job_path = write_job(tmp_path, mode=mode, **({"staleness": 1} if mode == "hybrid" else {}))
+    local = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "local")]
+    assert main([*local, *sets("runtime.trainers=2", "runtime.ps_shards=2")]) == 0
+    on_ray = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "ew")]
+    assert main([*on_ray, *sets(*RAY_2X2, "runtime.embedding_workers=true")]) == 0
+    want = json.loads((tmp_path / "local" / "summary.json").read_text())
+    got = json.loads((tmp_path / "ew" / "summary.json").read_text())
+    assert got["roles"] == {"ps": 2, "trainer": 2, "embedding_worker": 2}
+    assert got["ps_applied_steps"] == got["steps"] == want["steps"]
+    assert got["ps_duplicate_pushes"] == 0
+    if mode == "sync":
+        assert got["auc"] == pytest.approx(want["auc"], abs=1e-9)
+        assert_same_tables(tmp_path / "ew", tmp_path / "local")
+    else:
+        assert 0 <= got["ps_max_behind"] <= 1

@@ -322,6 +322,7 @@ class RaySpec:
         trainer: resources of each trainer.
         ps: resources of each parameter-server shard.
         data_executor: resources of each data executor (``runtime.data_executors``).
+        embedding_worker: resources of each embedding worker (``runtime.embedding_workers``).
     """
 
     address: str | None = None
@@ -331,6 +332,7 @@ class RaySpec:
     trainer: RoleResources = field(default_factory=RoleResources)
     ps: RoleResources = field(default_factory=RoleResources)
     data_executor: RoleResources = field(default_factory=RoleResources)
+    embedding_worker: RoleResources = field(default_factory=RoleResources)
 
     def validate(self, path: str) -> None:
         if self.num_cpus is not None and self.num_cpus < 1:
@@ -340,6 +342,7 @@ class RaySpec:
         self.trainer.validate(f"{path}.trainer")
         self.ps.validate(f"{path}.ps")
         self.data_executor.validate(f"{path}.data_executor")
+        self.embedding_worker.validate(f"{path}.embedding_worker")
 
 
 @dataclass(frozen=True)
@@ -361,6 +364,10 @@ class RuntimeSpec:
             shuffles, accounts and hands every rank its part); a lost executor
             is replaced and its split read again, nothing else restarts. ``0``:
             rank 0 reads (``data.dataset.executor``).
+        embedding_workers: ``backend: ray``: one embedding worker per trainer
+            deduplicates its ids, routes them to the PS shards, pools, and returns
+            pooled (B, F, D) blocks, then scatters the pooled gradients back and
+            pushes per-id sums (PERSIA's middle tier).
         max_restarts: how often a failed role (trainer, server) is restarted,
             the run continuing from the newest checkpoint, before the job fails;
             0 = fail at the first failure.
@@ -371,6 +378,7 @@ class RuntimeSpec:
     trainers: int = 1
     ps_shards: int = 1
     data_executors: int = 0
+    embedding_workers: bool = False
     max_restarts: int = 0
     ray: RaySpec = field(default_factory=RaySpec)
 
@@ -384,6 +392,11 @@ class RuntimeSpec:
             raise ConfigError(f"{path}.max_restarts", "must be >= 0")
         if self.data_executors < 0:
             raise ConfigError(f"{path}.data_executors", "must be >= 0")
+        if self.embedding_workers and self.backend != "ray":
+            raise ConfigError(
+                f"{path}.embedding_workers",
+                f"needs runtime.backend: ray (got {self.backend!r})",
+            )
         if self.data_executors and self.backend != "ray":
             raise ConfigError(
                 f"{path}.data_executors",

@@ -467,6 +467,11 @@ class RemoteTable:
         self.pushed = max(self.pushed, step)
         return not header["duplicate"]
 
+    def note_pushed(self, step: int) -> None:
+        """Another client (an embedding worker) pushed this rank's ``step`` of the
+        table: reads and snapshots from here wait for it too."""
+        self.pushed = max(self.pushed, int(step))
+
     def wait_applied(self, step: int | None = None) -> int:
         """Block until ``step`` (default: the last one pushed here) is applied at the
         server; returns the server's last applied step."""

@@ -331,6 +331,12 @@ class ShardedTable:
         """The last step every server acknowledged."""
         return min(part.pushed for part in self.parts)
 
+    def note_pushed(self, step: int) -> None:
+        """Another client pushed this rank's ``step`` to every server (see
+        ``RemoteTable.note_pushed``)."""
+        for part in self.parts:
+            part.note_pushed(step)
+
     @property
     def multi_store(self) -> ShardedPSClient:
         """The ``MultiTableStore`` batching this table's calls with the others'."""

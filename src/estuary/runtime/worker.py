@@ -59,6 +59,8 @@ class WorkerLaunch:
             actor calls (``runtime.ray.data_plane: actor``) instead of sockets.
         split_pool: rank 0, ``data.dataset``: makes the pool its driver reads whole
             splits with (the Ray runtime's data executors); ``None``: its threads.
+        embedding_workers: per rank, its embedding worker's Ray actor
+            (``runtime.embedding_workers``); empty: the trainer looks up itself.
     """
 
     job: JobSpec
@@ -76,6 +78,7 @@ class WorkerLaunch:
     one_machine: bool = True
     server_actors: tuple[Any, ...] = ()
     split_pool: Any = None
+    embedding_workers: tuple[Any, ...] = ()
 
 
 def _loopback_interface() -> str | None:
@@ -157,6 +160,10 @@ def run_trainer(
         )
         if rank == 0:
             trainer.split_pool = launch.split_pool
+        if launch.embedding_workers:
+            from estuary.runtime.ray.embedding_workers import use_embedding_worker
+
+            use_embedding_worker(trainer, launch.embedding_workers[rank])
         resume_if_asked(trainer, launch.job, launch.resume)  # nothing checkpoints yet
         dist.barrier()  # Blocking wait: rank 0 has loaded the tables into the server.
         try:

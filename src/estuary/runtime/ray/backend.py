@@ -17,6 +17,7 @@ from estuary.runtime.failure import policy_for
 from estuary.runtime.launcher import act, default_backend
 from estuary.runtime.ray.actors import ServerActor, TrainerActor, kill_all
 from estuary.runtime.ray.cluster import Placement, PlacementError, connect, place, role_asks
+from estuary.runtime.ray.embedding_workers import EmbeddingWorkerActor
 from estuary.runtime.ray.executors import RayExecutors
 from estuary.runtime.recovery import DistributedError, supervise
 from estuary.runtime.types import (
@@ -66,6 +67,7 @@ class RayRuntime:
         self.roles: dict[tuple[str, int], RoleState] = {}
         self._stop_signum = 0
         self._run_id = os.urandom(4).hex()  # names this runtime's data executors
+        self._extra_actors: list[Any] = []  # embedding workers of the current attempt
         self._attempts = 0
 
     def run(
@@ -174,6 +176,7 @@ class RayRuntime:
                 one_machine=placement.nodes() == 1,
                 server_actors=tuple(servers) if runtime.ray.data_plane == "actor" else (),
                 split_pool=self._executors(job, placement),
+                embedding_workers=self._embedding_workers(job, placement, endpoints, keys, servers),
             )
             runs = {t.run.remote(r, launch): r for r, t in enumerate(trainers)}
             watches = {s.serve.remote(): p for p, s in enumerate(servers)}
@@ -181,7 +184,8 @@ class RayRuntime:
             running()
             return self._watch(runs, watches, trainers, policy)
         finally:
-            kill_all([*trainers, *servers])
+            kill_all([*trainers, *servers, *self._extra_actors])
+            self._extra_actors = []
 
     def _executors(self, job: JobSpec, placement: Placement) -> RayExecutors | None:
         """The data executors rank 0 starts (``runtime.data_executors``), if any."""
@@ -196,6 +200,37 @@ class RayRuntime:
             max_restarts=job.runtime.max_restarts,
             name=f"estuary-data-{self._run_id}-{self._attempts}",
         )
+
+    def _embedding_workers(
+        self,
+        job: JobSpec,
+        placement: Placement,
+        endpoints: list[Any],
+        keys: list[bytes],
+        servers: list[Any],
+    ) -> tuple[Any, ...]:
+        """One embedding worker per trainer (``runtime.embedding_workers``), if asked."""
+        if not job.runtime.embedding_workers:
+            return ()
+        res = job.runtime.ray.embedding_worker
+        actor_plane = job.runtime.ray.data_plane == "actor"
+        workers = tuple(
+            EmbeddingWorkerActor.options(  # type: ignore[attr-defined]
+                num_cpus=res.cpus,
+                num_gpus=res.gpus,
+                scheduling_strategy=placement.strategy("embedding_worker", r),
+            ).remote(
+                [e[0] for e in endpoints],
+                keys,
+                servers if actor_plane else [],
+                r,
+                job.runtime.trainers,
+                self.ps_wait_timeout_s + 60.0,
+            )
+            for r in range(job.runtime.trainers)
+        )
+        self._extra_actors.extend(workers)
+        return workers
 
     def _get(self, refs: list[Any], role: str) -> list[Any]:
         try:

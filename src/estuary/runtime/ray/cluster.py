@@ -46,7 +46,8 @@ class RoleAsk:
 
 
 def role_asks(job: JobSpec) -> list[RoleAsk]:
-    """The job's roles in placement order: PS shards, trainers, data executors."""
+    """The job's roles in placement order: PS shards, trainers, data executors,
+    embedding workers."""
     spec = job.runtime
     asks = [
         RoleAsk("ps", spec.ps_shards, spec.ray.ps),
@@ -54,6 +55,8 @@ def role_asks(job: JobSpec) -> list[RoleAsk]:
     ]
     if spec.data_executors and job.data.dataset is not None:
         asks.append(RoleAsk("data_executor", spec.data_executors, spec.ray.data_executor))
+    if spec.embedding_workers:
+        asks.append(RoleAsk("embedding_worker", spec.trainers, spec.ray.embedding_worker))
     return asks
 
 
