@@ -164,21 +164,30 @@ class StepAggregator:
                 self._spawn_hooks(step)
             self._cond.notify_all()
 
-    def after_step(self, step: int, hook: Callable[[], None]) -> bool:
+    def after_step(self, step: int, hook: Callable[[], None], *, spawn: bool = True) -> bool:
         """Run ``hook()`` once ``step`` is applied and before ``step + 1`` is, with
         step application held off meanwhile: a snapshot of exactly that step. It
         runs on a thread of its own as soon as the step is applied (so neither the
         caller nor the push that completes the step waits for it), or at the
-        latest just before ``step + 1`` is applied. Returns ``False`` (and never
-        runs it) when a later step was applied already. A hook's error is logged,
+        latest just before ``step + 1`` is applied. With ``spawn=False`` a step
+        already applied starts no thread: the caller runs ``run_after(step)``
+        itself (one thread for many tables). Returns ``False`` (and never runs
+        it) when a later step was applied already. A hook's error is logged,
         never fails the table: the hook reports its own failure."""
         with self._cond:
             if step < self.applied:
                 return False
             self._hooks.setdefault(step, []).append(hook)
-            if step == self.applied:
+            if step == self.applied and spawn:
                 self._spawn_hooks(step)
             return True
+
+    def run_after(self, step: int) -> None:
+        """Run the hooks of ``step`` now if it is the last applied step (else they
+        ran, or will run, when it is applied)."""
+        with self._cond:
+            if self.applied == step:
+                self._run_hooks(step)
 
     def _spawn_hooks(self, step: int) -> None:
         def run() -> None:

@@ -466,9 +466,18 @@ class ParameterServer:
                 self.held.capture(token, name, take)
 
             with _naming(name):
-                if not steps.after_step(at, hook):
+                if not steps.after_step(at, hook, spawn=False):
                     self.held.drop(token)
                     raise PSError(f"snapshot at step {at}: step {steps.applied} is applied already")
+
+        def capture_applied() -> None:  # the tables whose step was applied already
+            for (_, _, steps), at in zip(parts, steps_at, strict=True):
+                steps.run_after(at)
+
+        threading.Thread(target=capture_applied, name="estuary-ps-capture", daemon=True).start()
+        files = header.get("files")
+        if files is not None:  # write as soon as captured (one request instead of two)
+            self._op_snapshot_write({"token": token, "files": files}, {})
         return {"token": token}, {}
 
     def _op_snapshot_write(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:

@@ -3,12 +3,13 @@ servers at one step, then let every server write its own part of the files.
 
 ::
 
-    snap = ServerSnapshot(tables, delta=True)   every server captures its tables
+    snap = ServerSnapshot(tables, delta=True, paths=...)
+                                                every server captures its tables
                                                 right after the step each part last
                                                 pushed is applied (the caller does
-                                                not wait for it)
-    snap.write(paths)                           each server writes its parts once
-                                                captured
+                                                not wait for it), then writes its
+                                                parts to ``paths`` (or later:
+                                                ``snap.write(paths)``)
     ...training goes on...
     files, chains = snap.wait()                 table -> {path: {bytes, sha256}};
                                                 table -> its merged chain keys
@@ -62,11 +63,19 @@ class ServerSnapshot:
         tables: name -> ``RemoteTable`` / ``ShardedTable``; each part is captured
             at the last step it pushed (``pushed``).
         delta: take deltas (rows changed since the last mark) instead of states.
+        paths: ``paths(name, parts)``: where the parts of table ``name`` go, in
+            part order; the servers write them once captured (else ``write``).
 
     ``parts``: per table, how many servers hold (and will write) a part of it.
     """
 
-    def __init__(self, tables: Mapping[str, RemoteTable | ShardedTable], *, delta: bool) -> None:
+    def __init__(
+        self,
+        tables: Mapping[str, RemoteTable | ShardedTable],
+        *,
+        delta: bool,
+        paths: Callable[[str, int], list[Path]] | None = None,
+    ) -> None:
         self.parts = {name: len(_parts(t)) for name, t in tables.items()}
         self._servers: dict[int, tuple[PSClient, Held]] = {}
         for name, table in tables.items():
@@ -76,16 +85,19 @@ class ServerSnapshot:
         self._tokens: dict[int, int] = {}
         self._owner: dict[str, str] = {}
         self._pool = ThreadPoolExecutor(len(self._servers) or 1, thread_name_prefix="estuary-snap")
-        replies = self._each(
-            lambda client, held: client.call(
-                "snapshot",
-                {
-                    "tables": [name for name, _, _ in held],
-                    "at": [part.pushed for _, _, part in held],
-                    "delta": delta,
-                },
-            )[0]
-        )
+        where = self._where(paths) if paths is not None else None
+
+        def ask(client: PSClient, held: Held) -> Any:
+            fields: dict[str, Any] = {
+                "tables": [name for name, _, _ in held],
+                "at": [part.pushed for _, _, part in held],
+                "delta": delta,
+            }
+            if where is not None:
+                fields["files"] = {name: str(where[name][index]) for name, index, _ in held}
+            return client.call("snapshot", fields)[0]
+
+        replies = self._each(ask)
         self._tokens = {key: int(reply["token"]) for key, reply in replies.items()}
 
     def _each(self, fn: Callable[[PSClient, Held], Any]) -> dict[int, Any]:
@@ -95,11 +107,16 @@ class ServerSnapshot:
         }
         return {key: f.result() for key, f in futures.items()}
 
-    def write(self, paths: Callable[[str, int], list[Path]]) -> None:
-        """Have every server write its parts once captured: ``paths(name, parts)``
-        lists where the parts of table ``name`` go, in part order."""
+    def _where(self, paths: Callable[[str, int], list[Path]]) -> dict[str, list[Path]]:
         where = {name: paths(name, count) for name, count in self.parts.items()}
         self._owner = {str(path): name for name, listed in where.items() for path in listed}
+        return where
+
+    def write(self, paths: Callable[[str, int], list[Path]]) -> None:
+        """Have every server write its parts once captured: ``paths(name, parts)``
+        lists where the parts of table ``name`` go, in part order (or pass
+        ``paths`` to the constructor: one request instead of two)."""
+        where = self._where(paths)
         self._each(
             lambda client, held: client.call(
                 "snapshot_write",

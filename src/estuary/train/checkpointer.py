@@ -254,10 +254,14 @@ class Checkpointer:
             parent = None  # a table was marked since: write it full
         if parent is None:
             states = {n: _snapshot(t, delta=False) for n, t in local.items()}
-        servers = ServerSnapshot(remote, delta=parent is not None) if remote else None
         staged = stage_checkpoint(root, step=state.step, parent=parent)
-        if servers is not None:
-            servers.write(staged.part_paths)
+        servers = None
+        if remote:
+            try:
+                servers = ServerSnapshot(remote, delta=parent is not None, paths=staged.part_paths)
+            except BaseException:
+                staged.abandon()
+                raise
         optimizer = self.engine.optimizer
         return _Snapshot(
             staged=staged,
