@@ -82,6 +82,18 @@ def _on_top_of(parent: ChainLink, states: Mapping[str, Snapshot]) -> bool:
     )
 
 
+def _cloned(state: dict[str, Any]) -> dict[str, Any]:
+    """A torch optimizer state dict whose tensors are copies (the optimizer goes on
+    stepping its own)."""
+    return {
+        "state": {
+            key: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+            for key, values in state["state"].items()
+        },
+        "param_groups": copy.deepcopy(state["param_groups"]),
+    }
+
+
 class _Inconsistent(Exception):
     """An asynchronous checkpoint that would not load as written (it is dropped)."""
 
@@ -133,6 +145,7 @@ class Checkpointer:
             "checkpoints_dropped": 0,
         }
         self._pending: threading.Thread | None = None  # an asynchronous checkpoint's writer
+        self._job_dict: dict[str, Any] | None = None
         # Called with (step, seconds until committed) after each checkpoint (the
         # fit's RunObserver: the time series); an asynchronous one's, on its writer.
         self.listeners: list[Callable[[int, float], None]] = []
@@ -181,8 +194,10 @@ class Checkpointer:
         return path
 
     def _metadata(self, state: LoopState) -> dict[str, Any]:
+        if self._job_dict is None:  # the job never changes: resolved once
+            self._job_dict = to_dict(self.job, resolve_paths=True)
         return {
-            "job": to_dict(self.job, resolve_paths=True),
+            "job": self._job_dict,
             "epoch": state.epoch,
             "epoch_step": state.epoch_step,
             "features": self.features,
@@ -263,13 +278,16 @@ class Checkpointer:
                 staged.abandon()
                 raise
         optimizer = self.engine.optimizer
+        metadata = self._metadata(state)
+        if self.data_progress:  # the feed goes on recording into its own
+            metadata["data_progress"] = copy.deepcopy(self.data_progress)
         return _Snapshot(
             staged=staged,
             servers=servers,
             states=states,
             dense={k: v.detach().clone() for k, v in self.engine.model.state_dict().items()},
-            optimizer=None if optimizer is None else copy.deepcopy(optimizer.state_dict()),
-            metadata=copy.deepcopy(self._metadata(state)),
+            optimizer=None if optimizer is None else _cloned(optimizer.state_dict()),
+            metadata=metadata,
         )
 
     def _commit(self, snapshot: _Snapshot, started: float) -> None:
