@@ -149,3 +149,36 @@ def test_each_step_reaches_its_table_at_its_lr_scale(mode: str, placement: Place
         updater.submit([grads])
     updater.close()
     assert store.applied == [1, 2, 3, 4] and store.scales == [1.0, 0.5, 0.0, 2.0]
+
+
+@pytest.mark.parametrize("placement", [Placement.BACKGROUND, Placement.INLINE])
+def test_a_call_after_the_submitted_updates_sees_them_all_and_does_not_block(
+    placement: Placement,
+) -> None:
+    """``after_submitted`` (an asynchronous checkpoint asks its servers from
+    there): the call runs once every update submitted before it has landed, and
+    before any submitted after it."""
+    store = SlowStore(0.05)
+    updater = SparseUpdater({"t": store}, "hybrid", 4, placement=placement)
+    one = np.ones((1, 1), np.float32)
+    for step in (1, 2, 3):
+        updater.submit([SparseGradients("t", np.array([step]), one)])
+    future = updater.after_submitted(lambda: list(store.applied))
+    updater.submit([SparseGradients("t", np.array([4]), one)])
+    assert future.result(timeout=10) == [1, 2, 3]  # all before it, none after
+    updater.close()
+    assert store.applied == [1, 2, 3, 4]
+
+
+def test_calls_queued_behind_a_failed_update_fail_too() -> None:
+    class Broken(SlowStore):
+        def apply_gradients(
+            self, ids: np.ndarray, grads: np.ndarray, *, lr_scale: float = 1.0
+        ) -> None:
+            raise ValueError("disk on fire")
+
+    updater = SparseUpdater({"t": Broken(0)}, "hybrid", 1, placement=Placement.BACKGROUND)
+    updater.submit([SparseGradients("t", np.array([1]), np.ones((1, 1), np.float32))])
+    future = updater.after_submitted(lambda: "never")
+    with pytest.raises(RuntimeError, match=r"failed.*disk on fire"):
+        future.result(timeout=10)

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ class _Snapshot:
     """One step's state, set apart, for a background commit (``save_async``)."""
 
     staged: StagedCheckpoint
-    servers: ServerSnapshot | None  # tables whose servers write their own parts
+    servers: Future[ServerSnapshot] | None  # tables whose servers write their own parts
     states: dict[str, Snapshot]  # in-process tables' states (or deltas), gathered later
     dense: dict[str, torch.Tensor]
     optimizer: dict[str, Any] | None
@@ -243,12 +244,14 @@ class Checkpointer:
         is dropped with a warning and the next one is written full."""
         self.wait()
         started = time.perf_counter()
-        updater.flush()  # Blocking wait: every submitted sparse update is sent
+        remote_only = all(held_by_servers(t) for t in self.tables.values())
+        if not remote_only:
+            updater.flush()  # Blocking wait: every submitted sparse update lands first
         with contextlib.ExitStack() as stack:
             for store in self.engine.stores.values():
                 if isinstance(store, LockedStore):
                     stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
-            snapshot = self._snapshot(state)
+            snapshot = self._snapshot(state, updater)
         self._pending = threading.Thread(
             target=self._commit, args=(snapshot, started), name="estuary-checkpoint", daemon=True
         )
@@ -256,7 +259,7 @@ class Checkpointer:
         self.timings["checkpoint_stall_s"] += time.perf_counter() - started
         return snapshot.staged.final
 
-    def _snapshot(self, state: LoopState) -> _Snapshot:
+    def _snapshot(self, state: LoopState, updater: SparseUpdater) -> _Snapshot:
         root = self.root()
         plan = plan_checkpoint(
             self.link, root=root, step=state.step, full_every=self.job.output.checkpoint_full_every
@@ -270,13 +273,14 @@ class Checkpointer:
         if parent is None:
             states = {n: _snapshot(t, delta=False) for n, t in local.items()}
         staged = stage_checkpoint(root, step=state.step, parent=parent)
-        servers = None
+        servers: Future[ServerSnapshot] | None = None
         if remote:
-            try:
-                servers = ServerSnapshot(remote, delta=parent is not None, paths=staged.part_paths)
-            except BaseException:
-                staged.abandon()
-                raise
+            delta = parent is not None
+            # Asked from the update thread once this step's pushes are sent (each
+            # part then knows its step), so the trainer does not wait for them.
+            servers = updater.after_submitted(
+                lambda: ServerSnapshot(remote, delta=delta, paths=staged.part_paths)
+            )
         optimizer = self.engine.optimizer
         metadata = self._metadata(state)
         if self.data_progress:  # the feed goes on recording into its own
@@ -297,9 +301,10 @@ class Checkpointer:
             staged.write_tables({n: s.materialize() for n, s in snapshot.states.items()})
             chains = {n: s.chain for n, s in snapshot.states.items()}
             if snapshot.servers is not None:
-                files, server_chains = snapshot.servers.wait()
+                servers = snapshot.servers.result()  # Blocking wait: the request went out
+                files, server_chains = servers.wait()
                 for name, written in files.items():
-                    staged.add_files(name, snapshot.servers.parts[name], written)
+                    staged.add_files(name, servers.parts[name], written)
                 chains.update(server_chains)
             parent = staged.parent
             if parent is not None and not parent.accepts(chains):
@@ -320,8 +325,8 @@ class Checkpointer:
         except BaseException as exc:
             self._error = exc
             staged.abandon()
-            if snapshot.servers is not None:
-                snapshot.servers.drop()
+            if snapshot.servers is not None and snapshot.servers.exception() is None:
+                snapshot.servers.result().drop()
         finally:
             self.timings["checkpoint_write_s"] += time.perf_counter() - started
             self.timings["checkpoints"] += 1

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from estuary.embedding import EmbeddingShard, EmbeddingTable
 from estuary.embedding.types import (
@@ -33,6 +35,8 @@ from estuary.embedding.types import (
 )
 from estuary.nn.embedding_collection import SparseGradients
 from estuary.train.placement import Placement, choose_placement
+
+T = TypeVar("T")
 
 
 class LockedStore:
@@ -97,6 +101,20 @@ class StalenessLog:
         self.behind_histogram[behind] = self.behind_histogram.get(behind, 0) + 1
 
 
+class _Call(Generic[T]):
+    """A call the update thread runs in order with the updates (``after_submitted``)."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self.fn = fn
+        self.future: Future[T] = Future()
+
+    def run(self) -> None:
+        try:
+            self.future.set_result(self.fn())
+        except BaseException as exc:  # the caller reads it from the future
+            self.future.set_exception(exc)
+
+
 class SparseUpdater:
     """Delivers each step's sparse gradients to the tables, exactly once, in step
     order.
@@ -130,7 +148,8 @@ class SparseUpdater:
         self.log = StalenessLog()
         self._cond = threading.Condition()
         self._error: BaseException | None = None
-        self._queue: queue.Queue[Sequence[SparseGradients] | None] = queue.Queue()
+        # A step's gradients, a call to run in order (``after_submitted``), or None: stop.
+        self._queue: queue.Queue[Sequence[SparseGradients] | _Call[Any] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         if self.placement is Placement.BACKGROUND:
             self._thread = threading.Thread(
@@ -165,6 +184,23 @@ class SparseUpdater:
                     self._cond.wait()
             self.log.record(min(self.submitted, step - 1) - self.landed)
         self._raise_if_failed()
+
+    def after_submitted(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn()`` once every update submitted so far has landed, in order with
+        the updates (on the update thread: the trainer does not wait; inline: now).
+        Its result or error comes back through the returned future."""
+        call = _Call(fn)
+        if self._thread is None:
+            call.run()
+            return call.future
+        with self._cond:  # a failed update thread drains the queue once, under the lock
+            if self._error is not None:
+                call.future.set_exception(
+                    RuntimeError(f"sparse update thread failed: {self._error}")
+                )
+            else:
+                self._queue.put(call)
+        return call.future
 
     def flush(self) -> None:
         """Block until every submitted update has landed (before eval/checkpoint)."""
@@ -203,16 +239,33 @@ class SparseUpdater:
             grads = self._queue.get()
             if grads is None:
                 return
+            if isinstance(grads, _Call):  # after_submitted: every earlier update landed
+                grads.run()
+                continue
             try:
                 self._apply(grads)
             except BaseException as exc:  # surfaced on the trainer thread
                 with self._cond:
                     self._error = exc
                     self._cond.notify_all()
+                    self._cancel_calls(exc)
                 return
             with self._cond:
                 self.landed += 1
                 self._cond.notify_all()
+
+    def _cancel_calls(self, exc: BaseException) -> None:
+        """After a failure (lock held): the queued calls will never run; their
+        futures fail."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Call):
+                item.future.set_exception(
+                    RuntimeError(f"sparse update thread failed before this call: {exc}")
+                )
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

@@ -15,10 +15,10 @@ between a trainer and the PS shards.
 
 So a trainer moves pooled blocks (B x F x D floats each way) instead of unique
 rows and per-id gradients (U x D floats plus U ids each way), and none of the
-dedup/route/pool work runs in its process: this wins where bags hold many ids
-(multi-hot features) or the trainer's time is dear (a GPU); with one id per
-feature (B x F >= U) the trainer's own lookups move fewer bytes
-(docs/results.md has the measurement).
+dedup/route/pool work runs in its process: the case for it is bags of many ids
+(multi-hot features) or a trainer whose time is dear (a GPU); with one id per
+feature (B x F >= U) the trainer's own lookups move fewer bytes and measured
+faster (docs/results.md).
 
 On the trainer, ``WorkerEmbeddings`` stands in for the ``EmbeddingCollection``
 and ``WorkerStore`` for the tables: the ``SparseUpdater`` (sync, hybrid, async,
