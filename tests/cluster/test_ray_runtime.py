@@ -158,6 +158,7 @@ def test_a_killed_role_restarts_from_the_newest_checkpoint_to_the_undisturbed_re
     killer.join(timeout=5)
     assert got.extra["restarts"] == 1
     [record] = got.extra["restart_log"]
+    print(f"{role} {rank} killed: {record}")  # at_s, lost_work_s, recovery_s
     assert (record["role"], record["rank"]) == (role, rank)
     assert record["reason"].startswith("died")
     assert got.extra["lost_s"] > 0 and record["recovery_s"] > 0
