@@ -15,7 +15,7 @@ layer's CompactBatch delivers them). Figures are ids/s, best of ``--repeats``:
                  of the ids replaced by never-seen ones (fresh every repeat):
                  probe + insert, init of the new rows (weights and Adagrad
                  state), stamps, and a copy of every id's (D,) row into ``buf``
-  update         ``apply_gradients`` (Adagrad) on the batches
+  update         ``apply_gradients`` (``--optimizer``, default Adagrad) on the batches
 beside, measured in the same run on the same rows and batches:
   dict           the Python-dict table: a dict id -> its own float32 (D,) numpy
                  row; per id ``get``, a fresh uniform row for a new id,
@@ -29,7 +29,9 @@ beside, measured in the same run on the same rows and batches:
   gather         numpy ``storage[slots]`` of the batch's full rows (weights + state)
   gather_scatter ``storage[slots]`` then ``storage[slots] = x``: the bytes an update
                  must move, the memory-bandwidth limit for ``update``
-and bytes per row (``stats().bytes / rows``) vs the ideal ``D * 4 * (1 + slots)``.
+and bytes per row (``stats().bytes / rows``) vs the ideal: the optimizer's own row
+width in float32 (``D * 4 * (1 + slots) + 4 * scalars``: adagrad 8D, rowwise_adagrad
+4D + 4).
 
 Every side writes each batch's rows into its own output buffer ``buf``
 (float32 (N, D), reused by every batch, as a trainer reuses its step buffer),
@@ -166,7 +168,7 @@ def bench_size(
     spec = TableSpec(
         dim=dim,
         initializer=InitializerSpec("uniform"),
-        optimizer=SparseOptimizerSpec(name="adagrad", lr=0.05),
+        optimizer=SparseOptimizerSpec(name=args.optimizer, lr=0.05),
         initial_capacity_rows=rows + margin,  # no growth while timed
     )
     shard = EmbeddingShard(spec, seed=0, name="bench")
@@ -243,7 +245,9 @@ def bench_size(
         "get_or_insert_vs_dict_index": best["dict_index"] / best["get_or_insert"],
         **fresh,
         "bytes_per_row": stats.bytes / stats.rows,
-        "ideal_bytes_per_row": float(dim * 4 * (1 + len(shard._optimizer.state_names))),
+        # float32 weights and optimizer state of the table's own layout (rowwise_adagrad:
+        # D + 1 floats; adagrad: 2D), nothing else
+        "ideal_bytes_per_row": float(shard._optimizer.width * 4),
         "ids_per_batch": n_ids / len(batches),
         "fill_rows_per_s": rows / fill_s,
     }
@@ -259,6 +263,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--zipf-a", type=float, default=1.05)
     parser.add_argument("--new-frac", type=float, default=0.1)
+    parser.add_argument(
+        "--optimizer",
+        default="adagrad",
+        help="the shard's sparse optimizer (adagrad, rowwise_adagrad, adam, ...)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--fresh",
@@ -289,7 +298,7 @@ def main() -> None:
         ),
     }
     print(
-        f"single thread, adagrad, zipf_a={args.zipf_a}, {args.batches} batches of "
+        f"single thread, {args.optimizer}, zipf_a={args.zipf_a}, {args.batches} batches of "
         f"{args.batch} draws (deduplicated), new_frac={args.new_frac}, best of {args.repeats}"
     )
     head = (
