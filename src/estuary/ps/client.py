@@ -22,11 +22,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from estuary.ps.types import Address, ProtocolError, PSConnectionError, PSError,
 
 _ERRORS: dict[str, type[PSError]] = {"timeout": PSTimeoutError, "protocol": ProtocolError}
 _STATS_FIELDS = {f.name for f in fields(TableStats)}
+T = TypeVar("T")
 
 
 class PSClient:
@@ -266,13 +267,7 @@ class PSClient:
         int64 (N_i,), ``grads[i]`` float32 (N_i, D_i), ``lr_scales[i]`` the step's
         learning-rate scale (``None``: all 1)."""
         tables = self._own(stores, "apply_gradients_many")
-        with contextlib.ExitStack() as stack:
-            # Pushes of one table go out in step order; lock in a fixed order (no deadlock).
-            for table in sorted(tables, key=id):
-                stack.enter_context(table._push_lock)
-            self.push_many(tables, [t._push_step + 1 for t in tables], ids, grads, lr_scales)
-            for table in tables:
-                table._push_step += 1
+        push_next_steps(tables, lambda steps: self.push_many(tables, steps, ids, grads, lr_scales))
 
     def push_many(
         self,
@@ -304,12 +299,7 @@ class PSClient:
         )
         start = 0
         for table, ids_t, grads_t in zip(tables, id_arrays, grads, strict=True):
-            grads_t = np.asarray(grads_t, dtype=np.float32)
-            if grads_t.shape != (ids_t.size, table.dim):
-                raise ValueError(
-                    f"table {table.name!r}: grads must have shape ({ids_t.size}, {table.dim}), "
-                    f"got {grads_t.shape}"
-                )
+            grads_t = checked_grads(table, ids_t, grads_t)
             into = flat[start : start + grads_t.size].reshape(grads_t.shape)
             np.multiply(grads_t, np.float32(table.grad_scale), out=into)  # one pass: copy + scale
             start += grads_t.size
@@ -329,14 +319,7 @@ class PSClient:
         return [not duplicate for duplicate in header["duplicate"]]
 
     def _own(self, stores: Sequence[EmbeddingStore], op: str) -> list[RemoteTable]:
-        tables: list[RemoteTable] = []
-        for store in stores:
-            if not isinstance(store, RemoteTable) or store.client is not self:
-                raise ValueError(f"{op}: {store!r} is not a table of this parameter server client")
-            if any(store is seen for seen in tables):
-                raise ValueError(f"{op}: {store!r} is listed twice")
-            tables.append(store)
-        return tables
+        return owned_tables(self, stores, op, RemoteTable)
 
     def server_stats(self) -> dict[str, dict[str, int]]:
         """Per table: ``applied`` (last applied step), ``duplicates`` (pushes
@@ -518,6 +501,52 @@ class RemoteTable:
         trainer turns it off after the first epoch; idempotent, so every rank may
         call it)."""
         self.client.call("set_admission_counting", {"table": self.name, "enabled": enabled})
+
+
+class _Pushed(Protocol):
+    """A table whose pushes a client numbers (``RemoteTable``, ``ShardedTable``)."""
+
+    _push_lock: threading.Lock
+    _push_step: int
+
+
+def push_next_steps(tables: Sequence[_Pushed], push: Callable[[list[int]], object]) -> None:
+    """``push(steps)`` with each table's next push step, then count the pushes.
+
+    Pushes of one table go out in step order: every table's push lock is held
+    meanwhile, taken in a fixed order (no deadlock between callers)."""
+    with contextlib.ExitStack() as stack:
+        for table in sorted(tables, key=id):
+            stack.enter_context(table._push_lock)
+        push([t._push_step + 1 for t in tables])
+        for table in tables:
+            table._push_step += 1
+
+
+def owned_tables(
+    client: object, stores: Sequence[EmbeddingStore], op: str, kind: type[T]
+) -> list[T]:
+    """``stores`` as tables of ``client`` (each a ``kind`` whose ``client`` is it,
+    none twice), for a batched call ``op``; ``ValueError`` otherwise."""
+    tables: list[T] = []
+    for store in stores:
+        if not isinstance(store, kind) or getattr(store, "client", None) is not client:
+            raise ValueError(f"{op}: {store!r} is not a table of this parameter server client")
+        if any(store is seen for seen in tables):
+            raise ValueError(f"{op}: {store!r} is listed twice")
+        tables.append(store)
+    return tables
+
+
+def checked_grads(table: EmbeddingStore, ids: Int64Array, grads: Any) -> Float32Array:
+    """``grads`` as float32, checked to be (N, D) for ``ids`` (N,) of ``table``."""
+    grads = np.asarray(grads, dtype=np.float32)
+    if grads.shape != (ids.size, table.dim):
+        name = getattr(table, "name", table)
+        raise ValueError(
+            f"table {name!r}: grads must have shape ({ids.size}, {table.dim}), got {grads.shape}"
+        )
+    return grads
 
 
 def _concat_ids(arrays: Sequence[Int64Array]) -> Int64Array:

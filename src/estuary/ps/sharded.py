@@ -28,7 +28,6 @@ and a load hands them to every server.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +42,13 @@ from estuary.embedding.delta import FULL, is_full, merge_server_parts, split_for
 from estuary.embedding.hashing import SERVER_SALT, as_ids, route
 from estuary.embedding.storage import rows_out
 from estuary.embedding.types import EmbeddingStore, Float32Array, Int64Array, TableStats
-from estuary.ps.client import PSClient, RemoteTable
+from estuary.ps.client import (
+    PSClient,
+    RemoteTable,
+    checked_grads,
+    owned_tables,
+    push_next_steps,
+)
 from estuary.ps.types import Address, HostedTable, PSError
 
 __all__ = ["ShardedPSClient", "ShardedTable", "connect_servers", "server_share"]
@@ -158,14 +163,7 @@ class ShardedPSClient:
         return tables[name]
 
     def _own(self, stores: Sequence[EmbeddingStore], op: str) -> list[ShardedTable]:
-        tables: list[ShardedTable] = []
-        for store in stores:
-            if not isinstance(store, ShardedTable) or store.client is not self:
-                raise ValueError(f"{op}: {store!r} is not a table of this sharded client")
-            if any(store is seen for seen in tables):
-                raise ValueError(f"{op}: {store!r} is listed twice")
-            tables.append(store)
-        return tables
+        return owned_tables(self, stores, op, ShardedTable)
 
     def lookup_many(
         self,
@@ -215,12 +213,7 @@ class ShardedPSClient:
         """Every table's ``apply_gradients`` (its next push) in one request per
         server, all servers at once."""
         tables = self._own(stores, "apply_gradients_many")
-        with contextlib.ExitStack() as stack:
-            for table in sorted(tables, key=id):  # fixed order: no deadlock
-                stack.enter_context(table._push_lock)
-            self.push_many(tables, [t._push_step + 1 for t in tables], ids, grads, lr_scales)
-            for table in tables:
-                table._push_step += 1
+        push_next_steps(tables, lambda steps: self.push_many(tables, steps, ids, grads, lr_scales))
 
     def push_many(
         self,
@@ -239,15 +232,10 @@ class ShardedPSClient:
             raise ValueError(
                 f"push_many: need steps, ids and grads for each of {len(tables)} tables"
             )
-        grad_arrays = []
-        for table, ids_t, grads_t in zip(tables, id_arrays, grads, strict=True):
-            grads_t = np.asarray(grads_t, dtype=np.float32)
-            if grads_t.shape != (ids_t.size, table.dim):
-                raise ValueError(
-                    f"table {table.name!r}: grads must have shape ({ids_t.size}, {table.dim}), "
-                    f"got {grads_t.shape}"
-                )
-            grad_arrays.append(grads_t)
+        grad_arrays = [
+            checked_grads(table, ids_t, grads_t)
+            for table, ids_t, grads_t in zip(tables, id_arrays, grads, strict=True)
+        ]
         routed = [_Routed(a, self.servers) for a in id_arrays]
 
         def one(p: int) -> list[bool]:
