@@ -14,9 +14,9 @@ from estuary.config import JobSpec
 from estuary.runtime.failure import FailFast, policy_for
 from estuary.runtime.launcher import run_distributed, stop_value
 from estuary.runtime.recovery import supervise
-from estuary.runtime.types import FailurePolicy, JobState, RoleState, StopRequest
+from estuary.runtime.types import FailurePolicy, JobState, RoleState, StopRequest, tracking
 from estuary.runtime.worker import resume_if_asked
-from estuary.train import FitResult, Trainer, TrainingStopped
+from estuary.train import FitResult, Trainer
 
 __all__ = ["LocalRuntime"]
 
@@ -50,20 +50,10 @@ class LocalRuntime:
     ) -> FitResult:
         stop = StopRequest() if stop is None else stop
         self.policy = policy_for(job) if self._policy is None else self._policy
-        self.state = JobState.RUNNING
-        try:
+        with tracking(self):
             if job.runtime.uses_servers:
-                result = self._run_processes(job, resume, stop, progress)
-            else:
-                result = self._run_here(job, resume, stop, progress)
-        except TrainingStopped:
-            self.state = JobState.STOPPED
-            raise
-        except BaseException:
-            self.state = JobState.FAILED
-            raise
-        self.state = JobState.SUCCEEDED
-        return result
+                return self._run_processes(job, resume, stop, progress)
+            return self._run_here(job, resume, stop, progress)
 
     def _run_here(
         self, job: JobSpec, resume: bool, stop: StopRequest, progress: bool | None

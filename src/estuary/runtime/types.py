@@ -4,14 +4,15 @@ lifecycles are enums; a ``FailurePolicy`` turns a role's failure into a
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 from estuary.config import JobSpec
-from estuary.train.result import FitResult
+from estuary.train.result import FitResult, TrainingStopped
 
 __all__ = [
     "FailureAction",
@@ -22,6 +23,7 @@ __all__ = [
     "RoleState",
     "Runtime",
     "StopRequest",
+    "tracking",
 ]
 
 
@@ -37,6 +39,26 @@ class JobState(enum.Enum):
     @property
     def is_terminal(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.STOPPED, JobState.FAILED)
+
+
+class _Tracked(Protocol):
+    state: JobState
+
+
+@contextlib.contextmanager
+def tracking(runtime: _Tracked) -> Iterator[None]:
+    """A runtime's ``state`` through one run: ``RUNNING`` in the block, then
+    ``SUCCEEDED``, ``STOPPED`` (``TrainingStopped``) or ``FAILED`` (any other error)."""
+    runtime.state = JobState.RUNNING
+    try:
+        yield
+    except TrainingStopped:
+        runtime.state = JobState.STOPPED
+        raise
+    except BaseException:
+        runtime.state = JobState.FAILED
+        raise
+    runtime.state = JobState.SUCCEEDED
 
 
 class RoleState(enum.Enum):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from estuary.runtime.types import (
     RoleFailure,
     RoleState,
     StopRequest,
+    tracking,
 )
 from estuary.runtime.worker import WorkerLaunch
 from estuary.train import FitResult, TrainingStopped
@@ -83,29 +85,16 @@ class RayRuntime:
         stop = StopRequest() if stop is None else stop
         stop.on_request(self._ask_stop)
         asks = role_asks(job)
-        self.state = JobState.RUNNING
-        connected = connect(job.runtime.ray, asks)
-        placement: Placement | None = None
-        try:
+        with tracking(self), contextlib.ExitStack() as cleanup:
+            if connect(job.runtime.ray, asks):
+                cleanup.callback(ray.shutdown)
             placement = place(asks, job.runtime.ray.placement_timeout_s)
+            cleanup.callback(placement.remove)
 
             def attempt(resume: bool, running: Callable[[], None]) -> FitResult:
-                assert placement is not None
                 return self._attempt(job, placement, policy, resume, running)
 
             result = supervise(attempt, job, resume=resume)
-        except TrainingStopped:
-            self.state = JobState.STOPPED
-            raise
-        except BaseException:
-            self.state = JobState.FAILED
-            raise
-        finally:
-            if placement is not None:
-                placement.remove()
-            if connected:
-                ray.shutdown()
-        self.state = JobState.SUCCEEDED
         result.extra["runtime"] = "ray"
         result.extra["roles"] = {a.role: a.count for a in asks}
         return result
