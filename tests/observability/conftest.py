@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
+from ..train.test_metrics_export import write_tsv
+
 
 class TinyJob(Protocol):
     def __call__(self, root: Path, **output: Any) -> Path: ...
@@ -17,16 +19,6 @@ class TinyJob(Protocol):
 
 class DatasetJob(Protocol):
     def __call__(self, root: Path, **output: Any) -> Path: ...
-
-
-def write_tsv(path: Path, rows: int, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    lines = ["label\tI1\tC1\tC2"]
-    for _ in range(rows):
-        c1, c2 = int(rng.integers(0, 400)), int(rng.integers(0, 50))
-        label = int(rng.random() < (0.7 if c1 % 3 == 0 else 0.2))
-        lines.append(f"{label}\t{rng.integers(0, 9)}\t{c1:x}\t{c2:x}")
-    path.write_text("\n".join(lines) + "\n")
 
 
 def _tiny_job(tmp_path: Path, **output: Any) -> Path:

@@ -85,13 +85,12 @@ def test_async_mode_has_no_bound() -> None:
     assert store.applied == list(range(1, 13))
 
 
-def test_update_thread_failure_surfaces_on_the_trainer_thread() -> None:
-    class Broken(SlowStore):
-        def apply_gradients(
-            self, ids: np.ndarray, grads: np.ndarray, *, lr_scale: float = 1.0
-        ) -> None:
-            raise ValueError("disk on fire")
+class Broken(SlowStore):
+    def apply_gradients(self, ids: np.ndarray, grads: np.ndarray, *, lr_scale: float = 1.0) -> None:
+        raise ValueError("disk on fire")
 
+
+def test_update_thread_failure_surfaces_on_the_trainer_thread() -> None:
     updater = SparseUpdater({"t": Broken(0)}, "hybrid", 1, placement=Placement.BACKGROUND)
     updater.submit([SparseGradients("t", np.array([1]), np.ones((1, 1), np.float32))])
     with pytest.raises(RuntimeError, match="sparse update thread failed"):
@@ -171,12 +170,6 @@ def test_a_call_after_the_submitted_updates_sees_them_all_and_does_not_block(
 
 
 def test_calls_queued_behind_a_failed_update_fail_too() -> None:
-    class Broken(SlowStore):
-        def apply_gradients(
-            self, ids: np.ndarray, grads: np.ndarray, *, lr_scale: float = 1.0
-        ) -> None:
-            raise ValueError("disk on fire")
-
     updater = SparseUpdater({"t": Broken(0)}, "hybrid", 1, placement=Placement.BACKGROUND)
     updater.submit([SparseGradients("t", np.array([1]), np.ones((1, 1), np.float32))])
     future = updater.after_submitted(lambda: "never")
