@@ -159,8 +159,9 @@ def test_a_push_with_a_negative_or_non_finite_lr_scale_is_refused(scale: float) 
 
 def test_a_hook_after_a_step_sees_exactly_that_step() -> None:
     """``after_step(s, hook)`` runs once step s is applied and before s + 1 is:
-    registered before s, at s (on its own thread), or just before s + 1 when that
-    comes first; never for a step already passed."""
+    registered before s (on its own thread once s is applied), or at s (by
+    ``run_after``), or just before s + 1 when that comes first; never for a step
+    already passed."""
     from estuary.ps.aggregation import StepAggregator
 
     applied: list[int] = []
@@ -178,5 +179,8 @@ def test_a_hook_after_a_step_sees_exactly_that_step() -> None:
     assert agg.after_step(1, lambda: seen.append(("at", agg.applied)))
     push(2, 1)  # step 2 is applied only after both hooks of step 1 ran
     assert sorted(seen) == [("at", 1), ("before", 1)]
+    assert agg.after_step(2, lambda: seen.append(("run_after", agg.applied)))
+    agg.run_after(2)
+    assert seen[-1] == ("run_after", 2)
     assert not agg.after_step(1, lambda: seen.append(("late", agg.applied)))
     assert applied == [1, 2]

@@ -139,7 +139,8 @@ class StepAggregator:
     def _apply_complete_steps(self) -> None:
         # Called with the lock held: steps are applied one at a time, in order.
         while len(self._pending.get(self.applied + 1, ())) == self.world_size:
-            self._run_hooks(self.applied)  # snapshots of the last step come first
+            if self._hooks:
+                self._run_hooks(self.applied)  # snapshots of the last step come first
             step = self.applied + 1
             by_rank = self._pending.pop(step)
             scales = {r: by_rank[r][2] for r in range(self.world_size)}
@@ -164,22 +165,20 @@ class StepAggregator:
                 self._spawn_hooks(step)
             self._cond.notify_all()
 
-    def after_step(self, step: int, hook: Callable[[], None], *, spawn: bool = True) -> bool:
+    def after_step(self, step: int, hook: Callable[[], None]) -> bool:
         """Run ``hook()`` once ``step`` is applied and before ``step + 1`` is, with
-        step application held off meanwhile: a snapshot of exactly that step. It
-        runs on a thread of its own as soon as the step is applied (so neither the
-        caller nor the push that completes the step waits for it), or at the
-        latest just before ``step + 1`` is applied. With ``spawn=False`` a step
-        already applied starts no thread: the caller runs ``run_after(step)``
-        itself (one thread for many tables). Returns ``False`` (and never runs
-        it) when a later step was applied already. A hook's error is logged,
-        never fails the table: the hook reports its own failure."""
+        step application held off meanwhile: a snapshot of exactly that step. A
+        step not applied yet runs its hooks on a thread of its own once applied
+        (the push that completes it does not wait); for the step applied last,
+        the caller runs them (``run_after``: one thread for many tables). Either
+        way they run at the latest just before ``step + 1`` is applied. Returns
+        ``False`` (and never runs it) when a later step was applied already. A
+        hook's error is logged, never fails the table: the hook reports its own
+        failure."""
         with self._cond:
             if step < self.applied:
                 return False
             self._hooks.setdefault(step, []).append(hook)
-            if step == self.applied and spawn:
-                self._spawn_hooks(step)
             return True
 
     def run_after(self, step: int) -> None:

@@ -466,7 +466,7 @@ class ParameterServer:
                 self.held.capture(token, name, take)
 
             with _naming(name):
-                if not steps.after_step(at, hook, spawn=False):
+                if not steps.after_step(at, hook):
                     self.held.drop(token)
                     raise PSError(f"snapshot at step {at}: step {steps.applied} is applied already")
 
