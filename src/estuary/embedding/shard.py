@@ -62,7 +62,9 @@ State = dict[str, np.ndarray]
 _UNKNOWN_ROWS = np.array([UNKNOWN_ROW], np.int64)
 
 
-def _gather(array: Float32Array, rows: Int64Array, dim: int, opt: Any, prefix: str) -> State:
+def _gather(
+    array: Float32Array, rows: Int64Array | slice, dim: int, opt: Any, prefix: str
+) -> State:
     """Weights and optimizer state of ``rows`` of a storage ``array``."""
     state: State = {prefix + WEIGHTS: array[rows, :dim]}
     for name in opt.state_names:
@@ -77,14 +79,15 @@ class RawExport:
     """A shard's state copied under its lock, gathered later (``materialize``).
 
     ``rows`` are storage rows (all rows in use, or the dirty ones), ``picked``
-    the positions in ``rows`` of the exported ids ``ids``; ``stamps``, ``freq``,
+    the positions in ``rows`` of the exported ids ``ids`` (``slice(None)``: all of
+    them, in order: the state's arrays are views of ``rows``, no second copy); ``stamps``, ``freq``,
     ``touch`` are aligned with ``rows`` (``None`` where the table keeps none);
     ``small`` the per-shard keys, already final."""
 
     dim: int
     optimizer: Any
     rows: Float32Array
-    picked: Int64Array
+    picked: Int64Array | slice
     ids: Int64Array
     stamps: Int64Array
     freq: Any
@@ -460,7 +463,7 @@ class EmbeddingShard:
                 ids = self._storage.owner[slots]
                 # Few rows: gather them now (the copy of every row would cost more).
                 rows = self._storage.array[slots]
-                picked = np.arange(slots.size, dtype=np.int64)
+                picked: Int64Array | slice = slice(None)  # every gathered row, in order
                 stamps, freq, touch = (
                     self._storage.stamp[slots],
                     self._storage.freq[slots] if self._policy.lfu else None,
