@@ -59,6 +59,8 @@ class WorkerLaunch:
             actor calls (``runtime.ray.data_plane: actor``) instead of sockets.
         split_pool: rank 0, ``data.dataset``: makes the pool its driver reads whole
             splits with (the Ray runtime's data executors); ``None``: its threads.
+        part_routes: with ``split_pool``, direct delivery: how rank 0's parts
+            reach the ranks and every rank fetches its rows (``PartRoutes``).
         embedding_workers: per rank, its embedding worker's Ray actor
             (``runtime.embedding_workers``); empty: the trainer looks up itself.
     """
@@ -78,6 +80,7 @@ class WorkerLaunch:
     one_machine: bool = True
     server_actors: tuple[Any, ...] = ()
     split_pool: Any = None
+    part_routes: Any = None
     embedding_workers: tuple[Any, ...] = ()
 
 
@@ -160,6 +163,7 @@ def run_trainer(
         )
         if rank == 0:
             trainer.split_pool = launch.split_pool
+        trainer.part_routes = launch.part_routes
         if launch.embedding_workers:
             from estuary.runtime.ray.embedding_workers import use_embedding_worker
 

@@ -29,9 +29,12 @@ import numpy as np
 from estuary.config import JobSpec
 from estuary.config.errors import ConfigError
 from estuary.data import DataError, DataPart, TabularDataset
+from estuary.data.decode import RowDecoder
 from estuary.data.graph import Driver, Progress
 from estuary.data.graph.executors import SplitPool
+from estuary.data.graph.routing import PartAssembler
 from estuary.data.types import Batch, Int64Array
+from estuary.train.batch_routes import PartRoutes, RoutedBatches
 from estuary.train.batch_scatter import BatchScatter
 from estuary.train.callbacks import LoopState
 from estuary.train.plan import TrainPlan
@@ -278,6 +281,10 @@ class GraphFeed:
         should_stop: polled while the reader waits for data; a stop ends the batches.
         split_pool: makes the pool rank 0's driver reads whole splits with (a
             cluster runtime's data executors); ``None``: its own threads.
+        part_routes: with ``split_pool``, direct delivery: every rank receives
+            its part of each step from rank 0 as row ids and fetches the rows
+            from the executors' output (``estuary.train.batch_routes``); ``None``:
+            rank 0 reads the rows and sends ranks their parts.
 
     Raises:
         ConfigError: ``train.epochs`` is not 1, or the progress is unreadable.
@@ -295,6 +302,7 @@ class GraphFeed:
         data_progress: dict[str, Any] | None = None,
         should_stop: Callable[[], bool] | None = None,
         split_pool: Callable[[], SplitPool] | None = None,
+        part_routes: PartRoutes | None = None,
     ) -> None:
         if job.train.epochs != 1:
             raise ConfigError(
@@ -322,6 +330,20 @@ class GraphFeed:
                 should_stop=should_stop,  # while idle: end the batches there
                 pool=None if split_pool is None else split_pool(),
             )
+        self.scatter: BatchScatter | RoutedBatches
+        if part_routes is not None:
+            decoder = RowDecoder(job.data.schema, dict(plan.shared))
+            assembler = PartAssembler(
+                decoder.sparse, decoder.sequences, decoder.features, num_dense, part_routes.fetch
+            )
+            self.scatter = RoutedBatches(
+                rank=rank,
+                world_size=world_size,
+                assembler=assembler,
+                routes=part_routes,
+                source=self.driver.steps(world_size) if self.driver is not None else None,
+            )
+            return
         self.scatter = BatchScatter(
             rank=rank,
             world_size=world_size,
@@ -369,8 +391,14 @@ class GraphFeed:
             "duplicate_rows": self.progress.duplicate_rows,
             "tasks_committed": self.progress.tasks_committed,
             "batch_send_s": round(self.scatter.send_s, 4),  # rank 0 to W - 1 ranks
+            **self._delivery(),
             **(self.driver.summary() if self.driver is not None else {}),
         }
+
+    def _delivery(self) -> dict[str, Any]:
+        if not isinstance(self.scatter, RoutedBatches):
+            return {"data_delivery": "rank0"}
+        return {"data_delivery": "direct", "rows_fetched_rank0": self.scatter.rows_fetched}
 
     def close(self) -> None:
         if self.driver is not None:
@@ -419,6 +447,7 @@ def feed_for(
     group: Any = None,
     data_progress: dict[str, Any] | None = None,
     split_pool: Callable[[], SplitPool] | None = None,
+    part_routes: PartRoutes | None = None,
 ) -> Feed:
     """The feed of one rank (``state``) for the job's data path: an ``EpochFeed``
     for ``data.sources``, a ``GraphFeed`` for ``data.dataset``."""
@@ -434,4 +463,5 @@ def feed_for(
         data_progress=data_progress,
         should_stop=state.stop.asked,
         split_pool=split_pool,
+        part_routes=part_routes,
     )

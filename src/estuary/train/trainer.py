@@ -25,6 +25,7 @@ from estuary.data.types import Batch
 from estuary.metrics.evaluation import EvalResult
 from estuary.metrics.progress import ProgressBar
 from estuary.metrics.training import TrainingMetrics
+from estuary.train.batch_routes import PartRoutes
 from estuary.train.build import (
     DENSE_OPTIMIZERS,
     TableStore,
@@ -123,6 +124,9 @@ class Trainer:
         # data.dataset: makes the pool rank 0 reads whole splits with (a cluster
         # runtime's data executors); None: the driver's own threads.
         self.split_pool: Callable[[], SplitPool] | None = None
+        # With ``split_pool``: every rank receives its rows from the executors
+        # (direct delivery); None: rank 0 reads and sends ranks their parts.
+        self.part_routes: PartRoutes | None = None
 
     # The parts, under the names users and tests know.
     model = property(lambda self: self.engine.model, doc="the dense network")
@@ -150,6 +154,7 @@ class Trainer:
             self.data_group,
             data_progress,
             split_pool=self.split_pool,
+            part_routes=self.part_routes,
         )
 
     def fit(self, *, progress: bool | None = None) -> FitResult:

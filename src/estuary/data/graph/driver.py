@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from estuary.config.dataset import DatasetSpec
 from estuary.config.spec import DataSpec
@@ -42,6 +42,7 @@ from estuary.data.graph.executors import (
 )
 from estuary.data.graph.operators import build_operators
 from estuary.data.graph.progress import Progress
+from estuary.data.graph.routing import RoutedSink, StepRoute
 from estuary.data.graph.sinks import BatchSink, EmptyTask, OpenedSplit, SinkFailure, SplitEnd
 from estuary.data.graph.timer import Timer, WaitOutcome
 from estuary.data.graph.types import SourceOperator, Split, Task, TaskState
@@ -52,6 +53,7 @@ __all__ = ["Driver"]
 logger = logging.getLogger(__name__)
 
 _DONE = object()
+_T = TypeVar("_T")
 _POLL_S = 0.1  # how often blocked threads look at the stop flag
 
 
@@ -151,23 +153,39 @@ class Driver:
         Raises:
             PartitionNotReadyError, TaskFailedError, BadDataError, ConfigError.
         """
-        if self._threads:
-            raise RuntimeError("Driver.batches() runs once")
-        self._start()
-        self._sink = BatchSink(
-            self._opened,
-            self.progress,
-            self.data,
-            self.hash_names,
-            batch_size=self.batch_size,
-            interleave=self.interleave,
-            buffer_rows=self.buffer_rows,
-            seed=self.seed,
-            stop=self._stop,
-            should_stop=self.should_stop,
+        sink = BatchSink(self._opened, self.progress, self.data, self.hash_names, **self._order())
+        yield from self._run(sink, sink.batches)
+
+    def steps(self, ranks: int) -> Iterator[StepRoute]:
+        """Direct delivery (``estuary.data.graph.routing``): each step's rows
+        routed to ``ranks`` trainers, ``batch_size // ranks`` rows each at most;
+        the split pool must return ``RemoteBlock``s. Record ``StepRoute.row_ids``
+        once a step is trained. Raises as ``batches``."""
+        order = self._order()
+        order["batch_size"] = self.batch_size // ranks
+        sink = RoutedSink(
+            self._opened, self.progress, self.data, self.hash_names, ranks=ranks, **order
         )
+        yield from self._run(sink, sink.routes)
+
+    def _order(self) -> dict[str, Any]:
+        """The sink's batching and ordering arguments."""
+        return {
+            "batch_size": self.batch_size,
+            "interleave": self.interleave,
+            "buffer_rows": self.buffer_rows,
+            "seed": self.seed,
+            "stop": self._stop,
+            "should_stop": self.should_stop,
+        }
+
+    def _run(self, sink: BatchSink, items: Callable[[], Iterator[_T]]) -> Iterator[_T]:
+        if self._threads:
+            raise RuntimeError("a Driver reads its dataset once")
+        self._start()
+        self._sink = sink
         try:
-            yield from self._sink.batches()
+            yield from items()
         finally:
             self.close()
 

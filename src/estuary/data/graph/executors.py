@@ -254,9 +254,10 @@ class SplitPool(Protocol):
     """Where whole splits are read, away from the driver's threads (worker
     processes, or a cluster runtime's data executors). ``read`` may be called
     from several threads at once; it recovers from its own workers' loss (or
-    raises) and returns ``read_split_whole``'s result."""
+    raises) and returns ``read_split_whole``'s result, or for direct delivery
+    ``RemoteBlock``s in place of the blocks (``estuary.data.graph.routing``)."""
 
-    def read(self, reader: SplitReader) -> tuple[list[Block], int, int]: ...
+    def read(self, reader: SplitReader) -> tuple[list[Any], int, int]: ...
 
     def summary(self) -> dict[str, Any]:
         """Figures for summary.json (e.g. executors lost and replaced)."""

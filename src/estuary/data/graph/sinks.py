@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +34,7 @@ from estuary.data.graph.progress import ROW_BITS, Progress
 from estuary.data.graph.shuffle import RowBuffer
 from estuary.data.graph.timer import Timer, WaitOutcome
 from estuary.data.graph.types import Split, Task
-from estuary.data.types import Batch, JaggedIds
+from estuary.data.types import Batch, Int64Array, JaggedIds
 
 __all__ = [
     "BatchSink",
@@ -137,12 +138,18 @@ class BatchSink:
         self._listed: set[str] = set()
 
     def batches(self) -> Iterator[Batch]:
+        for batch in self._steps():
+            assert isinstance(batch, Batch)
+            yield batch
+
+    def _steps(self) -> Iterator[Any]:
+        """What ``_take`` makes, until the input ends (or a stop while waiting)."""
         try:
-            yield from self._batches()
+            yield from self._loop()
         except _Drained:  # a stop while waiting for data: rows not yet yielded stay
             return  # unrecorded in the progress, so a resume reads them again
 
-    def _batches(self) -> Iterator[Batch]:
+    def _loop(self) -> Iterator[Any]:
         open_splits: list[_Open] = []
         finished = False
         while True:
@@ -160,8 +167,7 @@ class BatchSink:
                 self.tracker.check_file_end(current.split.name)
                 open_splits.pop(i)
                 continue
-            block = item
-            assert isinstance(block, Block)
+            block: Any = item  # a Block (or a RemoteBlock: ``RoutedSink``)
             self.tracker.add(
                 block.rows_read + block.skipped_rows, block.bad_count, block.bad_examples
             )
@@ -173,12 +179,31 @@ class BatchSink:
                         f"needs more than {ROW_BITS} bits: split the source finer"
                     )
                 row_ids = (np.int64(current.code) << ROW_BITS) | block.rows
-                bags = [block.jagged[name] for name in self.sequences]
-                self.buffer.add(block.labels, block.dense, block.ids, row_ids, bags)
-            while self.buffer.ready(self.batch_size):
-                yield self._batch()
-        while len(self.buffer):
-            yield self._batch()
+                self._add(block, current.code, row_ids)
+            while self._ready():
+                yield self._take()
+        while self._pending():
+            yield self._take()
+
+    # -- where rows wait (``RoutedSink`` routes them to ranks instead) ---------------
+
+    def _add(self, block: Any, code: int, row_ids: Int64Array) -> None:
+        """Buffer a block's good rows (``row_ids``: theirs; ``code``: their split's)."""
+        assert isinstance(block, Block)
+        bags = [block.jagged[name] for name in self.sequences]
+        self.buffer.add(block.labels, block.dense, block.ids, row_ids, bags)
+
+    def _ready(self) -> bool:
+        """Whether a full batch may leave now."""
+        return self.buffer.ready(self.batch_size)
+
+    def _pending(self) -> bool:
+        """Whether rows are left once the input ended."""
+        return len(self.buffer) > 0
+
+    def _take(self) -> Any:
+        """The next step's rows (a ``Batch``)."""
+        return self._batch()
 
     def _open_next(self, open_splits: list[_Open]) -> bool:
         """Take the next announcement; True once there are no more."""

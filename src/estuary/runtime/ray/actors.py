@@ -15,8 +15,10 @@ from typing import Any
 
 import ray
 
+from estuary.data.graph.routing import RankPart
 from estuary.ps import ParameterServer, ServerConfig
 from estuary.ps.types import Address
+from estuary.runtime.ray.delivery import take_part
 from estuary.runtime.worker import WorkerLaunch, run_trainer
 from estuary.train import FitResult, TrainingStopped
 
@@ -66,6 +68,8 @@ class ServerActor:
         self.server.close()
 
 
+# Threads: ``run``, ``stop``, and on rank 0 with direct delivery one
+# ``next_part`` per other rank (the runtime raises it to 2 + W).
 @ray.remote(max_concurrency=2)  # type: ignore[call-overload]
 class TrainerActor:
     """One trainer rank; ``run`` trains (see ``run_trainer``)."""
@@ -84,6 +88,10 @@ class TrainerActor:
 
     def run(self, rank: int, launch: WorkerLaunch) -> FitResult | TrainingStopped | None:
         return run_trainer(rank, launch, self.flag)
+
+    def next_part(self, rank: int) -> RankPart | None:
+        """Rank 0, direct delivery: rank ``rank``'s next part (``RayPartRoutes``)."""
+        return take_part(rank)
 
     def stop(self, signum: int) -> None:
         """Ask for a stop: the ranks agree on a step, checkpoint it and return."""

@@ -18,6 +18,7 @@ from estuary.runtime.failure import policy_for
 from estuary.runtime.launcher import act, default_backend
 from estuary.runtime.ray.actors import ServerActor, TrainerActor, kill_all
 from estuary.runtime.ray.cluster import Placement, PlacementError, connect, place, role_asks
+from estuary.runtime.ray.delivery import RayPartRoutes
 from estuary.runtime.ray.embedding_workers import EmbeddingWorkerActor
 from estuary.runtime.ray.executors import RayExecutors
 from estuary.runtime.recovery import DistributedError, supervise
@@ -135,6 +136,7 @@ class RayRuntime:
             TrainerActor.options(  # type: ignore[attr-defined]
                 num_cpus=tr_res.cpus,
                 num_gpus=tr_res.gpus,
+                max_concurrency=2 + world,  # run, stop, next_part per rank
                 scheduling_strategy=placement.strategy("trainer", r),
             ).remote()
             for r in range(world)
@@ -149,6 +151,7 @@ class RayRuntime:
             self.pids.update({("ps", p): e[1] for p, e in enumerate(endpoints)})
             self.pids[("trainer", 0)] = pid0
             self.pids.update({("trainer", r + 1): x[2] for r, x in enumerate(pids)})
+            executors = self._executors(job, placement)
             launch = WorkerLaunch(
                 job=job,
                 world_size=world,
@@ -164,7 +167,8 @@ class RayRuntime:
                 resume=resume,
                 one_machine=placement.nodes() == 1,
                 server_actors=tuple(servers) if runtime.ray.data_plane == "actor" else (),
-                split_pool=self._executors(job, placement),
+                split_pool=executors,
+                part_routes=RayPartRoutes(trainers[0]) if executors is not None else None,
                 embedding_workers=self._embedding_workers(job, placement, endpoints, keys, servers),
             )
             runs = {t.run.remote(r, launch): r for r, t in enumerate(trainers)}

@@ -1,15 +1,22 @@
 """Data executors on Ray (``runtime.data_executors``): actors that read whole
-splits of a ``data.dataset`` for the driver on rank 0.
+splits of a ``data.dataset`` for the driver on rank 0, and leave the rows in the
+object store for the trainers (direct delivery, ``estuary.data.graph.routing``).
 
 ::
 
-    rank 0: Driver (plans, waits for readiness, shuffles, accounts, scatters)
+    rank 0: Driver (plans, waits for readiness, routes, accounts)
       worker thread --read(split)--> RayExecutorPool --> DataExecutorActor e
-                                       an idle executor takes the split; the
-                                       blocks come back through the object store
-      executor e dies mid-split: the pool starts a new one in e's bundle of the
+                                       an idle executor takes the split and
+                                       streams, per block, its rows (left in the
+                                       object store) and its accounting (to rank 0)
+    rank r: fetches the blocks routed to it from the object store
+    executor e dies mid-split: the pool starts a new one in e's bundle of the
       placement group and reads the split again there (no row of it was handed
-      out: a split's blocks come back whole), nothing else restarts
+      out: a split's blocks are handed on whole), nothing else restarts
+
+The blocks' rows are the executor call's return objects, owned by rank 0 and
+kept by the node's object store: they outlive the executor process that made
+them, and are freed once the rank that trained them lets go.
 
 Executors lost and replaced are counted (``data_executor_restarts`` in
 summary.json); past ``runtime.max_restarts`` replacements the read fails with
@@ -18,9 +25,11 @@ an error naming the executor and its cause.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +39,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from estuary.config.spec import RoleResources
 from estuary.data.errors import DataError
-from estuary.data.graph.executors import Block, SplitReader, read_split_whole
+from estuary.data.graph.executors import SplitReader
+from estuary.data.graph.routing import BlockRows, RemoteBlock
 
 __all__ = ["DataExecutorActor", "DataExecutorLost", "RayExecutorPool", "RayExecutors"]
 
@@ -46,8 +56,13 @@ class DataExecutorActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def read(self, reader: SplitReader) -> tuple[list[Block], int, int]:
-        return read_split_whole(reader)
+    def read(self, reader: SplitReader) -> Iterator[Any]:
+        """A streaming generator: per block its ``BlockRows`` then its
+        ``RemoteBlock`` (payload ``None``), then ``(good rows, last row)``."""
+        for block in reader.blocks():
+            yield BlockRows.of(block)
+            yield RemoteBlock.of(block, None)
+        yield reader.good_rows, reader.last_row
 
 
 @dataclass(frozen=True)
@@ -102,17 +117,27 @@ class RayExecutorPool:
             options["memory"] = res.memory_mb * 2**20
         return DataExecutorActor.options(**options).remote()  # type: ignore[attr-defined]
 
-    def read(self, reader: SplitReader) -> tuple[list[Block], int, int]:
+    def read(self, reader: SplitReader) -> tuple[list[Any], int, int]:
+        """The split's ``RemoteBlock``s (payloads: object-store references, not
+        fetched here), its good rows and last row."""
         executor = self._idle.get()  # Blocking wait: an idle executor
         try:
             while True:
                 actor = self.actors[executor]
                 try:
-                    # Blocking wait: the executor reads the whole split.
-                    got: tuple[list[Block], int, int] = ray.get(actor.read.remote(reader))
-                    return got
+                    call = actor.read.options(num_returns="streaming").remote(reader)
+                    refs = list(call)  # Blocking wait: the executor reads the whole split.
+                    # Blocking wait: the accounting only (small); the rows stay put.
+                    metas = ray.get(refs[1:-1:2])
+                    good, last = ray.get(refs[-1])
                 except RayActorError as exc:
                     self._replace(executor, exc, reader)
+                    continue
+                blocks = [
+                    dataclasses.replace(meta, payload=ref)
+                    for meta, ref in zip(metas, refs[0:-1:2], strict=True)
+                ]
+                return blocks, good, last
         finally:
             self._idle.put(executor)
 
