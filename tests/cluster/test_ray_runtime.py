@@ -281,3 +281,42 @@ def test_embedding_workers_train_what_the_trainers_train_themselves(
         assert_same_tables(tmp_path / "ew", tmp_path / "local")
     else:
         assert 0 <= got["ps_max_behind"] <= 1
+
+
+@pytest.mark.parametrize("delivery", ["rank0", "direct"])
+def test_data_executors_feed_the_trainers_a_dataset_as_the_local_runtime_does(
+    ray_instance: Any, tmp_path: Path, delivery: str
+) -> None:
+    """A ``data.dataset`` job read by 2 data executors for 2 trainers, against the
+    local runtime's ``--nproc 2`` (rank 0 reads) in sync mode. ``rank0``: rank 0
+    fetches the rows and shuffles them in one buffer, so the run is the local
+    one, table for table. ``direct``: each trainer fetches the blocks routed to
+    it, so the steps hold other rows (per-rank shuffle buffers) but every row is
+    trained once and the model is as good."""
+    from ..graph.conftest import assert_every_row_once, write_hours
+    from ..graph.test_multi_trainer import write_job as write_dataset_job
+
+    hours = 3
+    written = write_hours(tmp_path, hours, 200)
+    path = write_dataset_job(tmp_path, hours, mode="sync")
+    local = ["train", str(path), "--no-progress", "--output", str(tmp_path / "local")]
+    assert main([*local, *sets("runtime.trainers=2", "runtime.ps_shards=2")]) == 0
+    ray = ["train", str(path), "--no-progress", "--output", str(tmp_path / "out")]
+    executors = ("runtime.data_executors=2", f"runtime.ray.data_delivery={delivery}")
+    assert main([*ray, *sets(*RAY_2X2, *executors)]) == 0
+    assert_every_row_once(path, written, hours)  # the Ray run's progress (output.dir)
+    want = json.loads((tmp_path / "local" / "summary.json").read_text())
+    got = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert got["data_delivery"] == delivery and want["data_delivery"] == "rank0"
+    assert got["rows_committed"] == want["rows_committed"] == written.rows
+    if delivery == "rank0":
+        assert got["steps"] == want["steps"]
+        assert_same_tables(tmp_path / "out", tmp_path / "local")
+    else:
+        # Rank 0 fetched the blocks routed to it, not every row.
+        assert got["rows_fetched_rank0"] < 0.75 * written.rows
+        assert abs(got["steps"] - want["steps"]) <= 4  # ranks drain their own ends
+        got_tables = load_checkpoint(tmp_path / "out" / "checkpoints").tables
+        want_tables = load_checkpoint(tmp_path / "local" / "checkpoints").tables
+        for name, table in want_tables.items():  # every id seen, as locally
+            np.testing.assert_array_equal(np.sort(got_tables[name]["ids"]), np.sort(table["ids"]))

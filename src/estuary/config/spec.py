@@ -319,6 +319,12 @@ class RaySpec:
         data_plane: how trainers reach the PS shards: ``socket`` (the parameter
             server's own protocol over TCP; Ray places and watches) or ``actor``
             (Ray actor calls, arrays through the object store).
+        data_delivery: with data executors, how rows reach the trainers:
+            ``direct`` (rank 0 routes whole blocks to ranks and hands out row
+            ids; each trainer fetches its rows from the object store) or
+            ``rank0`` (rank 0 fetches every row, shuffles them in one buffer and
+            sends each rank its part, as the local runtime does: the same
+            batches as ``--nproc W``).
         trainer: resources of each trainer.
         ps: resources of each parameter-server shard.
         data_executor: resources of each data executor (``runtime.data_executors``).
@@ -329,6 +335,7 @@ class RaySpec:
     num_cpus: int | None = None
     placement_timeout_s: float = 60.0
     data_plane: Literal["socket", "actor"] = "socket"
+    data_delivery: Literal["direct", "rank0"] = "direct"
     trainer: RoleResources = field(default_factory=RoleResources)
     ps: RoleResources = field(default_factory=RoleResources)
     data_executor: RoleResources = field(default_factory=RoleResources)

@@ -90,6 +90,20 @@ class RemoteBlock:
     def num_rows(self) -> int:
         return int(self.rows.shape[0])
 
+    def with_rows(self, rows: BlockRows) -> Block:
+        """The whole ``Block``, with its rows fetched."""
+        return Block(
+            rows=self.rows,
+            labels=rows.labels,
+            dense=rows.dense,
+            ids=rows.ids,
+            rows_read=self.rows_read,
+            bad_count=self.bad_count,
+            bad_examples=self.bad_examples,
+            skipped_rows=self.skipped_rows,
+            jagged=rows.jagged,
+        )
+
     @classmethod
     def of(cls, block: Block, payload: Any) -> RemoteBlock:
         return cls(

@@ -168,7 +168,7 @@ class RayRuntime:
                 one_machine=placement.nodes() == 1,
                 server_actors=tuple(servers) if runtime.ray.data_plane == "actor" else (),
                 split_pool=executors,
-                part_routes=RayPartRoutes(trainers[0]) if executors is not None else None,
+                part_routes=RayPartRoutes(trainers[0]) if executors and executors.direct else None,
                 embedding_workers=self._embedding_workers(job, placement, endpoints, keys, servers),
             )
             runs = {t.run.remote(r, launch): r for r, t in enumerate(trainers)}
@@ -192,6 +192,7 @@ class RayRuntime:
             first_bundle=placement.first_bundle["data_executor"],
             max_restarts=job.runtime.max_restarts,
             name=f"estuary-data-{self._run_id}-{self._attempts}",
+            direct=job.runtime.ray.data_delivery == "direct",
         )
 
     def _embedding_workers(

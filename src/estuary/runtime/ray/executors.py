@@ -77,6 +77,8 @@ class RayExecutors:
         first_bundle: the bundle of executor 0 (executor e takes ``first + e``).
         max_restarts: executors that may be lost and replaced in one run.
         name: prefix of the executors' actor names (``NAME-e``).
+        direct: the pool hands on ``RemoteBlock``s (direct delivery); else
+            rank 0 fetches the rows and hands on ``Block``s.
     """
 
     count: int
@@ -85,6 +87,7 @@ class RayExecutors:
     first_bundle: int
     max_restarts: int
     name: str
+    direct: bool = True
 
     def __call__(self) -> RayExecutorPool:
         return RayExecutorPool(self)
@@ -119,7 +122,7 @@ class RayExecutorPool:
 
     def read(self, reader: SplitReader) -> tuple[list[Any], int, int]:
         """The split's ``RemoteBlock``s (payloads: object-store references, not
-        fetched here), its good rows and last row."""
+        fetched here; ``Block``s unless ``direct``), its good rows and last row."""
         executor = self._idle.get()  # Blocking wait: an idle executor
         try:
             while True:
@@ -133,9 +136,13 @@ class RayExecutorPool:
                 except RayActorError as exc:
                     self._replace(executor, exc, reader)
                     continue
+                payloads = refs[0:-1:2]
+                if not self.spec.direct:  # Blocking wait: every row comes here
+                    rows = ray.get(payloads)
+                    return [m.with_rows(r) for m, r in zip(metas, rows, strict=True)], good, last
                 blocks = [
                     dataclasses.replace(meta, payload=ref)
-                    for meta, ref in zip(metas, refs[0:-1:2], strict=True)
+                    for meta, ref in zip(metas, payloads, strict=True)
                 ]
                 return blocks, good, last
         finally:
