@@ -32,6 +32,9 @@ One model, one data set, every contender in the same run:
              (``runtime.ray.data_plane: actor``: Ray actor calls to the PS shards)
   ray_2x2_ew (only when asked for) ray_2x2 with an embedding worker per trainer
              (``runtime.embedding_workers``: pooled blocks instead of rows)
+             ``--bag-len L`` (cluster contenders only): every sparse feature a
+             bag of L ids, sum-pooled (multi-hot), the workload where a
+             worker's pooling shrinks what travels to the trainer
   dense      the upper bound: the MLPs + interaction fed a fixed random (B, F, D)
              tensor (its gradient is computed, as every contender must), no
              embedding work at all
@@ -108,6 +111,7 @@ WORKER_ARGS = (
     "seed",
     "pytorch_optimizer",
     "checkpoint_every",
+    "bag_len",
 )
 CONTENDERS = ("hybrid", "sync", "pytorch", "torchrec", "dense")
 # Not run by default (``--contenders ...,hybrid_bg``): hybrid with its sparse work
@@ -149,11 +153,28 @@ def zipf_column(vocab: int, a: float, rows: int, rng: np.random.Generator) -> np
     return rng.permutation(vocab)[ranks].astype(np.int64)
 
 
-def make_data(folder: Path, rows: int, warmup_rows: int, zipf_a: float, seed: int) -> None:
+def make_data(
+    folder: Path, rows: int, warmup_rows: int, zipf_a: float, seed: int, bag_len: int = 1
+) -> None:
     """Write the rows twice: ``rows.npz`` (vocabulary indices, transformed dense,
     labels) for the torch contenders, and Criteo TSVs for Estuary (``warm.tsv`` =
-    the first ``warmup_rows``, ``measure.tsv`` = the rest)."""
+    the first ``warmup_rows``, ``measure.tsv`` = the rest). With ``bag_len`` L > 1
+    only ``all.tsv`` for the cluster contenders: every sparse column a bag of L
+    ids (``id|id|...``, each drawn as a single id is)."""
     rng = np.random.default_rng(seed)
+    if bag_len > 1:
+        bags = [
+            zipf_column(v, zipf_a, rows * bag_len, rng).reshape(rows, bag_len)
+            for v in vocab_sizes()
+        ]
+        counts = np.floor(rng.lognormal(mean=1.0, sigma=1.5, size=(rows, NUM_DENSE)))
+        labels = (rng.random(rows) < 0.25).astype(np.int64)
+        with (folder / "all.tsv").open("w") as out:
+            for i in range(rows):
+                fields = [str(labels[i]), *(str(int(c)) for c in counts[i])]
+                fields += ["|".join(map(str, bag[i].tolist())) for bag in bags]
+                out.write("\t".join(fields) + "\n")
+        return
     ids = np.stack([zipf_column(v, zipf_a, rows, rng) for v in vocab_sizes()], axis=1)  # (R, F)
     counts = np.floor(rng.lognormal(mean=1.0, sigma=1.5, size=(rows, NUM_DENSE)))  # (R, Dd)
     labels = (rng.random(rows) < 0.25).astype(np.int64)
@@ -177,17 +198,25 @@ def estuary_job(
 ) -> Any:
     from estuary.config import job_from_dict
 
+    columns = [f"C{i}" for i in range(1, NUM_SPARSE + 1)]
+    schema: dict[str, Any] = {
+        "label": "label",
+        "dense": [f"I{i}" for i in range(1, NUM_DENSE + 1)],
+        "sparse": columns,
+        "dense_transform": "log1p",
+    }
+    if args.bag_len > 1:  # multi-hot: each column a bag of ids, sum-pooled
+        schema["sparse"] = []
+        schema["features"] = [
+            {"name": f"S{c[1:]}", "kind": "sequence", "columns": [c], "max_length": args.bag_len}
+            for c in columns
+        ]
     return job_from_dict(
         {
             "name": f"bench-{mode}",
             "data": {
                 "sources": [{"path": str(tsv), "format": "criteo_tsv"}],
-                "schema": {
-                    "label": "label",
-                    "dense": [f"I{i}" for i in range(1, NUM_DENSE + 1)],
-                    "sparse": [f"C{i}" for i in range(1, NUM_SPARSE + 1)],
-                    "dense_transform": "log1p",
-                },
+                "schema": schema,
                 "eval_fraction": 0.0,
             },
             "model": {
@@ -576,6 +605,12 @@ def main() -> None:
         help="local_2x2 / ray_2x2: steps between checkpoints in their checkpoint runs",
     )
     parser.add_argument("--zipf-a", type=float, default=1.1)
+    parser.add_argument(
+        "--bag-len",
+        type=int,
+        default=1,
+        help="ids per sparse feature (multi-hot bags, sum-pooled); > 1: cluster contenders only",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--contenders", default=",".join(CONTENDERS), help="comma-separated subset to run"
@@ -592,11 +627,14 @@ def main() -> None:
     unknown = sorted(set(names) - set(known))
     if unknown:
         parser.error(f"unknown contenders {unknown}; known: {list(known)}")
+    if args.bag_len > 1 and set(names) - set(CLUSTER_CONTENDERS):
+        parser.error(f"--bag-len > 1 runs cluster contenders only: {list(CLUSTER_CONTENDERS)}")
     rows = (args.warmup + args.batches) * args.batch_size
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="estuary-bench-") as tmp:
         data = Path(tmp)
-        make_data(data, rows, args.warmup * args.batch_size, args.zipf_a, args.seed)
+        warmup_rows = args.warmup * args.batch_size
+        make_data(data, rows, warmup_rows, args.zipf_a, args.seed, args.bag_len)
         for r in range(args.rounds):
             for name in names:
                 run_logged(name, data, args, runs, f"round {r + 1}/{args.rounds}")
@@ -729,6 +767,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
                 "staleness": args.staleness,
                 "pytorch_optimizer": args.pytorch_optimizer,
                 "zipf_a": args.zipf_a,
+                "bag_len": args.bag_len,
                 "seed": args.seed,
                 "vocab_sizes": vocab_sizes(),
             },
