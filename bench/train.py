@@ -333,7 +333,9 @@ def run_cluster(
     if backend == "ray":  # one local instance for the three runs (RayRuntime joins it)
         import ray
 
-        ray.init(num_cpus=8, include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(
+            address="local", num_cpus=8, include_dashboard=False, logging_level=logging.WARNING
+        )
     base = estuary_job(tsv, data / f"out-{backend}", "hybrid", args)
     job = replace(
         base,

@@ -18,6 +18,6 @@ def ray_instance() -> Iterator[Any]:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed")
     if not ray.is_initialized():
         # 8 logical CPUs: room for 2 PS shards and 2 trainers (and a spare) on 2 cores.
-        ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
+        ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()

@@ -96,6 +96,7 @@ class RayRuntime:
                 return self._attempt(job, placement, policy, resume, running)
 
             result = supervise(attempt, job, resume=resume)
+            result.extra["ray_nodes"] = placement.nodes()  # nodes the roles landed on
         result.extra["runtime"] = "ray"
         result.extra["roles"] = {a.role: a.count for a in asks}
         return result

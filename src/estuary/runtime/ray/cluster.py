@@ -73,7 +73,13 @@ def connect(spec: RaySpec, asks: list[RoleAsk]) -> bool:
         if spec.address is None:
             wanted = sum(a.count * a.resources.cpus for a in asks)
             cpus = spec.num_cpus or max(os.cpu_count() or 1, math.ceil(wanted))
-            ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+            # "local": a new instance, never one `ray start` left running on this machine.
+            ray.init(
+                address="local",
+                num_cpus=cpus,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+            )
         else:
             ray.init(address=spec.address, logging_level=logging.WARNING)
     finally:
