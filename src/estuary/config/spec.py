@@ -10,6 +10,7 @@ documented in ``docs/job-spec.md``. Range checks live in each class's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Literal
 from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
+from estuary.config.roles import ROLES, RolePlan, RolesSpec, normalise_roles
 from estuary.config.tables import (
     AdmissionSpec,
     EvictionSpec,
@@ -379,6 +381,9 @@ class RuntimeSpec:
             the run continuing from the newest checkpoint, before the job fails;
             0 = fail at the first failure.
         ray: settings of ``backend: ray``.
+        roles: every role's count (or ``min``/``max``), CPUs, memory and GPUs in
+            one place, for every runtime and renderer (``estuary.config.roles``);
+            resolved at load into the keys above, which a job may still set.
     """
 
     backend: str = "local"
@@ -388,6 +393,13 @@ class RuntimeSpec:
     embedding_workers: bool = False
     max_restarts: int = 0
     ray: RaySpec = field(default_factory=RaySpec)
+    roles: RolesSpec = field(default_factory=RolesSpec)
+
+    @classmethod
+    def normalise(cls, data: Mapping[str, Any], path: str) -> dict[str, Any]:
+        """The raw section with ``roles`` resolved into the older keys (run by the
+        builder before it builds this section)."""
+        return normalise_roles(data, path)
 
     def validate(self, path: str) -> None:
         RUNTIMES.check(self.backend, f"{path}.backend")
@@ -411,6 +423,50 @@ class RuntimeSpec:
                 "reads with data.dataset.executor)",
             )
         self.ray.validate(f"{path}.ray")
+        for plan in self.resolved_roles().values():
+            for bound in ("min", "max"):
+                limit = getattr(plan, bound)
+                if (plan.count < limit) if bound == "min" else (plan.count > limit):
+                    home = ROLES[plan.role].count_key
+                    raise ConfigError(
+                        f"{path}.roles.{plan.role}.{bound}",
+                        f"{plan.count} {plan.role} process(es) ({path}.{home}) is "
+                        f"{'below' if bound == 'min' else 'above'} {bound} {limit}",
+                    )
+
+    def resolved_roles(self) -> dict[str, RolePlan]:
+        """Every role as it will run, by role name (``estuary.config.roles.ROLES``
+        order): counts and resources from the keys the runtimes read, bounds from
+        ``roles``. Embedding workers count one per trainer when on."""
+        counts = {
+            "driver": 1,
+            "ps": self.ps_shards,
+            "trainer": self.trainers,
+            "data_executor": self.data_executors,
+            "embedding_worker": self.trainers if self.embedding_workers else 0,
+        }
+        out: dict[str, RolePlan] = {}
+        for role, home in ROLES.items():
+            spec = getattr(self.roles, role)
+            if home.resources_key is None:
+                resources = RoleResources(
+                    cpus=1.0 if spec.cpus is None else spec.cpus,
+                    gpus=spec.gpus or 0.0,
+                    memory_mb=spec.memory_mb,
+                )
+            else:
+                resources = getattr(self.ray, home.resources_key)
+            count = counts[role]
+            out[role] = RolePlan(
+                role=role,
+                count=count,
+                min=count if spec.min is None else spec.min,
+                max=count if spec.max is None else spec.max,
+                cpus=resources.cpus,
+                gpus=resources.gpus,
+                memory_mb=resources.memory_mb,
+            )
+        return out
 
     @property
     def uses_servers(self) -> bool:
