@@ -49,7 +49,8 @@ def test_legacy_keys_alone_still_work_and_show_in_resolved_roles() -> None:
 
 
 def test_a_dumped_job_loads_back_equal() -> None:
-    spec = job({"roles": {"trainer": {"count": 2, "max": 3, "gpus": 1}, "driver": {"cpus": 3}}})
+    roles = {"trainer": {"count": 2, "min": 1, "max": 3, "gpus": 1}, "driver": {"cpus": 3}}
+    spec = job({"roles": roles})
     assert job_from_dict(to_dict(spec)) == spec
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from estuary.config.build import build_dataclass, plain
 from estuary.config.errors import ConfigError
 
-__all__ = ["ROLES", "RolePlan", "RoleSpec", "RolesSpec", "normalise_roles"]
+__all__ = ["ROLES", "RolePlan", "RoleSpec", "RolesSpec", "normalise_roles", "role_resource"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,13 @@ ROLES: dict[str, _Home] = {
 _RESOURCES = ("cpus", "gpus", "memory_mb")
 
 
+def role_resource(role: str) -> str:
+    """The Ray custom resource that marks a node for ``role`` (``estuary_trainer``):
+    rendered clusters give each role's nodes it, and with
+    ``runtime.ray.role_resources`` each process of the role asks 1 of it."""
+    return f"estuary_{role}"
+
+
 @dataclass(frozen=True)
 class RolePlan:
     """One role as it will run: the resolved count, bounds and per-process resources.
@@ -173,7 +180,9 @@ def normalise_roles(data: Mapping[str, Any], path: str) -> dict[str, Any]:
                 raise ConfigError(where, "there is one driver: give it no count, min or max")
             kept[role] = spec
             continue
-        count = spec.count if spec.count is not None else spec.min
+        count = spec.count
+        if count is None and out.get(home.count_key) is None:
+            count = spec.min  # only min/max given: start at min
         for key in ("count", "min"):
             least = getattr(spec, key)
             if least is not None and least < home.least:

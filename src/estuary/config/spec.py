@@ -331,6 +331,9 @@ class RaySpec:
         ps: resources of each parameter-server shard.
         data_executor: resources of each data executor (``runtime.data_executors``).
         embedding_worker: resources of each embedding worker (``runtime.embedding_workers``).
+        role_resources: every process also asks 1 of its role's custom resource
+            (``estuary_trainer``, ``estuary_ps``, ...), so it lands on a node
+            started for that role (the clusters ``estuary render`` writes).
     """
 
     address: str | None = None
@@ -342,6 +345,7 @@ class RaySpec:
     ps: RoleResources = field(default_factory=RoleResources)
     data_executor: RoleResources = field(default_factory=RoleResources)
     embedding_worker: RoleResources = field(default_factory=RoleResources)
+    role_resources: bool = False
 
     def validate(self, path: str) -> None:
         if self.num_cpus is not None and self.num_cpus < 1:
@@ -437,7 +441,7 @@ class RuntimeSpec:
     def resolved_roles(self) -> dict[str, RolePlan]:
         """Every role as it will run, by role name (``estuary.config.roles.ROLES``
         order): counts and resources from the keys the runtimes read, bounds from
-        ``roles``. Embedding workers count one per trainer when on."""
+        ``roles``. Embedding workers count (and scale) one per trainer when on."""
         counts = {
             "driver": 1,
             "ps": self.ps_shards,
@@ -448,6 +452,8 @@ class RuntimeSpec:
         out: dict[str, RolePlan] = {}
         for role, home in ROLES.items():
             spec = getattr(self.roles, role)
+            # Embedding workers are one per trainer: they scale with the trainers.
+            bounds = self.roles.trainer if role == "embedding_worker" and counts[role] else spec
             if home.resources_key is None:
                 resources = RoleResources(
                     cpus=1.0 if spec.cpus is None else spec.cpus,
@@ -460,8 +466,8 @@ class RuntimeSpec:
             out[role] = RolePlan(
                 role=role,
                 count=count,
-                min=count if spec.min is None else spec.min,
-                max=count if spec.max is None else spec.max,
+                min=count if bounds.min is None else bounds.min,
+                max=count if bounds.max is None else bounds.max,
                 cpus=resources.cpus,
                 gpus=resources.gpus,
                 memory_mb=resources.memory_mb,

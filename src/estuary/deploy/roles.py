@@ -1,0 +1,106 @@
+"""What every target renders alike: the Ray node of each role process, the job
+document, and the driver's command.
+
+Layout (both targets): one Ray head that runs no role (``num-cpus 0``) and hosts
+the driver; one Ray worker node per process of each role, sized like that
+process (``runtime.roles.<role>``, resolved by ``RuntimeSpec.resolved_roles``)
+and carrying 1 of the role's custom resource (``estuary_<role>``). The driver
+runs with ``runtime.ray.role_resources: true``, so every process asks for its
+role's resource and lands on a node of its own group.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from typing import Any
+
+import yaml
+
+from estuary.config import JobSpec, to_dict
+from estuary.config.roles import RolePlan, role_resource
+from estuary.deploy.types import RenderOptions
+
+__all__ = [
+    "app_name",
+    "cpu_quantity",
+    "driver_command",
+    "job_document",
+    "memory_quantity",
+    "ray_node_resources",
+    "worker_roles",
+]
+
+
+def worker_roles(job: JobSpec) -> list[RolePlan]:
+    """The roles that get Ray worker nodes, in ``ROLES`` order: every role but the
+    driver that can have a process. Data executors only serve ``data.dataset``
+    jobs (the Ray runtime places none otherwise, ``runtime.ray.cluster.role_asks``)."""
+    out = []
+    for plan in job.runtime.resolved_roles().values():
+        if plan.role == "driver" or plan.max == 0:
+            continue
+        if plan.role == "data_executor" and job.data.dataset is None:
+            continue
+        out.append(plan)
+    return out
+
+
+def ray_node_resources(plan: RolePlan) -> dict[str, Any]:
+    """``ray start`` resources of one node of ``plan``'s role (one process per node):
+    ``num-cpus`` (whole CPUs, rounded up: Ray counts nodes' CPUs in integers),
+    ``num-gpus``, ``memory`` (bytes) when asked, and the role's marker resource."""
+    out: dict[str, Any] = {"num-cpus": math.ceil(plan.cpus)}
+    if plan.gpus:
+        out["num-gpus"] = math.ceil(plan.gpus)
+    if plan.memory_mb is not None:
+        out["memory"] = plan.memory_mb * 2**20
+    out["resources"] = json.dumps({role_resource(plan.role): 1}, separators=(",", ":"))
+    return out
+
+
+def cpu_quantity(cpus: float) -> str:
+    """A Kubernetes CPU quantity: ``2``, ``500m``."""
+    return str(int(cpus)) if float(cpus).is_integer() else f"{round(cpus * 1000)}m"
+
+
+def memory_quantity(memory_mb: int) -> str:
+    """A Kubernetes memory quantity in MiB: ``4096Mi``."""
+    return f"{memory_mb}Mi"
+
+
+def app_name(job: JobSpec, options: RenderOptions) -> str:
+    """The application's name: ``options.name`` or the job's, lower-case letters,
+    digits and ``-`` (a DNS label, as Kubernetes object names must be)."""
+    raw = options.name if options.name is not None else job.name
+    name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")[:40].rstrip("-")
+    return name or "estuary-job"
+
+
+def job_document(job: JobSpec) -> str:
+    """The job as the cluster reads it: the loaded spec with ``--set`` overrides
+    applied and ``runtime.roles`` resolved (``to_dict``); paths are kept as
+    written, so they must name files the cluster's nodes can read."""
+    return yaml.safe_dump(to_dict(job), sort_keys=False)
+
+
+def driver_command(job_path: str, options: RenderOptions) -> str:
+    """The driver's shell command: ``options.entrypoint``, or ``estuary train`` on
+    the Ray backend with role placement on, joining the cluster at ``auto`` (Ray
+    reads ``RAY_ADDRESS``, else finds the node's own ``ray start``)."""
+    if options.entrypoint is not None:
+        return options.entrypoint
+    words = ["estuary", "train", job_path]
+    for value in _DRIVER_SETS:
+        words += ["--set", value]
+    return shlex.join(words)
+
+
+# The driver joins the cluster it runs in and places each role on its own nodes.
+_DRIVER_SETS = (
+    "runtime.backend=ray",
+    "runtime.ray.address=auto",
+    "runtime.ray.role_resources=true",
+)
