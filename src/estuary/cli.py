@@ -110,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
         "--nproc",
         type=int,
         metavar="W",
-        help="trainer processes (sets runtime.trainers; W > 1: DDP + a parameter server)",
+        help="trainer processes (sets runtime.trainers and runtime.roles.trainer.count; "
+        "W > 1: DDP + a parameter server)",
     )
 
     ev = sub.add_parser(
@@ -190,6 +191,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def nproc_overrides(trainers: int) -> list[str]:
+    """``--nproc W``: the trainer count under both of its keys, so it replaces the
+    job file's count whichever key (``runtime.trainers`` or
+    ``runtime.roles.trainer.count``) the file uses, and never disagrees with it."""
+    return [f"runtime.trainers={trainers}", f"runtime.roles.trainer.count={trainers}"]
+
+
 def _write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -205,7 +213,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.output is not None:
         overrides.append(f"output.dir={args.output.resolve()}")
     if args.nproc is not None:
-        overrides.append(f"runtime.trainers={args.nproc}")
+        overrides += nproc_overrides(args.nproc)
     job = load_job(args.job, overrides)
     show = not (args.no_progress or args.quiet) and job.output.progress
     stop = runtime.StopRequest()
@@ -366,7 +374,9 @@ def _cmd_render(args: argparse.Namespace) -> int:
     from estuary.config import load_job
     from estuary.deploy import RenderOptions, render
 
-    job = load_job(args.job, args.overrides)
+    # The rendered cluster runs the job on Ray (the entrypoint sets it too): load it
+    # so, and a job with Ray-only roles (data executors) renders from a local file.
+    job = load_job(args.job, ["runtime.backend=ray", *args.overrides])
     options = RenderOptions(
         name=args.name,
         image=args.image,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from estuary.config import ConfigError, job_from_dict, to_dict
+from estuary.cli import nproc_overrides
+from estuary.config import ConfigError, job_from_dict, load_job, to_dict
 from estuary.config.roles import RolePlan
 
 DATA = {"sources": [{"path": "x.tsv"}], "schema": {"sparse": ["C1"], "dense": ["I1"]}}
@@ -109,3 +111,13 @@ def test_count_defaults_to_min() -> None:
     spec = job({"backend": "ray", "roles": {"ps": {"min": 2, "max": 6}}}).runtime
     assert spec.ps_shards == 2
     assert spec.resolved_roles()["ps"] == RolePlan("ps", 2, 2, 6, 1.0, 0.0, None)
+
+
+@pytest.mark.parametrize("trainers", ["trainers: 4", "roles: {trainer: {count: 4, max: 8}}"])
+def test_nproc_replaces_the_count_under_either_key(tmp_path: Path, trainers: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        f"data: {{sources: [{{path: x.tsv}}], schema: {{sparse: [C1]}}}}\nruntime: {{{trainers}}}\n"
+    )
+    assert load_job(path, nproc_overrides(2)).runtime.trainers == 2
+    assert load_job(path).runtime.trainers == 4

@@ -144,6 +144,18 @@ def test_cli_writes_the_manifest(job_file: Path, tmp_path: Path) -> None:
     assert groups[0]["replicas"] == 3
 
 
+def test_cli_renders_a_local_job_for_ray(tmp_path: Path) -> None:
+    job_file = tmp_path / "local.yaml"
+    job_file.write_text(
+        "data: {sources: [{path: /data/x.tsv}], schema: {sparse: [C1]}}\n"
+        "runtime: {roles: {embedding_worker: {count: 1}}}\n"  # a Ray-only role
+    )
+    out = tmp_path / "rayjob.yaml"
+    assert main(["render", "k8s", str(job_file), "--output", str(out)]) == 0
+    config, _ = yaml.safe_load_all(out.read_text())
+    assert yaml.safe_load(config["data"]["job.yaml"])["runtime"]["backend"] == "ray"
+
+
 def test_an_option_of_another_target_is_an_error(
     job_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
