@@ -51,7 +51,9 @@ def test_driver_runs_head_and_the_embedded_job(job: JobSpec, tmp_path: Path) -> 
     script = spec_of(job, tmp_path).services["driver"].script
     embedded = re.search(r"<<'ESTUARY_JOB'\n(.*)\nESTUARY_JOB\n", script, re.DOTALL)
     assert embedded is not None
-    assert job_from_dict(yaml.safe_load(embedded.group(1))).runtime == job.runtime
+    carried = job_from_dict(yaml.safe_load(embedded.group(1))).runtime
+    assert carried.resolved_roles() == job.runtime.resolved_roles()
+    assert (carried.ray.address, carried.ray.role_resources) == ("auto", True)
     assert "ray start --head" in script and "--num-cpus=0" in script
     assert f"skein kv put current --key {ADDRESS_KEY}" in script
     assert "estuary train job.yaml --set runtime.backend=ray" in script

@@ -4,9 +4,9 @@ document, and the driver's command.
 Layout (both targets): one Ray head that runs no role (``num-cpus 0``) and hosts
 the driver; one Ray worker node per process of each role, sized like that
 process (``runtime.roles.<role>``, resolved by ``RuntimeSpec.resolved_roles``)
-and carrying 1 of the role's custom resource (``estuary_<role>``). The driver
-runs with ``runtime.ray.role_resources: true``, so every process asks for its
-role's resource and lands on a node of its own group.
+and carrying 1 of the role's custom resource (``estuary_<role>``). The job
+document sets ``runtime.ray.role_resources: true``, so every process asks for
+its role's resource and lands on a node of its own group.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import math
 import re
 import shlex
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -80,27 +81,21 @@ def app_name(job: JobSpec, options: RenderOptions) -> str:
 
 
 def job_document(job: JobSpec) -> str:
-    """The job as the cluster reads it: the loaded spec with ``--set`` overrides
-    applied and ``runtime.roles`` resolved (``to_dict``); paths are kept as
-    written, so they must name files the cluster's nodes can read."""
-    return yaml.safe_dump(to_dict(job), sort_keys=False)
+    """The job as the rendered cluster reads it: the loaded spec with ``--set``
+    overrides applied, ``runtime.roles`` resolved and every default written out
+    (``to_dict``), set to run there: ``runtime.backend: ray``,
+    ``runtime.ray.address: auto`` (the cluster the driver runs in: Ray reads
+    ``RAY_ADDRESS``, else finds the node's own ``ray start``) and
+    ``runtime.ray.role_resources: true`` (each role on its own nodes). Paths are
+    kept as written, so they must name files the cluster's nodes can read."""
+    ray = replace(job.runtime.ray, address="auto", role_resources=True)
+    on_cluster = replace(job, runtime=replace(job.runtime, backend="ray", ray=ray))
+    return yaml.safe_dump(to_dict(on_cluster), sort_keys=False)
 
 
 def driver_command(job_path: str, options: RenderOptions) -> str:
-    """The driver's shell command: ``options.entrypoint``, or ``estuary train`` on
-    the Ray backend with role placement on, joining the cluster at ``auto`` (Ray
-    reads ``RAY_ADDRESS``, else finds the node's own ``ray start``)."""
+    """The driver's shell command: ``options.entrypoint``, or ``estuary train`` of
+    the job document on the Ray backend."""
     if options.entrypoint is not None:
         return options.entrypoint
-    words = ["estuary", "train", job_path]
-    for value in _DRIVER_SETS:
-        words += ["--set", value]
-    return shlex.join(words)
-
-
-# The driver joins the cluster it runs in and places each role on its own nodes.
-_DRIVER_SETS = (
-    "runtime.backend=ray",
-    "runtime.ray.address=auto",
-    "runtime.ray.role_resources=true",
-)
+    return shlex.join(["estuary", "train", job_path, "--set", "runtime.backend=ray"])
