@@ -107,6 +107,14 @@ def test_wrong_roles_name_the_field(runtime: dict[str, Any], path: str, words: s
     assert words in str(err.value)
 
 
+def test_embedding_workers_follow_the_resolved_trainer_count() -> None:
+    roles = {"trainer": {"min": 2, "max": 4}, "embedding_worker": {"count": 3}}
+    spec = job({"backend": "ray", "trainers": 3, "roles": roles}).runtime
+    assert (spec.trainers, spec.embedding_workers) == (3, True)
+    plan = spec.resolved_roles()["embedding_worker"]
+    assert (plan.count, plan.min, plan.max) == (3, 2, 4)  # they scale with the trainers
+
+
 def test_count_defaults_to_min() -> None:
     spec = job({"backend": "ray", "roles": {"ps": {"min": 2, "max": 6}}}).runtime
     assert spec.ps_shards == 2

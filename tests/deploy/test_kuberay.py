@@ -17,7 +17,8 @@ from estuary.cli import main
 from estuary.config import JobSpec, job_from_dict
 from estuary.deploy import RenderOptions, render
 
-CRD = Path(__file__).resolve().parents[3] / "shared" / "k8s" / "ray.io_rayjobs.yaml.gz"
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO.parent / "shared" / "k8s" / "ray.io_rayjobs.yaml.gz"  # ../shared/k8s, not copied here
 
 
 def strict(schema: Any) -> Any:

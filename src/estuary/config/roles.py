@@ -96,7 +96,8 @@ class _Home:
     least: int = 0  # the fewest processes the runtimes accept
 
 
-# Role -> its older keys; the order is the renderers' group order.
+# Role -> its older keys. The order is the renderers' group order, and trainers
+# resolve before embedding workers (whose count must equal theirs).
 ROLES: dict[str, _Home] = {
     "driver": _Home(None, None),
     "ps": _Home("ps_shards", "ps", least=1),
@@ -190,7 +191,7 @@ def normalise_roles(data: Mapping[str, Any], path: str) -> dict[str, Any]:
         if count is not None:
             value: Any = count
             if role == "embedding_worker":
-                value = _embedding_workers(spec, roles, out, path)
+                value = _embedding_workers(spec, out, path)
             older = out.get(home.count_key)
             if older is not None and older != value:
                 raise _conflict(path, role, "count", count, f"{path}.{home.count_key}", older)
@@ -215,20 +216,16 @@ def normalise_roles(data: Mapping[str, Any], path: str) -> dict[str, Any]:
     return out
 
 
-def _embedding_workers(
-    spec: RoleSpec, roles: RolesSpec, runtime: Mapping[str, Any], path: str
-) -> bool:
-    """``runtime.embedding_workers`` from ``roles.embedding_worker``: one per trainer."""
+def _embedding_workers(spec: RoleSpec, runtime: Mapping[str, Any], path: str) -> bool:
+    """``runtime.embedding_workers`` from ``roles.embedding_worker``: one per trainer.
+    ``runtime`` already holds the trainer count (``ROLES`` resolves trainers first)."""
     where = f"{path}.roles.embedding_worker"
     if spec.min is not None or spec.max is not None:
         raise ConfigError(
             where, f"follows the trainer count (one per trainer): set {path}.roles.trainer.min/max"
         )
-    trainers = roles.trainer.count if roles.trainer.count is not None else roles.trainer.min
-    if trainers is None:
-        older = runtime.get("trainers", 1)
-        trainers = older if isinstance(older, int) else None
-    if spec.count and trainers is not None and spec.count != trainers:
+    trainers = runtime.get("trainers", 1)
+    if spec.count and isinstance(trainers, int) and spec.count != trainers:
         raise ConfigError(
             f"{where}.count",
             f"must be 0 (off) or the trainer count, {trainers} (one embedding worker per trainer)",
