@@ -18,6 +18,7 @@ data:
           - {name: hist, path: "/data/{{YYYY}}{{MM}}{{DD}}/{{HH}}/part-*.tsv",
              start: "2026-01-01T00", end: "2026-01-01T02"}
   schema: {dense: [I1, I2], sparse: [C1, C2]}
+output: {dir: /mnt/runs/criteo}       # a path every node can reach
 runtime:
   backend: ray
   max_restarts: 2

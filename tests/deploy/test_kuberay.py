@@ -15,7 +15,7 @@ import yaml
 
 from estuary.cli import main
 from estuary.config import JobSpec, job_from_dict
-from estuary.deploy import RenderOptions, render
+from estuary.deploy import RenderOptions, RenderWarning, render
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO.parent / "shared" / "k8s" / "ray.io_rayjobs.yaml.gz"  # ../shared/k8s, not copied here
@@ -122,11 +122,29 @@ def test_roles_without_processes_get_no_group(job: JobSpec) -> None:
         {
             "data": {"sources": [{"path": "/data/x.tsv"}], "schema": {"sparse": ["C1"]}},
             "runtime": {"roles": {"ps": {"count": 2}}},
+            "output": {"dir": "/mnt/runs"},
         }
     )
     _, ray_job = documents(runtime)
     groups = ray_job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     assert [g["groupName"] for g in groups] == ["ps", "trainer"]  # no executors, no workers
+
+
+def test_relative_paths_are_warned_about(job: JobSpec) -> None:
+    sources = [replace(job.data.dataset.streams["train"].sources[0], path="data/{{HH}}.tsv")]
+    streams = {"train": replace(job.data.dataset.streams["train"], sources=sources)}
+    relative = replace(
+        job,
+        data=replace(job.data, dataset=replace(job.data.dataset, streams=streams)),
+        output=replace(job.output, dir="runs/x"),
+    )
+    with pytest.warns(RenderWarning) as caught:
+        documents(relative)
+    assert [str(w.message).split(":")[0] for w in caught] == [
+        "data.dataset.streams.train.sources[0].path",
+        "output.dir",
+    ]
+    assert "'runs/x' resolves against /etc/estuary (read-only)" in str(caught[1].message)
 
 
 def test_cli_writes_the_manifest(job_file: Path, tmp_path: Path) -> None:
@@ -152,6 +170,7 @@ def test_cli_renders_a_local_job_for_ray(tmp_path: Path) -> None:
     job_file = tmp_path / "local.yaml"
     job_file.write_text(
         "data: {sources: [{path: /data/x.tsv}], schema: {sparse: [C1]}}\n"
+        "output: {dir: /mnt/runs}\n"
         "runtime: {roles: {embedding_worker: {count: 1}}}\n"  # a Ray-only role
     )
     out = tmp_path / "rayjob.yaml"

@@ -11,6 +11,6 @@ sized by ``runtime.roles`` (``deploy.roles``), and run the driver with
 from __future__ import annotations
 
 from estuary.deploy.render import render
-from estuary.deploy.types import Renderer, RenderOptions
+from estuary.deploy.types import Renderer, RenderOptions, RenderWarning
 
-__all__ = ["RenderOptions", "Renderer", "render"]
+__all__ = ["RenderOptions", "RenderWarning", "Renderer", "render"]

@@ -77,6 +77,7 @@ class KubeRayRenderer:
     """Renders a job as a ConfigMap and a KubeRay ``RayJob`` (module docstring)."""
 
     options = frozenset({"name", "image", "namespace", "entrypoint"})
+    job_dir = f"{JOB_DIR} (read-only)"
 
     def render(self, job: JobSpec, options: RenderOptions) -> list[dict[str, Any]]:
         name = app_name(job, options)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import yaml
 
 from estuary.config import ConfigError, JobSpec
-from estuary.deploy.types import Renderer, RenderOptions
+from estuary.deploy.roles import relative_paths
+from estuary.deploy.types import Renderer, RenderOptions, RenderWarning
 from estuary.plugins import RENDERERS
 
 __all__ = ["render", "render_documents"]
@@ -30,6 +32,10 @@ def render_documents(target: str, job: JobSpec, options: RenderOptions) -> list[
     """The manifest of ``target`` (a name in ``estuary.plugins.RENDERERS``) as
     documents.
 
+    Warns:
+        RenderWarning: for each relative path in the job (data, ``output.dir``):
+            the cluster resolves it against ``renderer.job_dir``.
+
     Raises:
         ConfigError: an unknown target, or an option the target does not read.
     """
@@ -42,6 +48,13 @@ def render_documents(target: str, job: JobSpec, options: RenderOptions) -> list[
                 f"--{name.replace('_', '-')}",
                 f"not an option of render target {target!r} (its options: {flags})",
             )
+    for where, path in relative_paths(job).items():
+        warnings.warn(
+            f"{where}: relative path {path!r} resolves against {renderer.job_dir} on the "
+            "cluster; give a path every node can reach",
+            RenderWarning,
+            stacklevel=2,
+        )
     return renderer.render(job, options)
 
 

@@ -16,6 +16,7 @@ import math
 import re
 import shlex
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -31,6 +32,7 @@ __all__ = [
     "job_document",
     "memory_quantity",
     "ray_node_resources",
+    "relative_paths",
     "worker_roles",
 ]
 
@@ -91,6 +93,26 @@ def job_document(job: JobSpec) -> str:
     ray = replace(job.runtime.ray, address="auto", role_resources=True)
     on_cluster = replace(job, runtime=replace(job.runtime, backend="ray", ray=ray))
     return yaml.safe_dump(to_dict(on_cluster), sort_keys=False)
+
+
+def relative_paths(job: JobSpec) -> dict[str, str]:
+    """The job's relative paths by field path (``output.dir``: ``runs/default``): on
+    a cluster they resolve against wherever the job file lands there. The path
+    fields are the ones ``to_dict(resolve_paths=True)`` resolves."""
+    found: dict[str, str] = {}
+
+    def walk(written: Any, resolved: Any, where: str) -> None:
+        if isinstance(written, dict):
+            for key, value in written.items():
+                walk(value, resolved[key], f"{where}.{key}" if where else key)
+        elif isinstance(written, list):
+            for i, (value, other) in enumerate(zip(written, resolved, strict=True)):
+                walk(value, other, f"{where}[{i}]")
+        elif written != resolved and not Path(written).is_absolute():
+            found[where] = written
+
+    walk(to_dict(job), to_dict(job, resolve_paths=True), "")
+    return found
 
 
 def driver_command(job_path: str, options: RenderOptions) -> str:

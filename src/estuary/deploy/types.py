@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from estuary.config import JobSpec
 
-__all__ = ["RenderOptions", "Renderer"]
+__all__ = ["RenderOptions", "RenderWarning", "Renderer"]
 
 
 @dataclass(frozen=True)
@@ -38,14 +38,22 @@ class RenderOptions:
     queue: str | None = None
 
 
+class RenderWarning(UserWarning):
+    """The manifest was written, but the job may not run as it stands on the
+    cluster (e.g. a relative path the nodes resolve elsewhere)."""
+
+
 class Renderer(Protocol):
-    """One render target (a module registered in ``estuary.plugins.RENDERERS``).
+    """One render target (an object registered in ``estuary.plugins.RENDERERS``).
 
     ``options`` names the ``RenderOptions`` fields it reads; ``estuary.deploy.render``
     refuses the others, so a flag meant for another target is an error, not ignored.
+    ``job_dir`` says where the cluster reads the job file from, which relative
+    paths in it resolve against.
     """
 
     options: frozenset[str]
+    job_dir: str
 
     def render(self, job: JobSpec, options: RenderOptions) -> list[dict[str, Any]]:
         """The manifest as YAML documents, in the order they are applied."""

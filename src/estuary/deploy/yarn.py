@@ -99,6 +99,7 @@ class SkeinRenderer:
     """Renders a job as a Skein application spec (module docstring)."""
 
     options = frozenset({"name", "entrypoint", "env_archive", "queue"})
+    job_dir = "the driver container's working folder"
 
     def render(self, job: JobSpec, options: RenderOptions) -> list[dict[str, Any]]:
         files = {ENV_DIR: options.env_archive} if options.env_archive is not None else {}
