@@ -94,6 +94,11 @@ def test_same_value_under_both_keys_is_accepted() -> None:
             "trainer count",
         ),
         (
+            {"roles": {"data_executor": {"count": 2}}},
+            "runtime.data_executors",
+            "also set by runtime.roles.data_executor.count",
+        ),
+        (
             {"roles": {"data_executor": {"memory_mb": 0}}},
             "runtime.roles.data_executor.memory_mb",
             ">= 1",

@@ -415,16 +415,18 @@ class RuntimeSpec:
             raise ConfigError(f"{path}.max_restarts", "must be >= 0")
         if self.data_executors < 0:
             raise ConfigError(f"{path}.data_executors", "must be >= 0")
+        # Ray-only roles; their errors also name the runtime.roles key that sets them.
         if self.embedding_workers and self.backend != "ray":
             raise ConfigError(
                 f"{path}.embedding_workers",
-                f"needs runtime.backend: ray (got {self.backend!r})",
+                f"needs runtime.backend: ray (got {self.backend!r}; also set by "
+                f"{path}.roles.embedding_worker.count)",
             )
         if self.data_executors and self.backend != "ray":
             raise ConfigError(
                 f"{path}.data_executors",
                 f"needs runtime.backend: ray (got {self.backend!r}; the local runtime "
-                "reads with data.dataset.executor)",
+                f"reads with data.dataset.executor; also set by {path}.roles.data_executor.count)",
             )
         self.ray.validate(f"{path}.ray")
         for plan in self.resolved_roles().values():
