@@ -68,3 +68,34 @@ def test_scripts_are_valid_shell(job: JobSpec, tmp_path: Path) -> None:
         assert service.script.splitlines()[1] == "source environment/bin/activate"
         parsed = subprocess.run(["bash", "-n"], input=service.script, text=True, check=False)
         assert parsed.returncode == 0, name
+
+
+# ray, skein, estuary and hostname as shell functions that log their calls.
+_STUBS = """
+ray() { echo "ray $*" >> calls; }
+skein() { echo "skein $*" >> calls; }
+estuary() { echo "estuary $*" >> calls; return "$TRAIN_STATUS"; }
+hostname() { echo node1.example; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to run the script")
+@pytest.mark.parametrize(("status", "final"), [(0, "SUCCEEDED"), (3, "FAILED")])
+def test_driver_script_starts_head_trains_and_shuts_down(
+    job: JobSpec, tmp_path: Path, status: int, final: str
+) -> None:
+    script = spec_of(job, tmp_path).services["driver"].script
+    env = {"PATH": "/usr/bin:/bin", "TRAIN_STATUS": str(status)}
+    run = subprocess.run(
+        ["bash", "-c", _STUBS + script], cwd=tmp_path, env=env, capture_output=True, check=False
+    )
+    assert run.returncode == status  # the run's exit status is the container's
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        "ray start --head --port=6379 --num-cpus=0 --dashboard-host=0.0.0.0",
+        f"skein kv put current --key {ADDRESS_KEY} --value node1.example:6379",
+        "estuary train job.yaml --set runtime.backend=ray",
+        "ray stop",
+        f"skein application shutdown current --status {final}",
+    ]
+    written = job_from_dict(yaml.safe_load((tmp_path / "job.yaml").read_text()))
+    assert written.runtime.resolved_roles() == job.runtime.resolved_roles()
