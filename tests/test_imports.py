@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "ps": 5,
     "train": 6,
     "runtime": 7,
+    "deploy": 4,  # renders job files for cluster managers: reads config only
     "cli": 8,
     "testing": 8,
 }

@@ -1,9 +1,12 @@
-"""Command line: ``estuary train``, ``eval``, ``report``, ``synth`` and ``replay``.
+"""Command line: ``estuary train``, ``eval``, ``report``, ``render``, ``synth`` and ``replay``.
 
     estuary train  JOB.yaml [--set dotted.key=value]... [--output DIR] [--profile] [--nproc W]
                    [--resume]
     estuary eval   JOB.yaml --checkpoint PATH [--stream NAME] [--set dotted.key=value]...
     estuary report RUN_DIR [--out DIR]
+    estuary render k8s|yarn JOB.yaml [--output PATH] [--set dotted.key=value]... [--name NAME]
+                   [--entrypoint CMD] [--image IMAGE] [--namespace NS]  (k8s)
+                   [--env-archive PATH] [--queue QUEUE]                  (yarn)
     estuary --version
 
 Every command takes ``--log-level [COMPONENT=]LEVEL`` (repeatable), ``--quiet`` /
@@ -107,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
         "--nproc",
         type=int,
         metavar="W",
-        help="trainer processes (sets runtime.trainers; W > 1: DDP + a parameter server)",
+        help="trainer processes (sets runtime.trainers and runtime.roles.trainer.count; "
+        "W > 1: DDP + a parameter server)",
     )
 
     ev = sub.add_parser(
@@ -127,6 +131,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("run_dir", type=Path, help="the run's output folder (output.dir)")
     rep.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report)")
+
+    ren = sub.add_parser(
+        "render",
+        parents=[logs],
+        help="write a cluster manifest for the job: k8s (KubeRay RayJob) or yarn (Skein)",
+    )
+    ren.add_argument("target", help="k8s or yarn (estuary.plugins.RENDERERS)")
+    common(ren)
+    ren.add_argument("--output", type=Path, help="file to write (default: stdout)")
+    ren.add_argument("--name", help="application name (default: the job's name)")
+    ren.add_argument("--entrypoint", help="driver command instead of estuary train on Ray")
+    ren.add_argument("--image", help="k8s: container image with estuary[ray] installed")
+    ren.add_argument("--namespace", help="k8s: namespace of the objects")
+    ren.add_argument("--env-archive", help="yarn: packed Python environment (.tar.gz)")
+    ren.add_argument("--queue", help="yarn: the YARN queue")
 
     from estuary.data.synthetic import SYNTHETIC_FORMATS, SyntheticSpec, parse_hour
 
@@ -172,6 +191,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def nproc_overrides(trainers: int) -> list[str]:
+    """``--nproc W``: the trainer count under both of its keys, so it replaces the
+    job file's count whichever key (``runtime.trainers`` or
+    ``runtime.roles.trainer.count``) the file uses, and never disagrees with it."""
+    return [f"runtime.trainers={trainers}", f"runtime.roles.trainer.count={trainers}"]
+
+
 def _write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -187,7 +213,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.output is not None:
         overrides.append(f"output.dir={args.output.resolve()}")
     if args.nproc is not None:
-        overrides.append(f"runtime.trainers={args.nproc}")
+        overrides += nproc_overrides(args.nproc)
     job = load_job(args.job, overrides)
     show = not (args.no_progress or args.quiet) and job.output.progress
     stop = runtime.StopRequest()
@@ -344,6 +370,30 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_render(args: argparse.Namespace) -> int:
+    from estuary.config import load_job
+    from estuary.deploy import RenderOptions, render
+
+    # The rendered cluster runs the job on Ray (the entrypoint sets it too): load it
+    # so, and a job with Ray-only roles (data executors) renders from a local file.
+    job = load_job(args.job, ["runtime.backend=ray", *args.overrides])
+    options = RenderOptions(
+        name=args.name,
+        image=args.image,
+        namespace=args.namespace,
+        entrypoint=args.entrypoint,
+        env_archive=args.env_archive,
+        queue=args.queue,
+    )
+    text = render(args.target, job, options)
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from estuary.metrics.report import render_report
 
@@ -371,6 +421,7 @@ COMMANDS = {
     "train": _cmd_train,
     "eval": _cmd_eval,
     "report": _cmd_report,
+    "render": _cmd_render,
     "synth": _cmd_synth,
     "replay": _cmd_replay,
 }

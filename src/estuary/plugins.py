@@ -23,6 +23,8 @@ Registry (entry-point group): the job-file field that names an implementation
   ``model.params.sequence_pooling.*.type``
 - ``RUNTIMES`` (``estuary.runtimes``): ``runtime.backend`` (a ``Runtime`` class,
   built without arguments)
+- ``RENDERERS`` (``estuary.renderers``): ``estuary render TARGET`` (an
+  ``estuary.deploy.Renderer``)
 
 A new kind is one more line::
 
@@ -42,6 +44,7 @@ __all__ = [
     "INITIALIZERS",
     "MODELS",
     "OPTIMIZERS",
+    "RENDERERS",
     "SEQUENCE_POOLINGS",
     "SOURCE_TYPES",
     "STREAM_BACKENDS",
@@ -143,3 +146,7 @@ RUNTIMES: Registry[Any] = Registry(
 )
 RUNTIMES.register("local", "estuary.runtime.local:LocalRuntime")
 RUNTIMES.register("ray", "estuary.runtime.ray:RayRuntime", extra="ray", package="ray")
+
+RENDERERS: Registry[Any] = Registry("render target", group="estuary.renderers")
+RENDERERS.register("k8s", "estuary.deploy.kuberay:RENDERER")
+RENDERERS.register("yarn", "estuary.deploy.yarn:RENDERER")

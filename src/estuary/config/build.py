@@ -238,9 +238,15 @@ def build_dataclass(cls: type[T], data: Mapping[str, Any], path: str, **loader_f
         path: dotted path of the section, used in errors (``""`` for the top level).
         **loader_fields: values for fields marked ``metadata={"yaml": False}``.
 
+    A dataclass with a ``normalise(data, path)`` classmethod gets its raw keys
+    rewritten by it first (one key resolved into others, e.g. ``runtime.roles``).
+
     Raises:
         ConfigError: naming the field path of the first wrong key or value.
     """
+    normalise = getattr(cls, "normalise", None)
+    if callable(normalise):  # the section resolves aliases among its own keys first
+        data = normalise(data, path)
     fields = {f.name: f for f in dataclasses.fields(cast(Any, cls)) if f.init}
     rest = _rest_field(cast(type, cls))
     keys = [name for name, f in fields.items() if f.metadata.get("yaml", True) and name != rest]

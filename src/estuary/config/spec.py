@@ -10,6 +10,7 @@ documented in ``docs/job-spec.md``. Range checks live in each class's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Literal
 from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
+from estuary.config.roles import ROLES, RolePlan, RolesSpec, normalise_roles
 from estuary.config.tables import (
     AdmissionSpec,
     EvictionSpec,
@@ -329,6 +331,9 @@ class RaySpec:
         ps: resources of each parameter-server shard.
         data_executor: resources of each data executor (``runtime.data_executors``).
         embedding_worker: resources of each embedding worker (``runtime.embedding_workers``).
+        role_resources: every process also asks 1 of its role's custom resource
+            (``estuary_trainer``, ``estuary_ps``, ...), so it lands on a node
+            started for that role (the clusters ``estuary render`` writes).
     """
 
     address: str | None = None
@@ -340,6 +345,7 @@ class RaySpec:
     ps: RoleResources = field(default_factory=RoleResources)
     data_executor: RoleResources = field(default_factory=RoleResources)
     embedding_worker: RoleResources = field(default_factory=RoleResources)
+    role_resources: bool = False
 
     def validate(self, path: str) -> None:
         if self.num_cpus is not None and self.num_cpus < 1:
@@ -379,6 +385,9 @@ class RuntimeSpec:
             the run continuing from the newest checkpoint, before the job fails;
             0 = fail at the first failure.
         ray: settings of ``backend: ray``.
+        roles: every role's count (or ``min``/``max``), CPUs, memory and GPUs in
+            one place, for every runtime and renderer (``estuary.config.roles``);
+            resolved at load into the keys above, which a job may still set.
     """
 
     backend: str = "local"
@@ -388,6 +397,13 @@ class RuntimeSpec:
     embedding_workers: bool = False
     max_restarts: int = 0
     ray: RaySpec = field(default_factory=RaySpec)
+    roles: RolesSpec = field(default_factory=RolesSpec)
+
+    @classmethod
+    def normalise(cls, data: Mapping[str, Any], path: str) -> dict[str, Any]:
+        """The raw section with ``roles`` resolved into the older keys (run by the
+        builder before it builds this section)."""
+        return normalise_roles(data, path)
 
     def validate(self, path: str) -> None:
         RUNTIMES.check(self.backend, f"{path}.backend")
@@ -399,18 +415,66 @@ class RuntimeSpec:
             raise ConfigError(f"{path}.max_restarts", "must be >= 0")
         if self.data_executors < 0:
             raise ConfigError(f"{path}.data_executors", "must be >= 0")
+        # Ray-only roles; their errors also name the runtime.roles key that sets them.
         if self.embedding_workers and self.backend != "ray":
             raise ConfigError(
                 f"{path}.embedding_workers",
-                f"needs runtime.backend: ray (got {self.backend!r})",
+                f"needs runtime.backend: ray (got {self.backend!r}; also set by "
+                f"{path}.roles.embedding_worker.count)",
             )
         if self.data_executors and self.backend != "ray":
             raise ConfigError(
                 f"{path}.data_executors",
                 f"needs runtime.backend: ray (got {self.backend!r}; the local runtime "
-                "reads with data.dataset.executor)",
+                f"reads with data.dataset.executor; also set by {path}.roles.data_executor.count)",
             )
         self.ray.validate(f"{path}.ray")
+        for plan in self.resolved_roles().values():
+            for bound in ("min", "max"):
+                limit = getattr(plan, bound)
+                if (plan.count < limit) if bound == "min" else (plan.count > limit):
+                    home = ROLES[plan.role].count_key
+                    raise ConfigError(
+                        f"{path}.roles.{plan.role}.{bound}",
+                        f"{plan.count} {plan.role} process(es) ({path}.{home}) is "
+                        f"{'below' if bound == 'min' else 'above'} {bound} {limit}",
+                    )
+
+    def resolved_roles(self) -> dict[str, RolePlan]:
+        """Every role as it will run, by role name (``estuary.config.roles.ROLES``
+        order): counts and resources from the keys the runtimes read, bounds from
+        ``roles``. Embedding workers count (and scale) one per trainer when on."""
+        counts = {
+            "driver": 1,
+            "ps": self.ps_shards,
+            "trainer": self.trainers,
+            "data_executor": self.data_executors,
+            "embedding_worker": self.trainers if self.embedding_workers else 0,
+        }
+        out: dict[str, RolePlan] = {}
+        for role, home in ROLES.items():
+            spec = getattr(self.roles, role)
+            # Embedding workers are one per trainer: they scale with the trainers.
+            bounds = self.roles.trainer if role == "embedding_worker" and counts[role] else spec
+            if home.resources_key is None:
+                resources = RoleResources(
+                    cpus=1.0 if spec.cpus is None else spec.cpus,
+                    gpus=spec.gpus or 0.0,
+                    memory_mb=spec.memory_mb,
+                )
+            else:
+                resources = getattr(self.ray, home.resources_key)
+            count = counts[role]
+            out[role] = RolePlan(
+                role=role,
+                count=count,
+                min=count if bounds.min is None else bounds.min,
+                max=count if bounds.max is None else bounds.max,
+                cpus=resources.cpus,
+                gpus=resources.gpus,
+                memory_mb=resources.memory_mb,
+            )
+        return out
 
     @property
     def uses_servers(self) -> bool:

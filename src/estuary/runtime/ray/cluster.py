@@ -7,13 +7,14 @@ import math
 import os
 import signal
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from estuary.config import JobSpec
+from estuary.config.roles import role_resource
 from estuary.config.spec import RaySpec, RoleResources
 
 __all__ = ["Placement", "PlacementError", "RoleAsk", "connect", "place"]
@@ -26,11 +27,13 @@ class PlacementError(RuntimeError):
 
 @dataclass(frozen=True)
 class RoleAsk:
-    """``count`` processes of ``role``, each asking ``resources``."""
+    """``count`` processes of ``role``, each asking ``resources`` (and ``custom``:
+    Ray custom resources, e.g. the role's node marker)."""
 
     role: str
     count: int
     resources: RoleResources
+    custom: dict[str, float] = field(default_factory=dict)
 
     def bundle(self) -> dict[str, float]:
         """One process's ask as a Ray resource bundle."""
@@ -39,6 +42,7 @@ class RoleAsk:
             out["GPU"] = float(self.resources.gpus)
         if self.resources.memory_mb is not None:
             out["memory"] = float(self.resources.memory_mb * 2**20)
+        out.update(self.custom)
         return out
 
     def describe(self) -> str:
@@ -49,14 +53,19 @@ def role_asks(job: JobSpec) -> list[RoleAsk]:
     """The job's roles in placement order: PS shards, trainers, data executors,
     embedding workers."""
     spec = job.runtime
+
+    def ask(role: str, count: int, resources: RoleResources) -> RoleAsk:
+        custom = {role_resource(role): 1.0} if spec.ray.role_resources else {}
+        return RoleAsk(role, count, resources, custom)
+
     asks = [
-        RoleAsk("ps", spec.ps_shards, spec.ray.ps),
-        RoleAsk("trainer", spec.trainers, spec.ray.trainer),
+        ask("ps", spec.ps_shards, spec.ray.ps),
+        ask("trainer", spec.trainers, spec.ray.trainer),
     ]
     if spec.data_executors and job.data.dataset is not None:
-        asks.append(RoleAsk("data_executor", spec.data_executors, spec.ray.data_executor))
+        asks.append(ask("data_executor", spec.data_executors, spec.ray.data_executor))
     if spec.embedding_workers:
-        asks.append(RoleAsk("embedding_worker", spec.trainers, spec.ray.embedding_worker))
+        asks.append(ask("embedding_worker", spec.trainers, spec.ray.embedding_worker))
     return asks
 
 
