@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "ps": 5,
     "train": 6,
     "runtime": 7,
+    "serve": 7,
     "cli": 8,
     "testing": 8,
 }
