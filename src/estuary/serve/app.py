@@ -9,9 +9,10 @@ Routes::
 
 The request convention is KServe v1 / TF Serving's ``instances``. Rows are
 parsed by the job's ``FeaturePipeline`` in the handler, then batched with other
-requests' rows (``MicroBatcher``). Bad requests get a 4xx and
+requests' rows (``MicroBatcher``). The body is read as JSON whatever its
+``Content-Type`` says (``curl -d`` sends a form type). Bad requests get a 4xx and
 ``{"error": "..."}`` naming what was wrong: 400 broken JSON or a bad value,
-413 a body over ``max_body_bytes`` or too many rows, 415 not JSON, 422 JSON of
+413 a body over ``max_body_bytes`` or too many rows, 422 JSON of
 the wrong shape (no ``instances``, a row that is not an object, a missing or
 unknown field).
 """
@@ -24,7 +25,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -32,63 +32,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from estuary.serve.batching import MicroBatcher
+from estuary.serve.metrics import ServeMetrics
 from estuary.serve.model import ServingModel
 from estuary.serve.pipeline import RequestError
 
-__all__ = ["ServeMetrics", "create_app"]
-
-DEFAULT_MAX_BODY_BYTES = 8 << 20
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
-
-
-class ServeMetrics:
-    """The server's Prometheus metrics, in their own registry.
-
-    Args:
-        model: the model served (its version and the time of its newest update
-            are read at each scrape).
-    """
-
-    def __init__(self, model: ServingModel) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            "estuary_serve_requests", "Prediction requests by HTTP status.", ["code"], registry=r
-        )
-        self.rows = Counter("estuary_serve_rows", "Rows predicted.", registry=r)
-        self.latency = Histogram(
-            "estuary_serve_request_seconds",
-            "Time from a /predict request's body read to its reply.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.batch_rows = Histogram(
-            "estuary_serve_batch_rows",
-            "Rows per forward pass (after micro-batching).",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
-            registry=r,
-        )
-        self.updates = Counter(
-            "estuary_serve_updates",
-            "Updates applied while serving (kind: delta, dense, full).",
-            ["kind"],
-            registry=r,
-        )
-        self.update_failures = Counter(
-            "estuary_serve_update_failures", "Checkpoints that could not be applied.", registry=r
-        )
-        age = Gauge(
-            "estuary_serve_update_age_seconds",
-            "Seconds since the newest update (or the initial load) was applied.",
-            registry=r,
-        )
-        age.set_function(lambda: time.time() - model.updated_at)
-        self.freshness = Histogram(
-            "estuary_serve_freshness_seconds",
-            "Time from a checkpoint's commit to its rows being served.",
-            buckets=(0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
-            registry=r,
-        )
+__all__ = ["create_app"]
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -135,7 +83,7 @@ def create_app(
     model: ServingModel,
     *,
     metrics: ServeMetrics | None = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int = 8 << 20,
     max_batch_rows: int = 1024,
     max_wait_s: float = 0.001,
 ) -> Starlette:
@@ -158,9 +106,6 @@ def create_app(
     async def predict(request: Request) -> Response:
         started = time.perf_counter()
         try:
-            kind = request.headers.get("content-type", "application/json").split(";")[0]
-            if kind.strip().lower() not in ("application/json", ""):
-                raise RequestError(f"content-type: {kind!r}, expected application/json", 415)
             batch = model.pipeline.parse(_instances(await _read_body(request, max_body_bytes)))
         except RequestError as exc:
             metrics.requests.labels(str(exc.status)).inc()

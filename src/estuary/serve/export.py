@@ -12,7 +12,8 @@ Layout::
         job.json            the training job (plain data; table specs, model type)
 
 ``dense.pt2`` loads with torch alone (``torch.export.load(path).module()``);
-the tables are plain safetensors. A server verifies every checksum before it
+it holds raw weight bytes and JSON, no example inputs (torch would pickle them).
+The tables are plain safetensors. A server verifies every checksum before it
 loads anything (``load_export``).
 
 Rows may be stored smaller for serving (``ROW_ENCODINGS``): ``float16`` and
@@ -28,11 +29,12 @@ a whole export or none.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,7 +206,21 @@ def _write_dense(model: ServingModel, path: Path) -> None:
         program = torch.export.export(network, example, dynamic_shapes=({0: batch}, {0: batch}))
     except Exception as exc:  # torch raises many kinds for a model it cannot trace
         raise ExportError(f"{path.name}: torch.export failed for model.type: {exc}") from exc
-    torch.export.save(program, str(path))
+    # The archive's weights are raw bytes and its graph JSON; only the example
+    # inputs would be written with torch.save (a pickle), so none are kept.
+    program.example_inputs = None
+    with _quiet_archive():
+        torch.export.save(program, str(path))
+
+
+@contextlib.contextmanager
+def _quiet_archive() -> Iterator[None]:
+    """Hides torch's note, on every .pt2 write, that a weight shares no storage
+    with a larger one ("No complete tensor found in the group"): true of every
+    plain weight; harmless."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "No complete tensor found", UserWarning)
+        yield
 
 
 def network_dim(model: ServingModel) -> int:
@@ -243,10 +259,9 @@ def load_export(folder: Path) -> ServingModel:
             raise ExportError(f"{path}: size or sha256 differs from {MANIFEST} (changed?)")
     job = job_from_dict(_read_json(folder / JOB))
     pipeline = FeaturePipeline.from_json(_read_json(folder / PIPELINE), str(folder / PIPELINE))
-    with warnings.catch_warnings():  # torch's note on weights stored without a CPU check
-        warnings.filterwarnings("ignore", "No complete tensor found", UserWarning)
-        program = torch.export.load(str(folder / DENSE))
-    model = ServingModel(job, pipeline, str(manifest["version"]), ExportedDense(program))
+    with _quiet_archive():
+        dense = ExportedDense(torch.export.load(str(folder / DENSE)))
+    model = ServingModel(job, pipeline, str(manifest["version"]), dense)
     encoding = ROW_ENCODINGS.get(str(manifest.get("rows")))
     if encoding is None:
         raise ExportError(f"{folder / MANIFEST}: rows: unknown encoding {manifest.get('rows')!r}")

@@ -159,11 +159,11 @@ class FeaturePipeline:
             raise RequestError(
                 f"instances[{i}]: expected an object of feature values, got a JSON {_kind(row)}"
             )
+        for key in row:  # first: a misspelt field is reported as such, not as missing
+            if key not in self._known:
+                hint = suggest(str(key), self.fields)
+                raise RequestError(f"instances[{i}]: unknown field {key!r}{hint}")
         missing = [f for f in self.fields if f not in row]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise RequestError(f"instances[{i}]: missing field {missing[0]!r}{more}")
-        for key in row:
-            if key not in self._known:
-                hint = suggest(str(key), self.fields)
-                raise RequestError(f"instances[{i}]: unknown field {key!r}{hint}")
