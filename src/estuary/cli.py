@@ -224,6 +224,9 @@ def _serving_parsers(sub: Any, logs: argparse.ArgumentParser) -> None:
         help="--follow: least seconds between dense swaps (0: every checkpoint; "
         "table deltas apply at every checkpoint)",
     )
+    srv.add_argument(
+        "--threads", type=int, default=1, help="torch threads for the forward (1: lowest latency)"
+    )
     srv.add_argument("--ray", action="store_true", help="deploy on Ray Serve")
     srv.add_argument("--replicas", type=int, default=1, help="--ray: replicas")
 
@@ -454,6 +457,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_wait_s=args.max_wait_ms / 1000,
         poll_s=args.poll_s,
         dense_every_s=args.dense_every_s,
+        threads=args.threads,
     )
     what = args.follow if args.follow is not None else args.export_dir
     if args.ray:

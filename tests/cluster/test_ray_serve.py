@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="the ray-serve extra is not installed")
 
-from estuary.cli import main  # noqa: E402
-from estuary.serve.export import export_checkpoint, load_export  # noqa: E402
-from estuary.serve.ray_serve import run_on_ray  # noqa: E402
-from estuary.serve.server import ServeOptions  # noqa: E402
+from estuary.cli import main
+from estuary.serve.export import export_checkpoint, load_export
+from estuary.serve.ray_serve import run_on_ray
+from estuary.serve.server import ServeOptions
 
 pytestmark = pytest.mark.ray
 
@@ -52,7 +52,9 @@ def _tiny_export(folder: Path) -> Path:
     return export_checkpoint(folder / "out", folder / "export").path
 
 
-def test_two_replicas_answer_as_the_in_process_model_does(ray_instance: Any, tmp_path: Path) -> None:
+def test_two_replicas_answer_as_the_in_process_model_does(
+    ray_instance: Any, tmp_path: Path
+) -> None:
     from ray import serve
 
     export_dir = _tiny_export(tmp_path)

@@ -84,11 +84,26 @@ def test_concurrent_requests_share_forward_passes(tiny_run: TinyRun, model: Serv
     app = create_app(model, max_wait_s=0.01)
     rows = tiny_run.rows[:40]
     singles = request_all(app, [predict_call([row]) for row in rows], concurrent=True)
-    assert app.state.batcher.batches < len(rows)  # several requests per forward pass
+    assert app.state.batcher.batches < len(rows)  # several requests per decode and forward
     assert app.state.batcher.rows == len(rows)
     (whole,) = request_all(create_app(model), [predict_call(rows)])
     got = [r.json()["predictions"][0] for r in singles]
     assert got == pytest.approx(whole.json()["predictions"], abs=1e-6)  # each got its own row
+
+
+def test_a_bad_request_does_not_fail_the_others_of_its_batch(
+    tiny_run: TinyRun, model: ServingModel
+) -> None:
+    app = create_app(model, max_wait_s=0.05)
+    good = [predict_call(tiny_run.rows[i : i + 2]) for i in range(0, 8, 2)]
+    bad = ("POST", "/predict", json.dumps({"instances": [ROW, {**ROW, "I2": "x"}]}).encode())
+    replies = request_all(app, [*good[:2], bad, *good[2:]], concurrent=True)
+    assert app.state.batcher.batches < len(replies)
+    assert [r.status_code for r in replies] == [200, 200, 400, 200, 200]
+    assert replies[2].json()["error"] == "instances[1]: field I2: 'x' is not a number"
+    (whole,) = request_all(create_app(model), [predict_call(tiny_run.rows[:8])])
+    got = [p for r in replies if r.status_code == 200 for p in r.json()["predictions"]]
+    assert got == pytest.approx(whole.json()["predictions"], abs=1e-6)
 
 
 def test_metrics_parse_as_prometheus_text_and_count_requests(model: ServingModel) -> None:

@@ -7,9 +7,10 @@ Routes::
     GET  /healthz   {"status": "ok", "model_version": ..., "update_age_s": ...}
     GET  /metrics   Prometheus text (OpenMetrics when the scraper asks)
 
-The request convention is KServe v1 / TF Serving's ``instances``. Rows are
-parsed by the job's ``FeaturePipeline`` in the handler, then batched with other
-requests' rows (``MicroBatcher``). The body is read as JSON whatever its
+The request convention is KServe v1 / TF Serving's ``instances``. The handler
+checks a request's shape (``FeaturePipeline.check``); its rows are then decoded
+and predicted together with other requests' (``MicroBatcher`` ->
+``ServingModel.predict_requests``). The body is read as JSON whatever its
 ``Content-Type`` says (``curl -d`` sends a form type). Bad requests get a 4xx and
 ``{"error": "..."}`` naming what was wrong: 400 broken JSON or a bad value,
 413 a body over ``max_body_bytes`` or too many rows, 422 JSON of
@@ -33,7 +34,7 @@ from starlette.routing import Route
 
 from estuary.serve.batching import MicroBatcher
 from estuary.serve.metrics import ServeMetrics
-from estuary.serve.model import ServingModel
+from estuary.serve.model import Prediction, ServingModel
 from estuary.serve.pipeline import RequestError
 
 __all__ = ["create_app"]
@@ -96,8 +97,8 @@ def create_app(
         max_wait_s: how long a batch waits for more requests.
     """
     metrics = metrics or ServeMetrics(model)
-    batcher = MicroBatcher(
-        model.predict,
+    batcher: MicroBatcher[list[dict[str, Any]], Prediction | RequestError] = MicroBatcher(
+        model.predict_requests,
         max_rows=max_batch_rows,
         max_wait_s=max_wait_s,
         on_batch=metrics.batch_rows.observe,
@@ -106,13 +107,15 @@ def create_app(
     async def predict(request: Request) -> Response:
         started = time.perf_counter()
         try:
-            batch = model.pipeline.parse(_instances(await _read_body(request, max_body_bytes)))
+            rows = model.pipeline.check(_instances(await _read_body(request, max_body_bytes)))
+            result = await batcher.submit(rows)  # decoded and predicted with others
+            if isinstance(result, RequestError):
+                raise result
         except RequestError as exc:
             metrics.requests.labels(str(exc.status)).inc()
             return _error(exc.status, str(exc))
-        result = await batcher.submit(batch)
         metrics.requests.labels("200").inc()
-        metrics.rows.inc(batch.num_rows)
+        metrics.rows.inc(len(rows))
         metrics.latency.observe(time.perf_counter() - started)
         return JSONResponse(
             {"predictions": result.probabilities.tolist(), "model_version": result.version}

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from torch import nn
 
 from estuary.config import JobSpec
 from estuary.data.types import Batch
-from estuary.serve.pipeline import FeaturePipeline
+from estuary.serve.pipeline import FeaturePipeline, RequestError
 from estuary.train.build import TableStore, build_engine, build_tables
 from estuary.train.plan import TrainPlan
 
@@ -118,6 +119,19 @@ class ServingModel:
         Blocking: waits for an update in progress (see module docstring)."""
         with self._lock:
             return Prediction(self.engine.predict(batch), self.version)
+
+    def predict_requests(
+        self, requests: Sequence[list[dict[str, Any]]]
+    ) -> list[Prediction | RequestError]:
+        """Each request's probabilities (its rows checked by ``FeaturePipeline.check``)
+        from one decode and one forward pass over all of them, or the
+        ``RequestError`` of a request with a bad value. All from one version."""
+        batch, outcomes = self.pipeline.parse_many(requests)
+        result = self.predict(batch)
+        return [
+            Prediction(result.probabilities[o], result.version) if isinstance(o, slice) else o
+            for o in outcomes
+        ]
 
     def load_tables(self, states: Mapping[str, dict[str, np.ndarray]]) -> None:
         """Replace every table's rows by ``states`` (table -> state dict); for a

@@ -8,9 +8,12 @@ job's ``RowDecoder`` (dense transform, hashing seeds, shared-table names,
 derived features). So a row gets the same ids and dense values online as in a
 ``jsonl`` training file, and the same as in a TSV file holding the same text.
 
-A request is checked whole before anything runs; the first problem found is a
-``RequestError`` naming the row and the field, e.g.
-``instances[3]: field I5: 'abc' is not a number``.
+A request's shape is checked when it arrives (``check``: keys only); its values
+when it is decoded, together with the other requests of its micro-batch
+(``parse_many``: one decode per batch, whose cost is per column, not per row).
+A request's first problem is a ``RequestError`` naming the row and the field,
+e.g. ``instances[3]: field I5: 'abc' is not a number``; one bad request does not
+fail the others of its batch.
 
 The pipeline is stored in an export as ``pipeline.json``: the schema (plain
 data, as in the job file), the hashing names and, for readers, the feature
@@ -19,7 +22,7 @@ and dense column order. Loading it never runs code.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,14 +121,13 @@ class FeaturePipeline:
             raise ConfigError(f"{where}.hash_names", "expected a mapping feature -> name")
         return cls(schema, hash_names)
 
-    def parse(self, instances: Any) -> Batch:
-        """``instances`` (the decoded JSON of a request's ``instances``) -> a Batch
-        of B rows (labels 0; dense (B, Dd); sparse ids in model order).
+    def check(self, instances: Any) -> list[dict[str, Any]]:
+        """The rows of a request's ``instances``, checked for shape: a non-empty
+        list of at most ``max_rows`` objects, each with every field and no
+        unknown one (cheap: keys only; values are checked by ``parse_many``).
 
         Raises:
-            RequestError: not a non-empty list of objects, too many rows, a row
-                missing a field or holding an unknown one, or a value the training
-                reader would reject (naming row and field).
+            RequestError: naming the row and field.
         """
         if not isinstance(instances, list):
             raise RequestError(
@@ -139,20 +141,58 @@ class FeaturePipeline:
             )
         for i, row in enumerate(instances):
             self._check_row(i, row)
-        bad: dict[int, str] = {}
-        columns = object_columns(self.fields, instances, bad)
-        if bad:
-            first = min(bad)
-            raise RequestError(f"instances[{first}]: {bad[first]}")
-        n = len(instances)
+        return instances
+
+    def parse(self, instances: Any) -> Batch:
+        """One request's ``instances`` -> a Batch of its B rows (labels 0; dense
+        (B, Dd); sparse ids in model order).
+
+        Raises:
+            RequestError: as ``check``, or a value the training reader would reject
+                (naming row and field).
+        """
+        batch, (outcome,) = self.parse_many([self.check(instances)])
+        if isinstance(outcome, RequestError):
+            raise outcome
+        return batch
+
+    def parse_many(
+        self, requests: Sequence[list[dict[str, Any]]]
+    ) -> tuple[Batch, list[slice | RequestError]]:
+        """Several checked requests' rows in one pass (the per-call cost of
+        decoding is per column, so a micro-batch pays it once, not per request).
+
+        Returns:
+            the batch of every row that decodes (request order), and per request
+            either the slice of the batch holding its rows or the ``RequestError``
+            of its first bad row (its good rows are in the batch, unused).
+        """
+        rows = [row for request in requests for row in request]
+        n = len(rows)
+        reasons: dict[int, str] = {}  # row -> why it is bad
+        columns = object_columns(self.fields, rows, reasons)
         columns[self.schema.label] = pa.array(np.zeros(n, np.int64))
         lines = np.arange(1, n + 1, dtype=np.int64)  # row i is "line" i + 1
         chunk = RawChunk(file="request", columns=columns, line_numbers=lines, invalid=[])
-        decoded = self.decoder.decode(chunk, max_examples=1)
-        if decoded.bad_count:
-            example = decoded.bad_examples[0]
-            raise RequestError(f"instances[{example.line - 1}]: {example.reason}")
-        return self.decoder.batch(decoded.labels, decoded.dense, decoded.ids, decoded.jagged)
+        decoded = self.decoder.decode(chunk, max_examples=n)  # every bad row, with its reason
+        dropped = np.zeros(n, dtype=bool)  # rows the decoder left out of ``decoded``
+        for example in decoded.bad_examples:
+            dropped[example.line - 1] = True
+            reasons.setdefault(example.line - 1, example.reason)
+        position = np.cumsum(~dropped) - 1  # row -> its index among the decoded rows
+        outcomes: list[slice | RequestError] = []
+        start = 0
+        for request in requests:
+            end = start + len(request)
+            bad = [i for i in reasons if start <= i < end]
+            if bad:
+                first = min(bad)
+                outcomes.append(RequestError(f"instances[{first - start}]: {reasons[first]}"))
+            else:
+                outcomes.append(slice(int(position[start]), int(position[start]) + len(request)))
+            start = end
+        batch = self.decoder.batch(decoded.labels, decoded.dense, decoded.ids, decoded.jagged)
+        return batch, outcomes
 
     def _check_row(self, i: int, row: Any) -> None:
         if not isinstance(row, dict):

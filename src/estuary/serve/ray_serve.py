@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from estuary.serve.server import Served, ServeOptions, open_served, require
 
 __all__ = ["EstuaryReplica", "build_application", "run_on_ray"]
@@ -29,6 +31,7 @@ class EstuaryReplica:
 
     def __init__(self, export_dir: Path | None, follow: Path | None, options: ServeOptions) -> None:
         self.options = options
+        torch.set_num_threads(options.threads)
         self.served: Served = open_served(export_dir, follow, options)
         if self.served.follower is not None:
             self.served.follower.start()
