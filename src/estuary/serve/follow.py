@@ -25,7 +25,9 @@ checkpoint's own, else ``<job>@<checkpoint>+dense@<its checkpoint>``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from estuary.serve.checkpoints import job_of, model_from_checkpoint
+from estuary.serve.checkpoints import model_from_checkpoint, serving_rows
 from estuary.serve.model import ServingModel
 from estuary.train.checkpoint import load_checkpoint, load_link
 from estuary.train.checkpoint_chain import (
@@ -47,6 +49,10 @@ from estuary.train.checkpoint_chain import (
 __all__ = ["Follower", "UpdateDecision", "UpdateKind", "plan_update"]
 
 logger = logging.getLogger(__name__)
+
+BACKGROUND_NICE = 10
+"""Nice value of the follower thread: reading and verifying checkpoint files
+competes less with request handling on a busy machine."""
 
 
 class UpdateKind(StrEnum):
@@ -112,7 +118,7 @@ class Follower:
         self.model = model
         self.served = served
         self.dense_from = served.name
-        self.job_name = job_of(load_checkpoint(served, tables=False)).name
+        self.job_name = model.job.name
         self.poll_s = poll_s
         self.dense_every_s = dense_every_s
         self.on_update = on_update
@@ -134,6 +140,10 @@ class Follower:
             self._thread.join()
 
     def _run(self) -> None:
+        # Updates yield the CPU to requests: this thread runs at a lower priority
+        # (Linux sets a nice value per thread; elsewhere this is skipped).
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         while not self._stop.wait(self.poll_s):
             try:
                 self.poll()
@@ -159,7 +169,8 @@ class Follower:
             if model is not None:
                 self.dense_from = latest.name
                 self._dense_at = time.monotonic()
-            deltas = [link.tables for link in links]  # applied in order, in one update
+            # Applied in order, in one update; only what lookups read.
+            deltas = [{n: serving_rows(s) for n, s in link.tables.items()} for link in links]
             self.model.update(self._version(latest.name), deltas=deltas, model=model)
         elif decision.kind is UpdateKind.FULL:
             fresh = model_from_checkpoint(load_checkpoint(latest))

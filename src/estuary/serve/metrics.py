@@ -65,6 +65,12 @@ class ServeMetrics:
             registry=r,
         )
         age.set_function(lambda: time.time() - model.updated_at)
+        self.stall = Histogram(
+            "estuary_serve_update_stall_seconds",
+            "Time an update held predictions back (the model's lock held).",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
+            registry=r,
+        )
         self.freshness = Histogram(
             "estuary_serve_freshness_seconds",
             "Time from a checkpoint's commit to its rows being served.",

@@ -106,6 +106,7 @@ class ServingModel:
         )
         self.version = version
         self.updated_at = time.time()  # wall time of the newest update applied
+        self.last_stall_s = 0.0  # how long the newest update held predictions back
         self._lock = threading.Lock()
 
     @property
@@ -164,6 +165,7 @@ class ServingModel:
                 version); the model is then unfit to serve until reloaded.
         """
         with self._lock:  # blocks predictions while the delta rows are written
+            started = time.perf_counter()
             for checkpoint in deltas:
                 for name, delta in checkpoint.items():
                     self.tables[name].apply_delta(delta)
@@ -171,11 +173,14 @@ class ServingModel:
                 self.engine.model = model
             self.version = version
             self.updated_at = time.time()
+            self.last_stall_s = time.perf_counter() - started
 
     def adopt(self, other: ServingModel) -> None:
         """Serve ``other``'s tables and network from the next batch on (a full
         checkpoint loaded off to the side: only references change in the lock)."""
         with self._lock:
+            started = time.perf_counter()
             self.engine, self.tables = other.engine, other.tables
             self.version = other.version
             self.updated_at = time.time()
+            self.last_stall_s = time.perf_counter() - started

@@ -90,6 +90,7 @@ def open_served(
     def updated(kind: UpdateKind, age_s: float) -> None:
         metrics.updates.labels(kind.value).inc()
         metrics.freshness.observe(age_s)
+        metrics.stall.observe(model.last_stall_s)
 
     follower = Follower(
         follow,
