@@ -78,15 +78,20 @@ def test_a_delta_changes_the_rows_it_touched_and_no_others(
     assert follower.poll() is UpdateKind.NONE
 
 
+@pytest.mark.parametrize("standby", [True, False], ids=["standby", "in-place"])
 def test_following_ends_where_loading_the_checkpoint_ends(
-    tiny_run: TinyRun, tmp_path: Path
+    tiny_run: TinyRun, tmp_path: Path, standby: bool
 ) -> None:
     land(tiny_run, tmp_path, FULL)
     ckpt = load_checkpoint(tmp_path)
-    model = model_from_checkpoint(ckpt)
+    model = model_from_checkpoint(ckpt, standby=standby)
     kinds: list[UpdateKind] = []
     follower = Follower(
-        tmp_path, model, ckpt.path, on_update=lambda kind, age_s: kinds.append(kind)
+        tmp_path,
+        model,
+        ckpt.path,
+        on_update=lambda kind, age_s: kinds.append(kind),
+        standby=standby,
     )
     batch = model.pipeline.parse(instances(tiny_run.eval_rows))
     land(tiny_run, tmp_path, D1, D2, D3)  # two deltas land between polls
@@ -96,6 +101,8 @@ def test_following_ends_where_loading_the_checkpoint_ends(
     np.testing.assert_array_equal(
         model.predict(batch).probabilities, loaded.predict(batch).probabilities
     )
+    if standby:  # updates swapped the copies; predictions held back only for the swap
+        assert model.last_stall_s < 0.01
     land(tiny_run, tmp_path, NEXT_FULL)  # a new chain: reloaded whole
     follower.poll()
     assert kinds == [UpdateKind.DELTA, UpdateKind.FULL]
@@ -103,6 +110,23 @@ def test_following_ends_where_loading_the_checkpoint_ends(
     assert model.predict(batch).version == f"tiny@{NEXT_FULL}"
     np.testing.assert_array_equal(
         model.predict(batch).probabilities, reference.predict(batch).probabilities
+    )
+
+
+def test_a_delta_that_does_not_fit_the_served_tables_reloads_whole(
+    tiny_run: TinyRun, tmp_path: Path
+) -> None:
+    land(tiny_run, tmp_path, FULL, D1)
+    model = model_from_checkpoint(load_checkpoint(tmp_path / "checkpoints" / FULL))
+    # The follower believes D1 is served; the tables hold FULL's state.
+    follower = Follower(tmp_path, model, tmp_path / "checkpoints" / D1)
+    land(tiny_run, tmp_path, D2)
+    assert follower.poll() is UpdateKind.FULL  # D2 does not apply on FULL: reloaded
+    assert model.version == f"tiny@{D2}"
+    batch = model.pipeline.parse(instances(tiny_run.eval_rows))
+    loaded = model_from_checkpoint(load_checkpoint(tmp_path / "checkpoints" / D2))
+    np.testing.assert_array_equal(
+        model.predict(batch).probabilities, loaded.predict(batch).probabilities
     )
 
 

@@ -51,11 +51,15 @@ def serving_rows(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v for k, v in state.items() if k in _SERVING_KEYS or k.startswith(CHAIN_PREFIX)}
 
 
-def model_from_checkpoint(ckpt: Checkpoint) -> ServingModel:
+def model_from_checkpoint(ckpt: Checkpoint, *, standby: bool = False) -> ServingModel:
     """A ``ServingModel`` holding ``ckpt``'s dense network (eager, built from the
-    job's ``model.type``) and tables (``restore_tables``: the chain replayed)."""
+    job's ``model.type``) and tables (``restore_tables``: the chain replayed);
+    ``standby``: also a standby copy of the tables, for updates off the request
+    path (``ServingModel.keep_standby``)."""
     job = job_of(ckpt)
     model = ServingModel(job, FeaturePipeline.from_job(job), version_of(job, ckpt))
     ckpt.restore_dense(model.dense_model, None)
     ckpt.restore_tables(model.tables)
+    if standby:
+        model.keep_standby(ckpt.restore_tables)
     return model

@@ -13,6 +13,9 @@ applied by a decision of ``plan_update`` (a policy; the follower acts on it):
   into new tables off to the side, then swapped in at once (``adopt``);
 - ``NONE``: nothing new.
 
+A delta that does not apply on the served tables (their version is not its
+base) is not retried: the checkpoint is reloaded whole at once.
+
 Requests never wait for a file read: files are read and the new network built
 before the model's lock is taken; inside it, only delta rows are written and
 references swapped (see ``estuary.serve.model``). A checkpoint that fails to
@@ -101,6 +104,9 @@ class Follower:
         on_update: called after each applied update with its kind and the
             seconds from the checkpoint's commit to its being served.
         on_failure: called with the error when a checkpoint could not be applied.
+        standby: a full reload keeps a standby copy of the tables, as ``model``
+            should (``model_from_checkpoint(..., standby=True)``), so deltas are
+            written off the request path.
     """
 
     def __init__(
@@ -113,12 +119,14 @@ class Follower:
         dense_every_s: float = 0.0,
         on_update: Callable[[UpdateKind, float], None] | None = None,
         on_failure: Callable[[Exception], None] | None = None,
+        standby: bool = True,
     ) -> None:
         self.run_dir = run_dir
         self.model = model
         self.served = served
         self.dense_from = served.name
         self.job_name = model.job.name
+        self.standby = standby
         self.poll_s = poll_s
         self.dense_every_s = dense_every_s
         self.on_update = on_update
@@ -147,7 +155,7 @@ class Follower:
         while not self._stop.wait(self.poll_s):
             try:
                 self.poll()
-            except (CheckpointError, ValueError, OSError) as exc:
+            except (CheckpointError, OSError) as exc:
                 logger.warning("follow %s: not applied (retrying): %s", self.run_dir, exc)
                 if self.on_failure is not None:
                     self.on_failure(exc)
@@ -157,7 +165,6 @@ class Follower:
 
         Raises:
             CheckpointError: the checkpoint does not load (the served model is unchanged).
-            ValueError: a delta does not apply on the served tables.
         """
         latest = resolve_checkpoint(self.run_dir)
         manifest = read_manifest(latest)
@@ -166,18 +173,24 @@ class Follower:
         if decision.kind is UpdateKind.DELTA:
             links = [load_link(latest.parent / name) for name in decision.links]
             model = self.model.new_dense(links[-1].dense) if decision.dense else None
-            if model is not None:
-                self.dense_from = latest.name
-                self._dense_at = time.monotonic()
+            dense_from = latest.name if model is not None else self.dense_from
             # Applied in order, in one update; only what lookups read.
             deltas = [{n: serving_rows(s) for n, s in link.tables.items()} for link in links]
-            self.model.update(self._version(latest.name), deltas=deltas, model=model)
-        elif decision.kind is UpdateKind.FULL:
-            fresh = model_from_checkpoint(load_checkpoint(latest))
+            version = self._version(latest.name, dense_from)
+            try:
+                self.model.update(version, deltas=deltas, model=model)
+            except ValueError as exc:  # tables not at the delta's base: start over
+                logger.warning("follow %s: %s; reloading %s whole", self.run_dir, exc, latest)
+                decision = UpdateDecision(UpdateKind.FULL)
+            else:
+                if model is not None:
+                    self.dense_from, self._dense_at = latest.name, time.monotonic()
+        if decision.kind is UpdateKind.FULL:
+            fresh = model_from_checkpoint(load_checkpoint(latest), standby=self.standby)
             self.dense_from = latest.name
             self._dense_at = time.monotonic()
             self.model.adopt(fresh)
-        else:
+        elif decision.kind is UpdateKind.NONE:
             return decision.kind
         self.served = latest
         if self.on_update is not None:
@@ -185,7 +198,7 @@ class Follower:
             self.on_update(decision.kind, time.time() - committed)
         return decision.kind
 
-    def _version(self, tables_from: str) -> str:
-        if self.dense_from == tables_from:
+    def _version(self, tables_from: str, dense_from: str) -> str:
+        if dense_from == tables_from:
             return f"{self.job_name}@{tables_from}"
-        return f"{self.job_name}@{tables_from}+dense@{self.dense_from}"
+        return f"{self.job_name}@{tables_from}+dense@{dense_from}"

@@ -84,7 +84,7 @@ def open_served(
         model = load_export(export_dir)
         return Served(model, ServeMetrics(model))
     ckpt = load_checkpoint(follow)
-    model = model_from_checkpoint(ckpt)
+    model = model_from_checkpoint(ckpt, standby=True)  # deltas written off the request path
     metrics = ServeMetrics(model)
 
     def updated(kind: UpdateKind, age_s: float) -> None:
