@@ -341,7 +341,7 @@ def main() -> None:
                 for line in metrics.splitlines()
                 if line.startswith("estuary_serve_updates_total")
             ),
-            "update_stall_mean_ms": round(1000 * sample("update_stall_seconds_sum") / count, 2)
+            "update_stall_mean_ms": round(1000 * sample("update_stall_seconds_sum") / count, 4)
             if (count := sample("update_stall_seconds_count"))
             else None,
             "freshness_p50_s": round(float(np.median(fresh)), 3) if fresh else None,

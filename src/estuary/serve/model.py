@@ -16,7 +16,7 @@ standby copy of the tables (``keep_standby``, what a server following a run
 uses), into the copy not serving, then the two swap by reference inside the
 lock and the other copy catches up outside it. Measured on the bench model
 (26 tables, deltas of ~18k rows) on a busy 2-core machine: 15-23 ms of
-predictions held back per delta in place, tens of microseconds with a standby.
+predictions held back per delta in place, microseconds with a standby.
 """
 
 from __future__ import annotations
