@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from estuary.cli import main
+from estuary.serve.checkpoints import model_from_checkpoint
 from estuary.serve.export import ROW_ENCODINGS, ExportError, export_checkpoint, load_export
+from estuary.train.checkpoint import load_checkpoint
 
 from .conftest import TinyRun, instances
 
@@ -79,3 +81,46 @@ def test_row_encodings_round_trip_within_their_precision() -> None:
         back = encoding.decode(encoding.encode(rows))
         relative = np.abs(back - rows).max(axis=1) / np.maximum(np.abs(rows).max(axis=1), 1e-9)
         assert relative.max() <= bound, name
+
+
+def test_a_model_with_an_unpooled_history_exports_and_serves_as_trained(tmp_path: Path) -> None:
+    # DLRM + attention pooling over "hist" (pooling: none): the program takes the
+    # padded history and its mask; its length differs from batch to batch.
+    rng = np.random.default_rng(0)
+    lines = ["label,price,item,hist"]
+    for _ in range(400):
+        hist = "|".join(f"i{v}" for v in rng.integers(0, 20, size=int(rng.integers(0, 6))))
+        lines.append(f"{int(rng.random() < 0.3)},{rng.random():.2f},i{rng.integers(0, 20)},{hist}")
+    (tmp_path / "clicks.csv").write_text("\n".join(lines) + "\n")
+    job = {
+        "name": "history",
+        "data": {
+            "sources": [{"path": "clicks.csv", "format": "csv"}],
+            "schema": {
+                "dense": ["price"],
+                "sparse": ["item"],
+                "features": [{"name": "hist", "kind": "sequence", "columns": ["hist"]}],
+            },
+        },
+        "model": {
+            "type": "dlrm",
+            "params": {"bottom_mlp": [4], "top_mlp": [8]},
+            "embedding": {"default": {"dim": 4}, "tables": {"hist": {"pooling": "none"}}},
+        },
+        "train": {"batch_size": 64, "epochs": 1, "threads": 1},
+        "output": {"dir": "out", "progress": False},
+    }
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    assert main(["train", str(tmp_path / "job.yaml"), "-q"]) == 0
+    exported = load_export(export_checkpoint(tmp_path / "out", tmp_path / "export").path)
+    assert json.loads((tmp_path / "export" / "manifest.json").read_text())["sequence_features"] == [
+        "hist"
+    ]
+    eager = model_from_checkpoint(load_checkpoint(tmp_path / "out"))
+    short = [{"price": 0.5, "item": "i3", "hist": "i1|i3"}, {"price": None, "item": "i4"}]
+    for rows in (short, [{"price": 1.0, "item": "i9", "hist": "i2|i2|i7|i8|i9|i1|i4"}]):
+        rows = [{"hist": None, **row} for row in rows]
+        batch = exported.pipeline.parse(rows)
+        np.testing.assert_allclose(
+            exported.predict(batch).probabilities, eager.predict(batch).probabilities, atol=1e-6
+        )

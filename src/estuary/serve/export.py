@@ -3,10 +3,12 @@
 Layout::
 
     DIR/
-        manifest.json       format, version, row encoding, every file's bytes + sha256
+        manifest.json       format, version, row encoding, unpooled features (in the
+                            program's order), every file's bytes + sha256
         dense.pt2           the dense network as a torch.export program (torch.export.save;
                             a zip of the graph, JSON and raw weights), batch size dynamic:
-                            forward(dense (B, Dd), sparse (B, F, D)) -> logits (B,)
+                            forward(dense (B, Dd), sparse (B, F, D)[, values (B, L, D),
+                            mask (B, L) per unpooled feature]) -> logits (B,)
         tables/<name>.safetensors   ids (R,), the rows (encoded), unknown rows (S, D)
         pipeline.json       the feature pipeline (``FeaturePipeline.to_json``)
         job.json            the training job (plain data; table specs, model type)
@@ -47,7 +49,7 @@ from estuary.config import job_from_dict, to_dict
 from estuary.embedding.delta import IDS, UNKNOWN_PREFIX, WEIGHTS
 from estuary.embedding.files import sha256, write_state
 from estuary.serve.checkpoints import job_of, model_from_checkpoint, version_of
-from estuary.serve.model import ExportedDense, ServingModel
+from estuary.serve.model import ExportedDense, FlatSequences, ServingModel
 from estuary.serve.pipeline import FeaturePipeline
 from estuary.train.checkpoint import load_checkpoint
 
@@ -153,7 +155,7 @@ def export_checkpoint(checkpoint: Path, output: Path, *, rows: str = "float32") 
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "tables").mkdir(parents=True)
     try:
-        _write_dense(model, tmp / DENSE)
+        sequence_features = _write_dense(model, tmp / DENSE)
         files: dict[str, Any] = {}
         counts: dict[str, int] = {}
         for name, table in model.tables.items():
@@ -178,6 +180,7 @@ def export_checkpoint(checkpoint: Path, output: Path, *, rows: str = "float32") 
             "step": ckpt.manifest.get("step"),
             "rows": rows,
             "tables": sorted(model.tables),
+            "sequence_features": sequence_features,
             "files": files,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -191,19 +194,25 @@ def export_checkpoint(checkpoint: Path, output: Path, *, rows: str = "float32") 
     return ExportResult(output, version_of(job, ckpt), counts, size)
 
 
-def _write_dense(model: ServingModel, path: Path) -> None:
-    """The dense network as a torch.export program with a dynamic batch size."""
-    if model.pipeline.decoder.sequences:
-        raise ExportError(
-            f"features {model.pipeline.decoder.sequences} have pooling: none; torch.export "
-            "of the sequence-pooling model is not supported, serve the run with --follow"
-        )
-    network = model.dense_model.eval()
+def _write_dense(model: ServingModel, path: Path) -> list[str]:
+    """The dense network as a torch.export program; the batch size (and each
+    unpooled feature's length) dynamic. Returns the unpooled features, in the
+    order the program takes them (see ``ExportedDense``)."""
+    names = list(model.engine.embeddings.sequence_features)
+    network = FlatSequences(model.dense_model.eval(), names)
     dd, f, d = len(model.pipeline.decoder.dense), len(model.plan.features), network_dim(model)
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
-    example = (torch.zeros(2, dd), torch.zeros(2, f, d))
+    flat: list[torch.Tensor] = []
+    flat_shapes: list[dict[int, Any]] = []
+    for i in range(len(names)):  # values (B, L, D) and mask (B, L) share their L
+        length = torch.export.Dim(f"length_{i}", min=1, max=1 << 16)
+        flat += [torch.zeros(2, 3, d), torch.ones(2, 3, dtype=torch.bool)]
+        flat_shapes += [{0: batch, 1: length}, {0: batch, 1: length}]
+    example = (torch.zeros(2, dd), torch.zeros(2, f, d), *flat)
+    # torch matches the shapes to the arguments given: *flat only when there are some.
+    shapes = ({0: batch}, {0: batch}, *((tuple(flat_shapes),) if flat else ()))
     try:
-        program = torch.export.export(network, example, dynamic_shapes=({0: batch}, {0: batch}))
+        program = torch.export.export(network, example, dynamic_shapes=shapes)
     except Exception as exc:  # torch raises many kinds for a model it cannot trace
         raise ExportError(f"{path.name}: torch.export failed for model.type: {exc}") from exc
     # The archive's weights are raw bytes and its graph JSON; only the example
@@ -211,6 +220,7 @@ def _write_dense(model: ServingModel, path: Path) -> None:
     program.example_inputs = None
     with _quiet_archive():
         torch.export.save(program, str(path))
+    return names
 
 
 @contextlib.contextmanager
@@ -260,7 +270,8 @@ def load_export(folder: Path) -> ServingModel:
     job = job_from_dict(_read_json(folder / JOB))
     pipeline = FeaturePipeline.from_json(_read_json(folder / PIPELINE), str(folder / PIPELINE))
     with _quiet_archive():
-        dense = ExportedDense(torch.export.load(str(folder / DENSE)))
+        program = torch.export.load(str(folder / DENSE))
+    dense = ExportedDense(program, manifest.get("sequence_features", []))
     model = ServingModel(job, pipeline, str(manifest["version"]), dense)
     encoding = ROW_ENCODINGS.get(str(manifest.get("rows")))
     if encoding is None:

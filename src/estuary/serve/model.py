@@ -34,32 +34,64 @@ from torch import nn
 
 from estuary.config import JobSpec
 from estuary.data.types import Batch
+from estuary.nn.types import SequenceEmbedding, Sequences
 from estuary.serve.pipeline import FeaturePipeline, RequestError
 from estuary.train.build import TableStore, build_engine, build_tables
 from estuary.train.engine import Engine
 from estuary.train.plan import TrainPlan
 
-__all__ = ["ExportedDense", "Prediction", "ServingModel"]
+__all__ = ["ExportedDense", "FlatSequences", "Prediction", "ServingModel"]
 
 
 class ExportedDense(nn.Module):
     """A ``torch.export`` program as the dense model: ``forward(dense (B, Dd),
-    sparse (B, F, D)) -> logits (B,)``.
+    sparse (B, F, D)[, sequences]) -> logits (B,)``.
+
+    The program takes the unpooled (``pooling: none``) features flat, after
+    ``dense`` and ``sparse``: per feature of ``sequence_features``, in order,
+    its values (B, L, D) and mask (B, L) (``SequenceEmbedding``; L may differ
+    per feature and per batch). This wrapper flattens ``sequences`` for it.
 
     An exported graph is fixed in the mode it was exported in (eval) and refuses
     ``train()``/``eval()``; this wrapper records the mode and leaves the graph be.
     """
 
-    def __init__(self, program: torch.export.ExportedProgram) -> None:
+    def __init__(
+        self, program: torch.export.ExportedProgram, sequence_features: Sequence[str] = ()
+    ) -> None:
         super().__init__()
         self.graph = program.module()
+        self.sequence_features = list(sequence_features)
 
     def train(self, mode: bool = True) -> ExportedDense:
         self.training = mode  # the graph itself stays as exported
         return self
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return self.graph(dense, sparse)
+    def forward(
+        self, dense: torch.Tensor, sparse: torch.Tensor, sequences: Sequences | None = None
+    ) -> torch.Tensor:
+        given = [(sequences or {})[name] for name in self.sequence_features]
+        flat = [x for s in given for x in (s.values, s.mask)]
+        return self.graph(dense, sparse, *flat)
+
+
+class FlatSequences(nn.Module):
+    """``model`` with its ``sequences`` argument taken flat (what ``torch.export``
+    traces; see ``ExportedDense``): ``forward(dense, sparse, *values_and_masks)``."""
+
+    def __init__(self, model: nn.Module, sequence_features: Sequence[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.sequence_features = list(sequence_features)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor, *flat: torch.Tensor) -> Any:
+        if not self.sequence_features:
+            return self.model(dense, sparse)
+        sequences = {
+            name: SequenceEmbedding(flat[2 * i], flat[2 * i + 1])
+            for i, name in enumerate(self.sequence_features)
+        }
+        return self.model(dense, sparse, sequences)
 
 
 @dataclass(frozen=True)
