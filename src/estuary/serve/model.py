@@ -115,7 +115,7 @@ class ServingModel:
         pipeline: the job's feature pipeline (feature order, Dd, sequences).
         version: the initial model version's name.
         model: the dense network (e.g. ``ExportedDense``); ``None`` builds
-            ``job.model.type`` (then restore its weights with ``swap_dense``).
+            ``job.model.type`` (then load its weights, e.g. ``Checkpoint.restore_dense``).
     """
 
     def __init__(

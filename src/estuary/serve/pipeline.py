@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from estuary.config import JobSpec, SchemaSpec
+from estuary.config import ConfigError, JobSpec, SchemaSpec
 from estuary.config.build import build_dataclass, plain, suggest
 from estuary.data.decode import RowDecoder
 from estuary.data.formats.jsonl import object_columns
@@ -109,8 +109,6 @@ class FeaturePipeline:
     def from_json(cls, data: Mapping[str, Any], where: str = "pipeline.json") -> FeaturePipeline:
         """The pipeline ``to_json`` wrote; a bad file raises ``ConfigError`` naming
         the field under ``where``."""
-        from estuary.config import ConfigError
-
         if data.get("format") != PIPELINE_FORMAT:
             raise ConfigError(
                 f"{where}.format", f"expected {PIPELINE_FORMAT!r}, found {data.get('format')!r}"
