@@ -11,3 +11,7 @@ pip install --no-deps fbgemm-gpu-cpu==1.8.0 torchrec==1.8.0 -c <(echo torch==2.1
 pip install tensordict torchmetrics==1.0.3 tqdm pyre-extensions iopath -c <(echo torch==2.13.0)
 pip install --no-deps deepctr-torch==0.3.0
 pip install scikit-learn -c <(echo torch==2.13.0)
+# bench/serve.py's HTTP load generator (a Debian package).
+if ! command -v hey >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hey
+fi

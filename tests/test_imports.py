@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "train": 6,
     "runtime": 7,
     "deploy": 4,  # renders job files for cluster managers: reads config only
+    "serve": 7,
     "cli": 8,
     "testing": 8,
 }

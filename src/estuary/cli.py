@@ -1,12 +1,16 @@
-"""Command line: ``estuary train``, ``eval``, ``report``, ``render``, ``synth`` and ``replay``.
+"""Command line: ``estuary train``, ``eval``, ``report``, ``render``, ``synth``,
+``replay``, ``export`` and ``serve``.
 
     estuary train  JOB.yaml [--set dotted.key=value]... [--output DIR] [--profile] [--nproc W]
                    [--resume]
     estuary eval   JOB.yaml --checkpoint PATH [--stream NAME] [--set dotted.key=value]...
+                   [--predictions PATH]
     estuary report RUN_DIR [--out DIR]
     estuary render k8s|yarn JOB.yaml [--output PATH] [--set dotted.key=value]... [--name NAME]
                    [--entrypoint CMD] [--image IMAGE] [--namespace NS]  (k8s)
                    [--env-archive PATH] [--queue QUEUE]                  (yarn)
+    estuary export CHECKPOINT --output DIR [--rows float32|float16|bfloat16|int8]
+    estuary serve  DIR | --follow RUN_DIR [--host H] [--port P] [--ray --replicas N]
     estuary --version
 
 Every command takes ``--log-level [COMPONENT=]LEVEL`` (repeatable), ``--quiet`` /
@@ -125,6 +129,13 @@ def _parser() -> argparse.ArgumentParser:
         help="data.dataset jobs: the stream to evaluate (default: data.dataset.eval_stream)",
     )
     ev.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    ev.add_argument(
+        "--predictions",
+        type=Path,
+        metavar="PATH",
+        help="also write each eval row's prediction, one JSON object a line "
+        '({"row": ..., "label": ..., "prediction": ...}, in eval order)',
+    )
 
     rep = sub.add_parser(
         "report", parents=[logs], help="plot a run's time series into PNGs and an HTML page"
@@ -188,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     play.add_argument("--rate", type=float, required=True, help="rows per second (0 = no limit)")
     play.add_argument("--format", default="criteo_tsv", help="criteo_tsv, csv, tsv or jsonl")
     play.add_argument("--limit", type=int, help="stop after N rows")
+    _serving_parsers(sub, logs)
     return parser
 
 
@@ -198,10 +210,61 @@ def nproc_overrides(trainers: int) -> list[str]:
     return [f"runtime.trainers={trainers}", f"runtime.roles.trainer.count={trainers}"]
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
+def _serving_parsers(sub: Any, logs: argparse.ArgumentParser) -> None:
+    """``estuary export`` and ``estuary serve`` (docs/serving.md)."""
+    exp = sub.add_parser(
+        "export", parents=[logs], help="write a checkpoint as a folder a server loads"
+    )
+    exp.add_argument("checkpoint", type=Path, help="checkpoint, checkpoints root or run folder")
+    exp.add_argument("--output", type=Path, required=True, help="the export folder (new)")
+    exp.add_argument(
+        "--rows",
+        choices=("float32", "float16", "bfloat16", "int8"),
+        default="float32",
+        help="how embedding rows are stored (smaller files; see docs/serving.md for the AUC cost)",
+    )
+    srv = sub.add_parser("serve", parents=[logs], help="serve predictions over HTTP")
+    srv.add_argument("export_dir", type=Path, nargs="?", help="an `estuary export` folder")
+    srv.add_argument(
+        "--follow",
+        type=Path,
+        metavar="RUN_DIR",
+        help="serve a training run's newest checkpoint and apply new ones as they land",
+    )
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    srv.add_argument("--port", type=int, default=8080, help="TCP port")
+    srv.add_argument("--max-batch-rows", type=int, default=1024, help="rows per forward pass")
+    srv.add_argument(
+        "--max-wait-ms", type=float, default=1.0, help="how long a batch waits for more requests"
+    )
+    srv.add_argument(
+        "--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413"
+    )
+    srv.add_argument(
+        "--poll-s", type=float, default=0.1, help="--follow: seconds between checks for new ones"
+    )
+    srv.add_argument(
+        "--dense-every-s",
+        type=float,
+        default=0.0,
+        help="--follow: least seconds between dense swaps (0: every checkpoint; "
+        "table deltas apply at every checkpoint)",
+    )
+    srv.add_argument(
+        "--threads", type=int, default=1, help="torch threads for the forward (1: lowest latency)"
+    )
+    srv.add_argument("--ray", action="store_true", help="deploy on Ray Serve")
+    srv.add_argument("--replicas", type=int, default=1, help="--ray: replicas")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    _write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -279,7 +342,10 @@ def _stop_on_signals(request_stop: Callable[[str], None]) -> Iterator[None]:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from estuary.config import ConfigError, load_job
+    from estuary.data.types import Batch
     from estuary.train import Trainer
 
     job = load_job(args.job, args.overrides)
@@ -288,12 +354,23 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     trainer = Trainer(job)
     trainer.load_checkpoint(args.checkpoint)
     show = not (args.no_progress or args.quiet) and job.output.progress
+    rows: list[str] = []
+
+    def record(batch: Batch, probabilities: np.ndarray) -> None:
+        ids = batch.row_ids if batch.row_ids is not None else [None] * batch.num_rows
+        for row, label, p in zip(ids, batch.labels, probabilities, strict=True):
+            line = {"row": None if row is None else int(row), "label": float(label)}
+            rows.append(json.dumps({**line, "prediction": float(p)}))
+
+    sink = record if args.predictions is not None else None
     if job.data.dataset is not None:  # a held-out stream, read once in order
         from estuary.train.dataset_eval import evaluate_stream
 
-        result = evaluate_stream(trainer, args.stream, progress=show)
+        result = evaluate_stream(trainer, args.stream, progress=show, sink=sink)
     else:  # the last data.eval_fraction of the rows, as in training
-        result = trainer.evaluate(progress=show)
+        result = trainer.evaluate(progress=show, sink=sink)
+    if args.predictions is not None:
+        _write_text_atomic(args.predictions, "".join(f"{line}\n" for line in rows))
     print(f"eval AUC {result.auc:.4f}  logloss {result.logloss:.4f}  ({result.rows} eval rows)")
     print(
         json.dumps(
@@ -404,6 +481,50 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from estuary.serve.export import export_checkpoint
+
+    result = export_checkpoint(args.checkpoint, args.output, rows=args.rows)
+    rows = ", ".join(f"{name} {count:,}" for name, count in result.rows.items())
+    print(
+        f"exported {result.version} to {result.path} ({result.size_bytes / 1e6:,.2f} MB; "
+        f"rows: {rows}; stored as {args.rows})"
+    )
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from estuary.config import ConfigError
+    from estuary.serve.server import ServeOptions, open_served, run_server
+
+    if (args.export_dir is None) == (args.follow is None):
+        raise ConfigError("serve", "give either an export folder or --follow RUN_DIR")
+    options = ServeOptions(
+        host=args.host,
+        port=args.port,
+        max_body_bytes=args.max_body_bytes,
+        max_batch_rows=args.max_batch_rows,
+        max_wait_s=args.max_wait_ms / 1000,
+        poll_s=args.poll_s,
+        dense_every_s=args.dense_every_s,
+        threads=args.threads,
+    )
+    what = args.follow if args.follow is not None else args.export_dir
+    if args.ray:
+        from estuary.serve.ray_serve import run_on_ray
+
+        print(
+            f"serving {what} on Ray Serve, {args.replicas} replicas: http://{args.host}:{args.port}"
+        )
+        run_on_ray(args.export_dir, args.follow, options, args.replicas)
+        return 0
+    served = open_served(args.export_dir, args.follow, options)
+    print(f"serving {served.model.version} from {what} on http://{args.host}:{args.port}")
+    sys.stdout.flush()
+    run_server(served, options)
+    return 0
+
+
 def _show_warning(
     message: Warning | str,
     category: type[Warning],
@@ -424,6 +545,8 @@ COMMANDS = {
     "render": _cmd_render,
     "synth": _cmd_synth,
     "replay": _cmd_replay,
+    "export": _cmd_export,
+    "serve": _cmd_serve,
 }
 
 
@@ -433,6 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from estuary.metrics.logs import ENV_VAR, LogSettings
     from estuary.ps import PSError
     from estuary.runtime.launcher import DistributedError
+    from estuary.serve.export import ExportError
     from estuary.train import CheckpointError
 
     args = _parser().parse_args(argv)
@@ -451,6 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         CheckpointError,
         DistributedError,
         PSError,
+        ExportError,
         FileNotFoundError,
     ) as exc:
         print(f"error: {exc}", file=sys.stderr)

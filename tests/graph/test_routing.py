@@ -28,9 +28,7 @@ from estuary.data.graph.routing import (
     RankPart,
     RemoteBlock,
     StepRoute,
-    concat_batches,
 )
-from estuary.data.types import Batch, JaggedIds
 from estuary.train.batch_routes import RoutedBatches
 
 from .conftest import dataset_job, source, write_hours
@@ -170,22 +168,3 @@ def test_a_row_in_no_held_block_is_a_routing_error() -> None:
     got.batch(RankPart(np.array([1], np.int64), [(0, rows)], 1))
     with pytest.raises(RuntimeError, match="row id 3 is in no block"):
         got.batch(RankPart(np.array([3], np.int64), [], 1))
-
-
-def test_concat_batches_keeps_each_bag() -> None:
-    """rows:    a0 a1 | b0
-    bags of S:  [1]  [] | [2, 3]   ->  offsets 0 1 1 3"""
-    a = Batch(
-        np.zeros(2, np.float32),
-        np.zeros((2, 0), np.float32),
-        {"S": JaggedIds(np.array([9, 1], np.int64), np.array([1, 2, 2], np.int64))},
-    )
-    b = Batch(
-        np.ones(1, np.float32),
-        np.zeros((1, 0), np.float32),
-        {"S": JaggedIds(np.array([2, 3], np.int64), np.array([0, 2], np.int64))},
-    )
-    got = concat_batches([a, b])
-    np.testing.assert_array_equal(got.sparse["S"].offsets, [0, 1, 1, 3])
-    np.testing.assert_array_equal(got.sparse["S"].values, [1, 2, 3])
-    np.testing.assert_array_equal(got.labels, [0, 0, 1])

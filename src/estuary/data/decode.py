@@ -48,7 +48,7 @@ from estuary.data.formats.types import RawChunk
 from estuary.data.formats.values import to_text
 from estuary.data.hashing import feature_seed, hash_array, hash_spans
 from estuary.data.transforms import resolve_transforms
-from estuary.data.types import Float32Array, Int64Array, JaggedIds
+from estuary.data.types import Batch, Float32Array, Int64Array, JaggedIds
 
 __all__ = ["DecodedChunk", "RowDecoder"]
 
@@ -127,6 +127,36 @@ class RowDecoder:
         # Columns to read from the files; a column may serve several roles.
         inputs = [c for f in schema.features for c in f.columns]
         self.columns = list(dict.fromkeys([self.label, *self.dense, *schema.sparse, *inputs]))
+
+    def batch(
+        self,
+        labels: Float32Array,
+        dense: Float32Array,
+        ids: Int64Array,
+        jagged: Mapping[str, JaggedIds],
+        row_ids: Int64Array | None = None,
+    ) -> Batch:
+        """B decoded rows as a model-ready ``Batch``, features in model order.
+
+        Args:
+            labels: float32 (B,).
+            dense: float32 (B, Dd).
+            ids: int64 (B, F) in ``sparse`` order (``DecodedChunk.ids``).
+            jagged: every ``sequences`` feature's ids of the B rows.
+            row_ids: int64 (B,) the rows' positions, when known.
+        """
+        ids = np.ascontiguousarray(ids.T)  # (F, B): one transposing copy, features contiguous
+        # One id per row: the single-valued features share one offsets array (B + 1,).
+        offsets = np.arange(labels.shape[0] + 1, dtype=np.int64)
+        offsets.flags.writeable = False
+        bags = {name: JaggedIds(ids[f], offsets) for f, name in enumerate(self.sparse)}
+        bags.update(jagged)
+        return Batch(
+            labels=labels,
+            dense=dense,
+            sparse={name: bags[name] for name in self.features},  # model order
+            row_ids=row_ids,
+        )
 
     def decode(self, chunk: RawChunk, max_examples: int) -> DecodedChunk:
         """The good rows of ``chunk`` and its bad-row counts (see module docstring)."""

@@ -17,6 +17,7 @@ gives all of a batch's single-valued features one shared, read-only such array):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,6 +58,20 @@ class JaggedIds:
             return JaggedIds(values=self.values[starts], offsets=offsets)
         index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
         return JaggedIds(values=self.values[index], offsets=offsets)
+
+    @classmethod
+    def concatenate(cls, bags: Sequence[JaggedIds]) -> JaggedIds:
+        """One CSR column of the rows of ``bags`` in order (read-only arrays)."""
+        values = np.concatenate([b.values for b in bags]) if bags else np.zeros(0, np.int64)
+        offsets = np.zeros(1 + sum(b.num_rows for b in bags), dtype=np.int64)
+        row, base = 1, 0
+        for bag in bags:  # one step per bag, not per row
+            offsets[row : row + bag.num_rows] = bag.offsets[1:] - bag.offsets[0] + base
+            row += bag.num_rows
+            base += int(bag.offsets[-1] - bag.offsets[0])
+        for array in (values, offsets):
+            array.flags.writeable = False
+        return cls(values=values, offsets=offsets)
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,20 @@ class Batch:
             row_ids=None if self.row_ids is None else self.row_ids[rows],
             origin=self.origin,
             weights=None if self.weights is None else self.weights[rows],
+        )
+
+    @classmethod
+    def concatenate(cls, batches: Sequence[Batch]) -> Batch:
+        """The rows of ``batches`` in order, as one batch (they share features;
+        ``row_ids``, ``origin`` and ``weights`` are dropped)."""
+        first = batches[0]
+        return cls(
+            labels=np.concatenate([b.labels for b in batches]),
+            dense=np.concatenate([b.dense for b in batches]),
+            sparse={
+                name: JaggedIds.concatenate([b.sparse[name] for b in batches])
+                for name in first.sparse
+            },
         )
 
     def slice(self, start: int, stop: int) -> Batch:

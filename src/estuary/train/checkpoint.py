@@ -508,6 +508,13 @@ def _read_tensors(file: Path) -> State:
         raise CheckpointError(f"{file}: unreadable tensor file ({exc})") from exc
 
 
+def _read_dense(folder: Path, name: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_torch(str(folder / name))
+    except (OSError, ValueError, RuntimeError) as exc:  # safetensors header errors
+        raise CheckpointError(f"{folder}: unreadable dense tensor file ({exc})") from exc
+
+
 def _load_tables(folder: Path, manifest: Mapping[str, Any]) -> dict[str, State]:
     """Every table of the checkpoint in ``folder``; a table written in parts (one per
     parameter server) is merged into one state."""
@@ -549,15 +556,11 @@ def load_checkpoint(path: Path, *, tables: bool = True) -> Checkpoint:
         _verify_files(parent, parent_manifest, tables=tables)
         links.append((parent, parent_manifest))
     links.reverse()  # full first
-    try:
-        dense = load_torch(str(folder / "dense.safetensors"))
-        optimizer = None
-        if manifest.get("optimizer") is not None:
-            optimizer = _optimizer_from_flat(
-                load_torch(str(folder / "optimizer.safetensors")), manifest["optimizer"]
-            )
-    except (OSError, ValueError, RuntimeError) as exc:  # safetensors header errors
-        raise CheckpointError(f"{folder}: unreadable dense tensor file ({exc})") from exc
+    dense = _read_dense(folder, "dense.safetensors")
+    optimizer = None
+    if manifest.get("optimizer") is not None:
+        flat = _read_dense(folder, "optimizer.safetensors")
+        optimizer = _optimizer_from_flat(flat, manifest["optimizer"])
     chain = [f for f, _ in links]
     if not tables:
         return Checkpoint(folder, manifest, dense, optimizer, {}, chain, [])
@@ -565,6 +568,39 @@ def load_checkpoint(path: Path, *, tables: bool = True) -> Checkpoint:
     base = _load_tables(base_folder, base_manifest)
     deltas = [_load_tables(f, m) for f, m in links[1:]]
     return Checkpoint(folder, manifest, dense, optimizer, base, chain, deltas)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One checkpoint folder alone, as a follower of a run reads it (``load_link``).
+
+    Args:
+        path: the checkpoint folder.
+        manifest: its manifest.
+        dense: its dense model state dict (always whole).
+        tables: its own table files: all rows of a full checkpoint, the changed
+            rows of a delta (``delta_state_dict``, to apply on its parent's state).
+    """
+
+    path: Path
+    manifest: dict[str, Any]
+    dense: dict[str, torch.Tensor]
+    tables: dict[str, State]
+
+    @property
+    def chain(self) -> list[str]:
+        """Folder names from the chain's full checkpoint to this one."""
+        return chain_of(self.path, self.manifest)
+
+
+def load_link(folder: Path) -> Link:
+    """Read and verify one checkpoint folder's files, without its chain: what a
+    reader that already holds the parent's state (a server following a run)
+    needs to apply a delta. ``CheckpointError`` names a missing or corrupt file."""
+    manifest = read_manifest(folder)
+    _verify_files(folder, manifest)
+    dense = _read_dense(folder, "dense.safetensors")
+    return Link(folder, manifest, dense, _load_tables(folder, manifest))
 
 
 def restore_dense_warned(

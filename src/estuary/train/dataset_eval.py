@@ -32,6 +32,7 @@ their initial values either way, but admission counts may see them twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -57,7 +58,11 @@ class Predictor(Protocol):
 
 
 def evaluate_stream(
-    trainer: Predictor, stream: str | None = None, *, progress: bool = False
+    trainer: Predictor,
+    stream: str | None = None,
+    *,
+    progress: bool = False,
+    sink: Callable[[Batch, np.ndarray], None] | None = None,
 ) -> EvalResult:
     """AUC / logloss of the trainer's model on one stream of ``data.dataset``, read
     once, in plan order, unshuffled, from its first window (no data progress).
@@ -66,6 +71,7 @@ def evaluate_stream(
         stream: the stream to predict; default ``data.dataset.eval_stream``, the
             held-out stream a training run evaluates at its end.
         progress: a bar of rows evaluated on stderr.
+        sink: gets each batch and its probabilities (B,).
 
     Raises:
         ConfigError: not a ``data.dataset`` job, no such stream, or no stream named
@@ -73,6 +79,5 @@ def evaluate_stream(
     """
     size = trainer.job.train.eval_batch_size
     bar = ProgressBar(None, enabled=progress, desc="eval")  # a stream's length is unknown
-    return evaluate_batches(
-        trainer.predict, stream_batches(trainer.job, trainer.plan, stream, size), bar
-    )
+    batches = stream_batches(trainer.job, trainer.plan, stream, size)
+    return evaluate_batches(trainer.predict, batches, bar, sink)

@@ -52,14 +52,17 @@ def evaluate_batches(
     predict: Callable[[Batch], np.ndarray],
     batches: Iterator[Batch],
     progress: ProgressBar | None = None,
+    sink: Callable[[Batch, np.ndarray], None] | None = None,
 ) -> EvalResult:
     """AUC / logloss of ``predict`` over ``batches`` (counting rows on ``progress``,
-    which it closes)."""
+    which it closes); ``sink`` gets each batch with its probabilities (B,)."""
     labels, probabilities = [], []
     try:
         for batch in batches:
             probabilities.append(predict(batch))
             labels.append(batch.labels)
+            if sink is not None:
+                sink(batch, probabilities[-1])
             if progress is not None:
                 progress.count(batch.num_rows)
     finally:

@@ -200,15 +200,21 @@ class Trainer:
         """Click probabilities float32 (B,); lookups never insert ids."""
         return self.engine.predict(batch)
 
-    def evaluate(self, part: DataPart | None = None, *, progress: bool = False) -> EvalResult:
+    def evaluate(
+        self,
+        part: DataPart | None = None,
+        *,
+        progress: bool = False,
+        sink: Callable[[Batch, np.ndarray], None] | None = None,
+    ) -> EvalResult:
         """AUC / logloss on the eval split (or ``part``); ``progress``: a bar of
-        rows evaluated on stderr."""
+        rows evaluated on stderr; ``sink``: gets each batch and its probabilities."""
         if part is None:
             _, part = self.dataset.split()
         size = self.job.train.eval_batch_size
         batches = self.dataset.batches(part, size, shuffle=False, seed=0, epoch=0)
         bar = ProgressBar(part.num_rows, enabled=progress, desc="eval")
-        return evaluate_batches(self.predict, batches, bar)
+        return evaluate_batches(self.predict, batches, bar, sink)
 
     def save_checkpoint(self, root: Path | None = None) -> Path:
         """Write model, dense optimizer and every table (full, or a delta)."""

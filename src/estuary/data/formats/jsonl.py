@@ -55,7 +55,7 @@ from estuary.data.formats.text import parse_blocks, text_blocks
 from estuary.data.formats.types import RawChunk, ReadRequest
 from estuary.data.formats.values import float_texts, one_array, to_raw
 
-__all__ = ["JsonlReader", "block_parser"]
+__all__ = ["JsonlReader", "block_parser", "object_columns"]
 
 _OPEN, _CLOSE, _CR, _NEWLINE = ord("{"), ord("}"), ord("\r"), ord("\n")
 _EXACT_FLOAT = 2.0**53  # a whole double at or above this may be a rounded integer
@@ -185,7 +185,7 @@ class _BlockParser:
             invalid.append(BadRow(self.display, number, reason))
 
         bad: dict[int, str] = {}  # row -> reason of its first bad requested value
-        columns = _columns(self.columns, objects, bad)
+        columns = object_columns(self.columns, objects, bad)
         index = np.arange(len(objects))
         if bad:
             for row, reason in bad.items():
@@ -203,10 +203,13 @@ class _BlockParser:
         )
 
 
-def _columns(
-    names: list[str], objects: list[dict[str, Any]], bad: dict[int, str]
+def object_columns(
+    names: Sequence[str], objects: list[dict[str, Any]], bad: dict[int, str]
 ) -> dict[str, pa.Array]:
-    """The requested columns of parsed objects; rows with unusable values go into ``bad``."""
+    """The requested columns of parsed JSON objects as ``RawChunk`` columns (R,);
+    rows with unusable values (arrays, objects, unpaired surrogates) go into ``bad``
+    (row -> reason naming the field). Used by this reader's exact path and by the
+    prediction server (``estuary.serve.pipeline``), so both read values alike."""
     try:  # every key one type throughout (the usual case): converted in C++
         table: pa.StructArray | None = pa.array(objects, pa.struct([]) if not objects else None)
     except _CONVERSION_ERRORS:

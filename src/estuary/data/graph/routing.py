@@ -47,7 +47,6 @@ __all__ = [
     "RemoteBlock",
     "RoutedSink",
     "StepRoute",
-    "concat_batches",
 ]
 
 
@@ -258,7 +257,7 @@ class PartAssembler:
         self._held = [h for h in self._held if h.left > 0]
         if not pieces:
             return self._empty()
-        batch = concat_batches(pieces)
+        batch = Batch.concatenate(pieces)
         return Batch(batch.labels, batch.dense, batch.sparse, row_ids=row_ids, origin=part.origin)
 
     def _hold(self, code: int, rows: BlockRows) -> None:
@@ -290,28 +289,3 @@ class PartAssembler:
             {name: JaggedIds(none, np.zeros(1, np.int64)) for name in self.order},
             row_ids=none,
         )
-
-
-def concat_batches(parts: Sequence[Batch]) -> Batch:
-    """Rows of ``parts`` one after another (same features; ``row_ids`` and
-    ``weights`` kept only when every part has them)."""
-    if len(parts) == 1:
-        return parts[0]
-    sparse = {}
-    for name in parts[0].sparse:
-        bags = [p.sparse[name] for p in parts]
-        lengths = [b.offsets[1:] - b.offsets[0] for b in bags]
-        shifts = np.cumsum([0] + [int(b.offsets[-1] - b.offsets[0]) for b in bags[:-1]])
-        offsets = np.concatenate([[0], *(x + s for x, s in zip(lengths, shifts, strict=True))])
-        values = np.concatenate([b.values[b.offsets[0] : b.offsets[-1]] for b in bags])
-        sparse[name] = JaggedIds(values=values, offsets=offsets.astype(np.int64))
-    row_ids = [p.row_ids for p in parts]
-    weights = [p.weights for p in parts]
-    return Batch(
-        labels=np.concatenate([p.labels for p in parts]),
-        dense=np.concatenate([p.dense for p in parts]),
-        sparse=sparse,
-        row_ids=None if any(r is None for r in row_ids) else np.concatenate(row_ids),  # type: ignore[arg-type]
-        origin=parts[0].origin if all(p.origin == parts[0].origin for p in parts) else None,
-        weights=None if any(w is None for w in weights) else np.concatenate(weights),  # type: ignore[arg-type]
-    )

@@ -1,0 +1,144 @@
+"""Following a run: deltas change the rows whose ids they touched and no others;
+dense swaps and full checkpoints swap in whole; versions name what is served."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from estuary.serve.checkpoints import model_from_checkpoint
+from estuary.serve.follow import Follower, UpdateKind, plan_update
+from estuary.train.checkpoint import load_checkpoint, load_link
+from estuary.train.checkpoint_chain import CheckpointError
+
+from .conftest import TinyRun, instances
+
+FULL, D1, D2, D3 = "step-000000060", "step-000000070", "step-000000080", "step-000000090"
+NEXT_FULL = "step-000000100-2"
+
+
+def land(run: TinyRun, follow_dir: Path, *names: str) -> None:
+    """Checkpoints ``names`` land in ``follow_dir`` as the trainer writes them:
+    folder first, then ``latest``."""
+    root = follow_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copytree(run.run_dir / "checkpoints" / name, root / name)
+    (root / "latest").write_text(names[-1] + "\n")
+
+
+def test_plan_update_applies_deltas_on_the_served_chain_and_reloads_otherwise() -> None:
+    chain = [FULL, D1, D2]
+    assert plan_update(D2, D2, chain, dense_due=True).kind is UpdateKind.NONE
+    decision = plan_update(FULL, D2, chain, dense_due=False)
+    assert (decision.kind, decision.links, decision.dense) == (UpdateKind.DELTA, [D1, D2], False)
+    assert plan_update(D1, D2, chain, dense_due=True).links == [D2]
+    assert plan_update("step-000000050", D2, chain, dense_due=True).kind is UpdateKind.FULL
+    assert plan_update(D2, NEXT_FULL, [NEXT_FULL], dense_due=True).kind is UpdateKind.FULL
+
+
+def test_a_delta_changes_the_rows_it_touched_and_no_others(
+    tiny_run: TinyRun, tmp_path: Path
+) -> None:
+    land(tiny_run, tmp_path, FULL)
+    ckpt = load_checkpoint(tmp_path)
+    model = model_from_checkpoint(ckpt)
+    follower = Follower(tmp_path, model, ckpt.path, dense_every_s=1e9)  # tables only
+    # Every C2 value is trained in each 10 steps; new C2 values (their shard's
+    # unknown row, not in the delta) leave C1 to tell touched rows from others.
+    rows = [{**row, "C2": f"new-{i}"} for i, row in enumerate(instances(tiny_run.rows))]
+    batch = model.pipeline.parse(rows)
+    before = model.predict(batch)
+    assert before.version == f"tiny@{FULL}"
+
+    served = load_link(tmp_path / "checkpoints" / FULL).tables  # the rows served now
+    land(tiny_run, tmp_path, D1)
+    assert follower.poll() is UpdateKind.DELTA
+    after = model.predict(batch)
+    assert after.version == f"tiny@{D1}+dense@{FULL}"
+    # The ids whose rows the delta changes (a delta may also carry rows whose
+    # optimizer state changed and weights did not).
+    delta = load_link(tmp_path / "checkpoints" / D1).tables
+    touched = np.zeros(batch.num_rows, dtype=bool)
+    for feature in ("C1", "C2"):
+        old = dict(zip(served[feature]["ids"].tolist(), served[feature]["weights"], strict=True))
+        ids = delta[feature]["ids"]
+        moved = [
+            i
+            for i, w in zip(ids.tolist(), delta[feature]["weights"], strict=True)
+            if i not in old or not np.array_equal(old[i], w)
+        ]
+        touched |= np.isin(batch.sparse[feature].values, moved)
+    assert 0 < touched.sum() < batch.num_rows  # the data has rows of both kinds
+    changed = before.probabilities != after.probabilities
+    np.testing.assert_array_equal(changed, touched)
+    assert follower.poll() is UpdateKind.NONE
+
+
+@pytest.mark.parametrize("standby", [True, False], ids=["standby", "in-place"])
+def test_following_ends_where_loading_the_checkpoint_ends(
+    tiny_run: TinyRun, tmp_path: Path, standby: bool
+) -> None:
+    land(tiny_run, tmp_path, FULL)
+    ckpt = load_checkpoint(tmp_path)
+    model = model_from_checkpoint(ckpt, standby=standby)
+    kinds: list[UpdateKind] = []
+    follower = Follower(
+        tmp_path,
+        model,
+        ckpt.path,
+        on_update=lambda kind, age_s: kinds.append(kind),
+        standby=standby,
+    )
+    batch = model.pipeline.parse(instances(tiny_run.eval_rows))
+    land(tiny_run, tmp_path, D1, D2, D3)  # two deltas land between polls
+    follower.poll()
+    loaded = model_from_checkpoint(load_checkpoint(tmp_path / "checkpoints" / D3))
+    assert model.predict(batch).version == f"tiny@{D3}"  # dense swapped with the deltas
+    np.testing.assert_array_equal(
+        model.predict(batch).probabilities, loaded.predict(batch).probabilities
+    )
+    if standby:  # updates swapped the copies; predictions held back only for the swap
+        assert model.last_stall_s < 0.01
+    land(tiny_run, tmp_path, NEXT_FULL)  # a new chain: reloaded whole
+    follower.poll()
+    assert kinds == [UpdateKind.DELTA, UpdateKind.FULL]
+    reference = model_from_checkpoint(load_checkpoint(tiny_run.run_dir))
+    assert model.predict(batch).version == f"tiny@{NEXT_FULL}"
+    np.testing.assert_array_equal(
+        model.predict(batch).probabilities, reference.predict(batch).probabilities
+    )
+
+
+def test_a_delta_that_does_not_fit_the_served_tables_reloads_whole(
+    tiny_run: TinyRun, tmp_path: Path
+) -> None:
+    land(tiny_run, tmp_path, FULL, D1)
+    model = model_from_checkpoint(load_checkpoint(tmp_path / "checkpoints" / FULL))
+    # The follower believes D1 is served; the tables hold FULL's state.
+    follower = Follower(tmp_path, model, tmp_path / "checkpoints" / D1)
+    land(tiny_run, tmp_path, D2)
+    assert follower.poll() is UpdateKind.FULL  # D2 does not apply on FULL: reloaded
+    assert model.version == f"tiny@{D2}"
+    batch = model.pipeline.parse(instances(tiny_run.eval_rows))
+    loaded = model_from_checkpoint(load_checkpoint(tmp_path / "checkpoints" / D2))
+    np.testing.assert_array_equal(
+        model.predict(batch).probabilities, loaded.predict(batch).probabilities
+    )
+
+
+def test_a_broken_checkpoint_is_not_applied_and_serving_goes_on(
+    tiny_run: TinyRun, tmp_path: Path
+) -> None:
+    land(tiny_run, tmp_path, FULL)
+    ckpt = load_checkpoint(tmp_path)
+    model = model_from_checkpoint(ckpt)
+    follower = Follower(tmp_path, model, ckpt.path)
+    land(tiny_run, tmp_path, D1)
+    (tmp_path / "checkpoints" / D1 / "tables" / "C1.safetensors").write_bytes(b"torn")
+    with pytest.raises(CheckpointError, match=r"C1\.safetensors"):
+        follower.poll()
+    assert model.version == f"tiny@{FULL}"
