@@ -9,7 +9,7 @@
     estuary render k8s|yarn JOB.yaml [--output PATH] [--set dotted.key=value]... [--name NAME]
                    [--entrypoint CMD] [--image IMAGE] [--namespace NS]  (k8s)
                    [--env-archive PATH] [--queue QUEUE]                  (yarn)
-    estuary export CHECKPOINT --output DIR [--rows float32|float16|bfloat16|int8]
+    estuary export CHECKPOINT --output DIR [--rows float32|float16|bfloat16|int8] [--onnx]
     estuary serve  DIR | --follow RUN_DIR [--host H] [--port P] [--ray --replicas N]
     estuary --version
 
@@ -222,6 +222,11 @@ def _serving_parsers(sub: Any, logs: argparse.ArgumentParser) -> None:
         choices=("float32", "float16", "bfloat16", "int8"),
         default="float32",
         help="how embedding rows are stored (smaller files; see docs/serving.md for the AUC cost)",
+    )
+    exp.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also write the dense network as dense.onnx (pip install 'estuary[onnx]')",
     )
     srv = sub.add_parser("serve", parents=[logs], help="serve predictions over HTTP")
     srv.add_argument("export_dir", type=Path, nargs="?", help="an `estuary export` folder")
@@ -484,7 +489,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from estuary.serve.export import export_checkpoint
 
-    result = export_checkpoint(args.checkpoint, args.output, rows=args.rows)
+    result = export_checkpoint(args.checkpoint, args.output, rows=args.rows, onnx=args.onnx)
     rows = ", ".join(f"{name} {count:,}" for name, count in result.rows.items())
     print(
         f"exported {result.version} to {result.path} ({result.size_bytes / 1e6:,.2f} MB; "

@@ -30,6 +30,29 @@ def test_the_dense_program_loads_with_torch_alone_and_holds_no_pickle(tiny_run: 
     assert logits.shape == (3,)
 
 
+def test_the_onnx_program_computes_what_the_torch_program_does(
+    tiny_run: TinyRun, tmp_path: Path
+) -> None:
+    """``--onnx``: dense.onnx, listed with its checksum, runs in onnxruntime
+    (no torch) with a dynamic batch and gives the torch program's logits."""
+    ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+    out = tmp_path / "export"
+    assert main(["export", str(tiny_run.run_dir), "--output", str(out), "--onnx"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "dense.onnx" in manifest["files"]
+    program = torch.export.load(str(out / "dense.pt2")).module()
+    session = ort.InferenceSession(str(out / "dense.onnx"))
+    names = [i.name for i in session.get_inputs()]
+    rng = np.random.default_rng(0)
+    for batch in (1, 5, 300):
+        dense = rng.normal(size=(batch, 2)).astype(np.float32)  # (B, Dd)
+        sparse = rng.normal(size=(batch, 2, 4)).astype(np.float32)  # (B, F, D)
+        (got,) = session.run(None, dict(zip(names, (dense, sparse), strict=True)))
+        want = program(torch.from_numpy(dense), torch.from_numpy(sparse)).detach().numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    load_export(out)  # the checksums (dense.onnx's too) hold
+
+
 def test_the_manifest_lists_every_file_with_its_checksum(tiny_run: TinyRun) -> None:
     manifest = json.loads((tiny_run.export_dir / "manifest.json").read_text())
     assert manifest["version"] == "tiny@step-000000100-2"

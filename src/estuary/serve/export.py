@@ -9,6 +9,8 @@ Layout::
                             a zip of the graph, JSON and raw weights), batch size dynamic:
                             forward(dense (B, Dd), sparse (B, F, D)[, values (B, L, D),
                             mask (B, L) per unpooled feature]) -> logits (B,)
+        dense.onnx          (``--onnx``) the same program as ONNX (opset of torch's
+                            exporter), for runtimes without torch; the same inputs
         tables/<name>.safetensors   ids (R,), the rows (encoded), unknown rows (S, D)
         pipeline.json       the feature pipeline (``FeaturePipeline.to_json``)
         job.json            the training job (plain data; table specs, model type)
@@ -66,6 +68,7 @@ __all__ = [
 EXPORT_FORMAT = "estuary.export/1"
 MANIFEST = "manifest.json"
 DENSE = "dense.pt2"
+DENSE_ONNX = "dense.onnx"
 PIPELINE = "pipeline.json"
 JOB = "job.json"
 _SCALE = "weights.scale"
@@ -136,12 +139,15 @@ class ExportResult:
     size_bytes: int
 
 
-def export_checkpoint(checkpoint: Path, output: Path, *, rows: str = "float32") -> ExportResult:
+def export_checkpoint(
+    checkpoint: Path, output: Path, *, rows: str = "float32", onnx: bool = False
+) -> ExportResult:
     """Write ``checkpoint`` (a checkpoint, checkpoints root or run folder) to
-    ``output`` (see module docstring).
+    ``output`` (see module docstring); ``onnx``: also ``dense.onnx``.
 
     Raises:
-        ExportError: ``output`` exists and is not empty, or ``rows`` is unknown.
+        ExportError: ``output`` exists and is not empty, ``rows`` is unknown, or
+            ``onnx`` without the onnx extra (``pip install 'estuary[onnx]'``).
         CheckpointError: the checkpoint does not load (naming the file).
     """
     if rows not in ROW_ENCODINGS:
@@ -155,8 +161,14 @@ def export_checkpoint(checkpoint: Path, output: Path, *, rows: str = "float32") 
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "tables").mkdir(parents=True)
     try:
-        sequence_features = _write_dense(model, tmp / DENSE)
+        program, sequence_features = _write_dense(model, tmp / DENSE)
         files: dict[str, Any] = {}
+        if onnx:
+            _write_onnx(program, tmp / DENSE_ONNX)
+            files[DENSE_ONNX] = {
+                "bytes": (tmp / DENSE_ONNX).stat().st_size,
+                "sha256": sha256(tmp / DENSE_ONNX),
+            }
         counts: dict[str, int] = {}
         for name, table in model.tables.items():
             state = table.state_dict()
@@ -194,10 +206,10 @@ def export_checkpoint(checkpoint: Path, output: Path, *, rows: str = "float32") 
     return ExportResult(output, version_of(job, ckpt), counts, size)
 
 
-def _write_dense(model: ServingModel, path: Path) -> list[str]:
+def _write_dense(model: ServingModel, path: Path) -> tuple[Any, list[str]]:
     """The dense network as a torch.export program; the batch size (and each
-    unpooled feature's length) dynamic. Returns the unpooled features, in the
-    order the program takes them (see ``ExportedDense``)."""
+    unpooled feature's length) dynamic. Returns the program and the unpooled
+    features, in the order the program takes them (see ``ExportedDense``)."""
     names = list(model.engine.embeddings.sequence_features)
     network = FlatSequences(model.dense_model.eval(), names)
     dd, f, d = len(model.pipeline.decoder.dense), len(model.plan.features), network_dim(model)
@@ -220,7 +232,26 @@ def _write_dense(model: ServingModel, path: Path) -> list[str]:
     program.example_inputs = None
     with _quiet_archive():
         torch.export.save(program, str(path))
-    return names
+    return program, names
+
+
+def _write_onnx(program: Any, path: Path) -> None:
+    """``program`` as ONNX through torch's exporter (it needs onnx and onnxscript)."""
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as exc:
+        raise ExportError(
+            f"--onnx needs the onnx extra: pip install 'estuary[onnx]' ({exc})"
+        ) from exc
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes on ops it does not use
+        try:
+            exported = torch.onnx.export(program, dynamo=True, verbose=False)
+        except Exception as exc:  # the exporter raises many kinds for an op it lacks
+            raise ExportError(f"{path.name}: ONNX export failed: {exc}") from exc
+    assert exported is not None
+    exported.save(str(path))
 
 
 @contextlib.contextmanager
