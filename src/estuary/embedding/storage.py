@@ -1,8 +1,10 @@
-"""Row storage of one shard: float32 rows (R, W) and per-slot metadata beside them.
+"""Row storage of one shard: float32 rows (R, V) and per-slot metadata beside them.
 
 Row 0 is the shard's shared *unknown* row (read by ids without a row, trained by
 their gradients); rows 1.. belong to ids via the hash index. The column layout
-of a row is the optimizer's (see ``estuary.embedding.optimizers``).
+of a row is the optimizer's (see ``estuary.embedding.optimizers``), with the
+weights in the table's dtype (``estuary.embedding.row_formats``: V = W for
+fp32, ``ceil(D/2) + W - D`` for 16-bit weights).
 
 Per-slot metadata (slot = row number; R allocated rows)::
 
@@ -14,7 +16,7 @@ Per-slot metadata (slot = row number; R allocated rows)::
 
 They live in separate arrays, not inline in the float rows, so the optimizer
 kernels keep their layout; a touch costs one extra cache line per kept array.
-Memory per row: ``4 W + 16`` B (+4 lfu, +8 ttl_s).
+Memory per row: ``4 V + 16`` B (+4 lfu, +8 ttl_s).
 """
 
 from __future__ import annotations
@@ -26,23 +28,10 @@ from estuary.embedding.hash_index import Float64Array, Int32Array, Touch
 from estuary.embedding.initializers import initial_weight
 from estuary.embedding.memory import zeros
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch, prefetch_span
+from estuary.embedding.row_formats import RowFormat
 from estuary.embedding.types import Float32Array, Int64Array
 
 UNKNOWN_ROW = 0
-
-
-@njit(cache=True, nogil=True)
-def _gather_kernel(storage: Float32Array, rows: Int64Array, out: Float32Array) -> None:
-    dim = out.shape[1]
-    width = storage.shape[1]
-    for n in range(rows.size):
-        if n + ROWS_AHEAD < rows.size and rows[n + ROWS_AHEAD] >= 0:
-            prefetch_span(storage, rows[n + ROWS_AHEAD] * width, dim)
-        r = rows[n]
-        if r < 0:
-            r = 0  # UNKNOWN_ROW
-        for j in range(dim):
-            out[n, j] = storage[r, j]
 
 
 @njit(cache=True, nogil=True)
@@ -127,7 +116,7 @@ class RowStorage:
     """Growable rows + per-slot metadata; grows by doubling (amortised O(1) per row).
 
     Args:
-        width: floats per row W (weights + optimizer state).
+        fmt: the row format (its ``stored_width`` V is the floats per row).
         capacity_rows: rows allocated up front (row 0 included).
         max_rows: growth stops doubling here (a capacity-bounded shard needs
             ``capacity + 1`` rows at most); a request beyond it is still met.
@@ -137,14 +126,15 @@ class RowStorage:
 
     def __init__(
         self,
-        width: int,
+        fmt: RowFormat,
         capacity_rows: int,
         *,
         max_rows: int | None = None,
         keep_freq: bool = False,
         keep_time: bool = False,
     ) -> None:
-        self.width = width
+        self.fmt = fmt
+        self.width = width = fmt.stored_width
         self.max_rows = max_rows
         rows = max(1, capacity_rows if max_rows is None else min(capacity_rows, max_rows))
         self.array: Float32Array = zeros((rows, width), np.float32)
@@ -228,5 +218,5 @@ class RowStorage:
         Writes into ``out`` (see ``rows_out``) when given, else into a fresh array.
         """
         out = rows_out(out, rows.size, dim)
-        _gather_kernel(self.array, rows, out)
+        self.fmt.gather(self.array, rows, out)
         return out
