@@ -16,7 +16,7 @@ import pytest
 from estuary.config.errors import ConfigError
 from estuary.config.spec import InitializerSpec, SparseOptimizerSpec, TableSpec
 from estuary.config.tables import merge_table
-from estuary.embedding import EmbeddingShard, EmbeddingTable
+from estuary.embedding import EmbeddingShard, EmbeddingTable, half_updates, row_formats
 from estuary.embedding.files import read_state, write_state
 
 DIM = 16
@@ -126,3 +126,41 @@ def test_same_dtype_loads_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
 def test_an_unknown_dtype_is_a_config_error_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"model\.embedding\.tables\.C1\.dtype"):
         merge_table(TableSpec(), {"dtype": "fp8"}, "model.embedding.tables.C1")
+
+
+def test_fused_bf16_rowwise_adagrad_gives_the_bits_of_the_generic_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    opt = SparseOptimizerSpec(name="rowwise_adagrad", lr=0.05, weight_decay=0.1, clip=0.3)
+    spec = replace(SPEC, dim=7, optimizer=opt, dtype="bf16")
+
+    def trained() -> dict[str, np.ndarray]:
+        shard = EmbeddingShard(spec, seed=1, name="t")
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            ids = np.unique(rng.integers(0, 300, 100)).astype(np.int64)
+            shard.lookup(ids, train=True)
+            grads = rng.normal(size=(ids.size, 7)).astype(np.float32)
+            grads[0, 0] = np.nan  # NaN and inf weights round alike on both paths
+            grads[1, 1] = np.inf
+            shard.apply_gradients(ids, grads, lr_scale=0.7)
+        return shard.state_dict()
+
+    fused = trained()
+    monkeypatch.setattr(half_updates, "FUSED_HALF_UPDATES", {})
+    monkeypatch.setattr(row_formats, "FUSED_HALF_UPDATES", {})
+    generic = trained()
+    for key in [k for k in fused if k == "weights" or k.startswith(("opt.", "unknown."))]:
+        np.testing.assert_array_equal(fused[key], generic[key], err_msg=key)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_fused_row_init_rounds_new_rows_as_the_generic_fill(dtype: str) -> None:
+    ids = np.arange(-500, 500, 7, dtype=np.int64)
+    fused = EmbeddingShard(replace(SPEC, dtype=dtype), seed=4, name="t")
+    generic = EmbeddingShard(replace(SPEC, dtype=dtype), seed=4, name="t")
+    generic._fused_init = False  # Initializer.fill + RowFormat.fill, then claim
+    np.testing.assert_array_equal(fused.lookup(ids, train=True), generic.lookup(ids, train=True))
+    a, b = fused.state_dict(), generic.state_dict()
+    for key in ("weights", "opt.accum", "unknown.weights"):
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)

@@ -33,12 +33,16 @@ __all__ = [
     "bf16_to_f32",
     "call_key",
     "decode",
+    "draw_row_bits",
     "dtype_name",
+    "element_bits",
     "encode_nearest",
     "encode_sr",
     "f16_to_f32",
     "f32_to_bf16_sr",
     "f32_to_f16_sr",
+    "f32_to_half_sr",
+    "half_to_f32",
     "random_bits",
 ]
 
@@ -63,13 +67,35 @@ _F16_INF = np.uint32(0x7C00)
 _F16_REBIAS = np.uint32(112 << 10)  # (127 - 15) << 10: float32 -> fp16 exponent
 _F16_MIN_NORMAL_BITS = np.uint32(0x38800000)  # 2**-14 as float32 bits
 _TWO_M24 = 2.0**-24  # fp16 subnormal spacing
-_INV_2_53 = 1.0 / 9007199254740992.0
+_INV_2_16 = 1.0 / 65536.0
+_S16 = np.uint64(16)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def random_bits(key: np.uint64, counter: np.uint64) -> np.uint64:
     """64 random bits that depend only on (``key``, ``counter``) (splitmix64)."""
     return mix64(key + (counter + np.uint64(1)) * GOLDEN)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def draw_row_bits(key: np.uint64, row_id: np.int64, out: np.ndarray) -> None:
+    """The rounding bits of the row of ``row_id`` in a call keyed ``key``: 16-bit
+    draws into ``out`` uint32 (4 ceil(D/4),), element j's in ``out[j]``, equal to
+    ``element_bits(random_bits(mix64(row_id ^ key), j // 4), j) & 0xFFFF``.
+    Drawn before a row's element loop so that loop vectorises."""
+    base = mix64(np.uint64(row_id) ^ key)
+    for q in range(out.size // 4):
+        word = random_bits(base, np.uint64(q))
+        for c in range(4):
+            out[4 * q + c] = np.uint32((word >> (np.uint64(c) * _S16)) & _LOW16)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def element_bits(word: np.uint64, j: int) -> np.uint64:
+    """The rounding bits of element ``j`` (low 16 bits of the result) from
+    ``word = random_bits(key, j // 4)``: one 64-bit draw serves 4 elements (a
+    draw costs as much as the rest of an element's update)."""
+    return word >> (np.uint64(j & 3) * _S16)
 
 
 @njit(cache=True, nogil=True)
@@ -87,15 +113,17 @@ def bf16_to_f32(h: np.uint16) -> np.float32:
 
 @njit(cache=True, nogil=True, inline="always")
 def f32_to_bf16_sr(x: np.float32, bits: np.uint64) -> np.uint16:
-    """float32 -> bf16 bits, rounded stochastically with the low 16 of ``bits``."""
+    """float32 -> bf16 bits, rounded stochastically with the low 16 of ``bits``.
+
+    Branch-free (a select for NaN), so loops over a row vectorise. Adding a
+    uniform 16-bit value carries into the kept half with probability (dropped
+    bits) / 2**16; a carry out of the largest finite value gives inf; +-inf
+    have 16 zero low bits, so they never carry.
+    """
     u = np.float32(x).view(np.uint32)
-    if (u & _ABS) > _EXP_ALL:  # NaN: keep it a (quiet) NaN after truncation
-        return np.uint16((u >> _U16) | np.uint32(0x40))
-    if (u & _EXP_ALL) == _EXP_ALL:  # +-inf
-        return np.uint16(u >> _U16)
-    # Adding a uniform 16-bit value carries into the kept half with probability
-    # (dropped bits) / 2**16; a carry out of the largest finite value gives inf.
-    return np.uint16((u + np.uint32(bits & _LOW16)) >> _U16)
+    rounded = np.uint32(u + np.uint32(bits & _LOW16)) >> _U16
+    quiet_nan = (u >> _U16) | np.uint32(0x40)  # a NaN stays a (quiet) NaN
+    return np.uint16(quiet_nan if (u & _ABS) > _EXP_ALL else rounded)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -116,7 +144,7 @@ def f16_to_f32(h: np.uint16) -> np.float32:
 
 @njit(cache=True, nogil=True, inline="always")
 def f32_to_f16_sr(x: np.float32, bits: np.uint64) -> np.uint16:
-    """float32 -> fp16 bits, rounded stochastically with ``bits``."""
+    """float32 -> fp16 bits, rounded stochastically with the low 16 of ``bits``."""
     u = np.float32(x).view(np.uint32)
     sign = (u >> _U16) & np.uint32(0x8000)
     a = u & _ABS
@@ -129,22 +157,37 @@ def f32_to_f16_sr(x: np.float32, bits: np.uint64) -> np.uint16:
         if r >= _F16_INF:  # beyond 65504 (or float32 inf): inf
             r = _F16_INF
         return np.uint16(sign | r)
-    # Subnormal range: a multiple of 2**-24; round up with the fraction's probability.
+    # Subnormal range: a multiple of 2**-24; round up with the fraction's
+    # probability (a 16-bit uniform: bias below 2**-16 of a step).
     scaled = abs(np.float64(x)) / _TWO_M24  # exact (a power-of-two scale)
     low = np.floor(scaled)
-    if np.float64(bits >> np.uint64(11)) * _INV_2_53 < scaled - low:
+    if np.float64(bits & _LOW16) * _INV_2_16 < scaled - low:
         low += 1.0
     return np.uint16(sign | np.uint32(low))  # 1024 -> 0x400, the smallest normal
 
 
+@njit(cache=True, nogil=True, inline="always")
+def f32_to_half_sr(x: np.float32, bits: np.uint64, code: int) -> np.uint16:
+    """float32 -> the 16-bit pattern of ``code`` (``BF16`` or ``FP16``), rounded
+    stochastically with the low 16 of ``bits``."""
+    if code == BF16:
+        return f32_to_bf16_sr(x, bits)
+    return f32_to_f16_sr(x, bits)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def half_to_f32(h: np.uint16, code: int) -> np.float32:
+    """The 16-bit pattern ``h`` of ``code`` (``BF16`` or ``FP16``) -> float32 (exact)."""
+    return bf16_to_f32(h) if code == BF16 else f16_to_f32(h)
+
+
 @njit(cache=True, nogil=True)
 def _sr_kernel(x: np.ndarray, out: np.ndarray, code: int, key: np.uint64) -> None:
+    word = np.uint64(0)
     for i in range(x.size):
-        bits = random_bits(key, np.uint64(i))
-        if code == BF16:
-            out[i] = f32_to_bf16_sr(x[i], bits)
-        else:
-            out[i] = f32_to_f16_sr(x[i], bits)
+        if i & 3 == 0:
+            word = random_bits(key, np.uint64(i >> 2))
+        out[i] = f32_to_half_sr(x[i], element_bits(word, i), code)
 
 
 def encode_sr(values: np.ndarray, dtype: str, key: int) -> np.ndarray:

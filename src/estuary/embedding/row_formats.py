@@ -15,9 +15,10 @@ so a row stays one contiguous span (D=16 row-wise Adagrad: 36 B instead of 68).
 An update decodes the touched rows into a float32 (N, W) scratch in the
 optimizer's layout, runs the optimizer there (any optimizer, plugins included)
 and encodes the weights back with stochastic rounding
-(``estuary.embedding.precision``); state is copied back as it is. Lookups decode
-straight into the caller's float32 (N, D). The cost of an update is one more
-sequential pass over the touched rows (measured in ``bench/ps.py``).
+(``estuary.embedding.precision``); state is copied back as it is. Optimizers
+with a fused 16-bit kernel (``estuary.embedding.half_updates``: row-wise
+Adagrad on bf16) update in one pass instead, to the same bits. Lookups decode straight
+into the caller's float32 (N, D).
 
 Formats are found by name in ``ROW_FORMATS``.
 """
@@ -30,16 +31,14 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from estuary.embedding.hashing import mix64
+from estuary.embedding.half_updates import FUSED_HALF_UPDATES
 from estuary.embedding.precision import (
-    BF16,
     CODES,
+    FP32,
     STORED_DTYPES,
-    bf16_to_f32,
-    f16_to_f32,
-    f32_to_bf16_sr,
-    f32_to_f16_sr,
-    random_bits,
+    draw_row_bits,
+    f32_to_half_sr,
+    half_to_f32,
 )
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch_span
 from estuary.embedding.types import Float32Array, Int64Array
@@ -61,11 +60,6 @@ def _gather_kernel(storage: Float32Array, rows: Int64Array, out: Float32Array) -
             out[n, j] = storage[r, j]
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _decode(h: np.uint16, code: int) -> np.float32:
-    return bf16_to_f32(h) if code == BF16 else f16_to_f32(h)
-
-
 @njit(cache=True, nogil=True)
 def _gather_half_kernel(bits: Any, rows: Int64Array, out: Float32Array, code: int) -> None:
     # bits: uint16 (R, 2V), the storage's 16-bit view; rows < 0 read row 0.
@@ -78,7 +72,7 @@ def _gather_half_kernel(bits: Any, rows: Int64Array, out: Float32Array, code: in
         if r < 0:
             r = 0  # UNKNOWN_ROW
         for j in range(dim):
-            out[n, j] = _decode(bits[r, j], code)
+            out[n, j] = half_to_f32(bits[r, j], code)
 
 
 @njit(cache=True, nogil=True)
@@ -93,7 +87,7 @@ def _decode_rows_kernel(
             prefetch_span(storage, rows[n + ROWS_AHEAD] * width, width)
         r = rows[n]
         for j in range(dim):
-            out[n, j] = _decode(bits[r, j], code)
+            out[n, j] = half_to_f32(bits[r, j], code)
         for c in range(width - words):
             out[n, dim + c] = storage[r, words + c]
 
@@ -114,15 +108,12 @@ def _encode_rows_kernel(
     # only, not on where the row sits (a restored table rounds alike).
     dim = rows_in.shape[1] - (storage.shape[1] - words)
     width = storage.shape[1]
+    rnd = np.empty(4 * ((dim + 3) // 4), np.uint32)  # a row's draws (draw_row_bits)
     for n in range(rows.size):
         r = rows[n]
-        base = mix64(np.uint64(ids[n]) ^ key)
+        draw_row_bits(key, ids[n], rnd)
         for j in range(dim):
-            rnd = random_bits(base, np.uint64(j))
-            if code == BF16:
-                bits[r, j] = f32_to_bf16_sr(rows_in[n, j], rnd)
-            else:
-                bits[r, j] = f32_to_f16_sr(rows_in[n, j], rnd)
+            bits[r, j] = f32_to_half_sr(rows_in[n, j], rnd[j], code)
         for c in range(width - words):
             storage[r, words + c] = rows_in[n, dim + c]
 
@@ -136,6 +127,7 @@ class RowFormat(ABC):
     """
 
     name: str = ""
+    code: int = FP32  # precision's code of the stored weights
 
     def __init__(self, dim: int, width: int) -> None:
         self.dim = dim
@@ -155,11 +147,6 @@ class RowFormat(ABC):
     def stored_width(self) -> int:
         """float32 words per stored row, V."""
         return self.words + self.width - self.dim
-
-    @property
-    def in_place(self) -> bool:
-        """Whether storage rows are in the optimizer's layout (kernels run on them)."""
-        return self.words == self.dim
 
     def columns(self, cols: slice) -> slice:
         """Storage columns of the optimizer-layout state columns ``cols``."""
@@ -270,7 +257,7 @@ class HalfRows(RowFormat):
     def __init__(self, dim: int, width: int, name: str) -> None:
         super().__init__(dim, width)
         self.name = name
-        self._code = CODES[name]
+        self.code = CODES[name]
 
     @property
     def words(self) -> int:
@@ -286,7 +273,7 @@ class HalfRows(RowFormat):
         self._bits(storage)[rows, : self.dim] = np.asarray(values, self.dtype).view(np.uint16)
 
     def gather(self, storage: Float32Array, rows: Int64Array, out: Float32Array) -> None:
-        _gather_half_kernel(self._bits(storage), rows, out, self._code)
+        _gather_half_kernel(self._bits(storage), rows, out, self.code)
 
     def _encode(
         self,
@@ -296,7 +283,7 @@ class HalfRows(RowFormat):
         ids: Int64Array,
         key: int,
     ) -> None:
-        bits, code = self._bits(storage), self._code
+        bits, code = self._bits(storage), self.code
         _encode_rows_kernel(rows_in, storage, bits, rows, ids, self.words, code, np.uint64(key))
 
     def step(
@@ -309,9 +296,14 @@ class HalfRows(RowFormat):
         lr_scale: float,
         key: int,
     ) -> None:
-        scratch = np.empty((rows.size, self.width), np.float32)  # (N, W)
         bits = self._bits(storage)
-        _decode_rows_kernel(storage, bits, rows, self.words, self._code, scratch)
+        fused = FUSED_HALF_UPDATES.get((type(optimizer), self.name))
+        if fused is not None:  # one pass (estuary.embedding.half_updates)
+            lr, decay = optimizer.rates(lr_scale)
+            fused(optimizer, storage, bits, rows, ids, grads, lr, decay, self.words, key)
+            return
+        scratch = np.empty((rows.size, self.width), np.float32)  # (N, W)
+        _decode_rows_kernel(storage, bits, rows, self.words, self.code, scratch)
         optimizer.step(scratch, np.arange(rows.size, dtype=np.int64), grads, lr_scale=lr_scale)
         self._encode(scratch, storage, rows, ids, key)
 

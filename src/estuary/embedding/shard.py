@@ -145,10 +145,9 @@ class EmbeddingShard:
         self._optimizer = make_optimizer(spec.optimizer, spec.dim)
         self._initializer = make_initializer(spec.initializer, spec.dim)
         self._format = make_row_format(spec.dtype, spec.dim, self._optimizer.width)
-        # New rows in one fused pass unless the initializer only offers ``fill``
-        # or the weights are 16-bit (the format rounds them).
+        # New rows in one fused pass unless the initializer only offers ``fill``.
         dist = self._initializer.distribution
-        self._fused_init = dist is not None and self._format.in_place
+        self._fused_init = dist is not None
         self._init_weights = (dist or 0, self._initializer.scale, self._initializer.truncate)
         self._init_state = self._optimizer.initial_state_row()
         # Separate coin stream for admission (the init stream uses the table seed).
@@ -288,7 +287,8 @@ class EmbeddingShard:
         self._storage.ensure_rows(self._index.slot_end)
         if self._fused_init:
             weights, state = self._init_weights, self._init_state
-            self._storage.init_rows(rows, ids, weights, self._seed, state, now, now_s)
+            key = self._key(now)
+            self._storage.init_rows(rows, ids, weights, self._seed, state, now, now_s, key)
         else:
             self._format.fill(
                 self._storage.array, rows, ids, self._initializer, self._seed,

@@ -21,12 +21,15 @@ Memory per row: ``4 V + 16`` B (+4 lfu, +8 ttl_s).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
 from estuary.embedding.hash_index import Float64Array, Int32Array, Touch
 from estuary.embedding.initializers import initial_weight
 from estuary.embedding.memory import zeros
+from estuary.embedding.precision import FP32, draw_row_bits, f32_to_half_sr
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch, prefetch_span
 from estuary.embedding.row_formats import RowFormat
 from estuary.embedding.types import Float32Array, Int64Array
@@ -37,6 +40,11 @@ UNKNOWN_ROW = 0
 @njit(cache=True, nogil=True)
 def _init_rows_kernel(
     storage: Float32Array,
+    bits: Any,
+    dim: int,
+    words: int,
+    code: int,
+    round_key: np.uint64,
     rows: Int64Array,
     ids: Int64Array,
     seed: np.uint64,
@@ -53,8 +61,10 @@ def _init_rows_kernel(
 ) -> None:
     # One pass over scattered new rows: weights, optimizer state and the claim
     # (owner, stamp, freq, touch_s) of each row while its lines are in cache.
+    # 16-bit weights (code != FP32) go to ``bits``, the storage's uint16 view,
+    # rounded as row_formats' generic encoding rounds them (same bits).
     width = storage.shape[1]
-    dim = width - state.size
+    rnd = np.empty(4 * ((dim + 3) // 4), np.uint32)  # a row's draws (draw_row_bits)
     for n in range(rows.size):
         if n + ROWS_AHEAD < rows.size:
             ahead = rows[n + ROWS_AHEAD]
@@ -63,10 +73,16 @@ def _init_rows_kernel(
             prefetch(stamp, ahead)
         r = rows[n]
         key = ids[n]
-        for j in range(dim):
-            storage[r, j] = initial_weight(dist, seed, key, j, dim, scale, truncate)
+        if code == FP32:
+            for j in range(dim):
+                storage[r, j] = initial_weight(dist, seed, key, j, dim, scale, truncate)
+        else:
+            draw_row_bits(round_key, key, rnd)
+            for j in range(dim):
+                w = np.float32(initial_weight(dist, seed, key, j, dim, scale, truncate))
+                bits[r, j] = f32_to_half_sr(w, rnd[j], code)
         for c in range(state.size):
-            storage[r, dim + c] = state[c]
+            storage[r, words + c] = state[c]
         owner[r] = key
         stamp[r] = now
         if freq.size:
@@ -194,15 +210,19 @@ class RowStorage:
         state: Float32Array,
         now: int,
         now_s: float,
+        round_key: int,
     ) -> None:
         """Initialise ``rows`` int64 (N,) for new ``ids`` (N,) in one pass: weights
         drawn by ``initializers.initial_weight`` (``weights`` = distribution, scale,
-        truncate; ``seed`` the table seed), state columns set to ``state`` float32
-        (W - D,), then ``claim``. Same result as ``Initializer.fill``,
-        ``SparseOptimizer.init_state`` and ``claim`` in turn, one pass instead of three."""
+        truncate; ``seed`` the table seed; 16-bit weights rounded with
+        ``round_key``), state columns set to ``state`` float32 (W - D,), then
+        ``claim``. Same result as ``RowFormat.fill`` and ``claim`` in turn, one
+        pass instead of two."""
         dist, scale, truncate = weights
+        f = self.fmt
         _init_rows_kernel(
-            self.array, rows, ids, np.uint64(seed), dist, scale, truncate, state,
+            self.array, self.array.view(np.uint16), f.dim, f.words, f.code, np.uint64(round_key),
+            rows, ids, np.uint64(seed), dist, scale, truncate, state,
             self.owner, self.stamp, self.freq, self.touch_s, now, now_s,
         )  # fmt: skip
 
