@@ -340,9 +340,7 @@ class HashIndex:
         # Grows by at least GROWTH (amortised O(1) per insert); jumps straight to
         # the size ``expected_ids`` needs, so one large batch of new ids pays one
         # rehash instead of one per growth. Cost: one pass over the old table.
-        entries = max(
-            int(self._table.shape[0] * GROWTH), entries_for(expected_ids, self._max_load)
-        )
+        entries = max(int(self._table.shape[0] * GROWTH), entries_for(expected_ids, self._max_load))
         new = zeros((entries, 2), np.int64)
         rehash_into(self._table, new)
         self._table = new
