@@ -45,7 +45,6 @@ from estuary.embedding.delta import (
     WEIGHTS,
     DeltaChain,
     EvictionLog,
-    dirty_slots,
     is_full,
     scalar,
 )
@@ -88,7 +87,8 @@ class RawExport:
     ``rows`` are storage rows (all rows in use, or the dirty ones), ``picked``
     the positions in ``rows`` of the exported ids ``ids`` (``slice(None)``: all of
     them, in order: the state's arrays are views of ``rows``, no second copy); ``stamps``, ``freq``,
-    ``touch`` are aligned with ``rows`` (``None`` where the table keeps none);
+    ``touch`` are aligned with ``rows`` (``None`` where the table keeps none:
+    stamps are clock stamps only in tables that evict);
     ``small`` the per-shard keys, already final."""
 
     fmt: RowFormat
@@ -96,7 +96,7 @@ class RawExport:
     rows: Float32Array
     picked: Int64Array | slice
     ids: Int64Array
-    stamps: Int64Array
+    stamps: Any
     freq: Any
     touch: Any
     small: State
@@ -104,7 +104,8 @@ class RawExport:
     def materialize(self) -> State:
         state = _gather(self.rows, self.picked, self.fmt, self.optimizer, "")
         state[IDS] = self.ids
-        state[STAMP] = self.stamps[self.picked]
+        if self.stamps is not None:
+            state[STAMP] = self.stamps[self.picked]
         if self.freq is not None:
             state[FREQ] = self.freq[self.picked]
         if self.touch is not None:
@@ -185,6 +186,7 @@ class EmbeddingShard:
             max_rows=None if cap is None else cap + 1,
             keep_freq=self._policy.lfu,
             keep_time=self._policy.keep_time,
+            evicts=self._stamp_reads,
         )
         # Fresh storage is zeros: the unknown row's weights are 0 in every dtype.
         self._format.reset_state(
@@ -478,23 +480,21 @@ class EmbeddingShard:
         gathers the state from the copies, off the lock, on any thread."""
         with self._lock:
             end = self._index.slot_end
+            evicts = self._storage.evicts
             if dirty_only:
-                stamp = self._storage.stamp[:end]
-                slots = np.empty(stamp.size, np.int64)
-                slots = slots[: dirty_slots(stamp, self._clean_stamp, slots)]
-                ids = self._storage.owner[slots]
+                slots, ids = self._dirty_rows(end)
                 # Few rows: gather them now (the copy of every row would cost more).
                 rows = self._storage.array[slots]
                 picked: Int64Array | slice = slice(None)  # every gathered row, in order
                 stamps, freq, touch = (
-                    self._storage.stamp[slots],
+                    self._storage.stamp[slots] if evicts else None,
                     self._storage.freq[slots] if self._policy.lfu else None,
                     self._storage.touch_s[slots] if self._policy.keep_time else None,
                 )
             else:
                 ids, picked = self._index.items()
                 rows = self._storage.array[:end].copy()
-                stamps = self._storage.stamp[:end].copy()
+                stamps = self._storage.stamp[:end].copy() if evicts else None
                 freq = self._storage.freq[:end].copy() if self._policy.lfu else None
                 touch = self._storage.touch_s[:end].copy() if self._policy.keep_time else None
             small = self._rows_state(_UNKNOWN_ROWS, UNKNOWN_PREFIX)
@@ -513,8 +513,19 @@ class EmbeddingShard:
             self._format, self._optimizer, rows, picked, ids, stamps, freq, touch, small
         )
 
+    def _dirty_rows(self, end: int) -> tuple[Int64Array, Int64Array]:
+        # (slots, ids) of the rows touched since the mark; without owners (a table
+        # that does not evict) the ids come from one pass over the index.
+        if self._storage.owner.size:
+            slots = self._storage.dirty_slots(end, self._clean_stamp)
+            return slots, self._storage.owner[slots]
+        ids, all_slots = self._index.items()
+        dirty = self._storage.stamp[all_slots] != 0
+        return all_slots[dirty], ids[dirty]
+
     def _mark(self) -> None:
         self._clean_stamp = self._clock.value
+        self._storage.mark_clean()
         self._log.clear()
 
     def _rows_state(self, rows: Int64Array, prefix: str) -> State:
@@ -564,7 +575,7 @@ class EmbeddingShard:
         s = self._storage
         s.claim(rows, ids, self._clock.value, self._time_fn() if s.touch_s.size else 0.0)
         if STAMP in state:
-            s.stamp[rows] = np.maximum(np.asarray(state[STAMP], np.int64), 1)
+            s.load_stamps(rows, state[STAMP])
         if FREQ in state and s.freq.size:
             s.freq[rows] = np.asarray(state[FREQ], np.int32)
         if TOUCH_S in state and s.touch_s.size:
