@@ -61,7 +61,8 @@ class Touch(NamedTuple):
     """Per-slot metadata a hit updates; every array is indexed by slot.
 
     Args:
-        stamp: int64 (R,) set to ``now`` (size 0: not kept).
+        stamp: int64 (R,) set to ``now`` (size 0: not kept; uint8 flags with
+            ``now`` = 1 in tables that do not evict).
         freq: int32 (R,) incremented, saturating at ``FREQ_MAX`` (size 0: not kept).
         touch_s: float64 (R,) set to ``now_s`` (size 0: not kept).
         now: the stamp of this call.
