@@ -13,8 +13,8 @@ pass that finds them: rows it inserts or updates always, rows it only reads
 when the table evicts (a capacity or a TTL, where recency matters). The stamps
 drive LRU, TTL and the choice of delta rows (see ``estuary.embedding.eviction``
 and ``estuary.embedding.delta``); a table that does not evict keeps only a
-touched-since-mark flag per row (``estuary.embedding.storage``). A step ends with each ``apply_gradients`` (or
-``advance_step()``).
+touched-since-mark flag per row (``estuary.embedding.storage``). A step ends
+with each ``apply_gradients`` (or ``advance_step()``).
 """
 
 from __future__ import annotations
