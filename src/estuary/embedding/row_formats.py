@@ -26,7 +26,8 @@ Formats are found by name in ``ROW_FORMATS``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import njit
@@ -42,6 +43,10 @@ from estuary.embedding.precision import (
 )
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch_span
 from estuary.embedding.types import Float32Array, Int64Array
+
+if TYPE_CHECKING:
+    from estuary.embedding.initializers import Initializer
+    from estuary.embedding.optimizers import SparseOptimizer
 
 __all__ = ["ROW_FORMATS", "Fp32Rows", "HalfRows", "RowFormat", "make_row_format"]
 
@@ -168,7 +173,7 @@ class RowFormat(ABC):
     @abstractmethod
     def step(
         self,
-        optimizer: Any,
+        optimizer: SparseOptimizer,
         storage: Float32Array,
         rows: Int64Array,
         ids: Int64Array,
@@ -186,7 +191,7 @@ class RowFormat(ABC):
         storage: Float32Array,
         rows: Int64Array,
         ids: Int64Array,
-        initializer: Any,
+        initializer: Initializer,
         seed: int,
         state: Float32Array,
         key: int,
@@ -196,7 +201,11 @@ class RowFormat(ABC):
 
     @abstractmethod
     def reset_state(
-        self, optimizer: Any, storage: Float32Array, rows: Int64Array, state: Float32Array
+        self,
+        optimizer: SparseOptimizer,
+        storage: Float32Array,
+        rows: Int64Array,
+        state: Float32Array,
     ) -> None:
         """Set the state columns of ``rows`` (N,) to their initial values ``state`` (W - D,)."""
 
@@ -221,7 +230,7 @@ class Fp32Rows(RowFormat):
 
     def step(
         self,
-        optimizer: Any,
+        optimizer: SparseOptimizer,
         storage: Float32Array,
         rows: Int64Array,
         ids: Int64Array,
@@ -236,7 +245,7 @@ class Fp32Rows(RowFormat):
         storage: Float32Array,
         rows: Int64Array,
         ids: Int64Array,
-        initializer: Any,
+        initializer: Initializer,
         seed: int,
         state: Float32Array,
         key: int,
@@ -245,7 +254,11 @@ class Fp32Rows(RowFormat):
         storage[rows, self.dim :] = state
 
     def reset_state(
-        self, optimizer: Any, storage: Float32Array, rows: Int64Array, state: Float32Array
+        self,
+        optimizer: SparseOptimizer,
+        storage: Float32Array,
+        rows: Int64Array,
+        state: Float32Array,
     ) -> None:
         optimizer.init_state(storage, rows)
 
@@ -288,7 +301,7 @@ class HalfRows(RowFormat):
 
     def step(
         self,
-        optimizer: Any,
+        optimizer: SparseOptimizer,
         storage: Float32Array,
         rows: Int64Array,
         ids: Int64Array,
@@ -312,7 +325,7 @@ class HalfRows(RowFormat):
         storage: Float32Array,
         rows: Int64Array,
         ids: Int64Array,
-        initializer: Any,
+        initializer: Initializer,
         seed: int,
         state: Float32Array,
         key: int,
@@ -323,12 +336,16 @@ class HalfRows(RowFormat):
         self._encode(scratch, storage, rows, ids, key)
 
     def reset_state(
-        self, optimizer: Any, storage: Float32Array, rows: Int64Array, state: Float32Array
+        self,
+        optimizer: SparseOptimizer,
+        storage: Float32Array,
+        rows: Int64Array,
+        state: Float32Array,
     ) -> None:
         storage[rows, self.words :] = state
 
 
-ROW_FORMATS: dict[str, Any] = {
+ROW_FORMATS: dict[str, Callable[[int, int], RowFormat]] = {
     "fp32": Fp32Rows,
     "fp16": lambda dim, width: HalfRows(dim, width, "fp16"),
     "bf16": lambda dim, width: HalfRows(dim, width, "bf16"),
@@ -337,5 +354,4 @@ ROW_FORMATS: dict[str, Any] = {
 
 def make_row_format(dtype: str, dim: int, width: int) -> RowFormat:
     """The row format of ``TableSpec.dtype`` ``dtype`` for rows of D ``dim``, W ``width``."""
-    fmt: RowFormat = ROW_FORMATS[dtype](dim, width)
-    return fmt
+    return ROW_FORMATS[dtype](dim, width)
