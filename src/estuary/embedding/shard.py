@@ -598,12 +598,14 @@ class EmbeddingShard:
     def _stored_weights(self, weights: np.ndarray, key: str) -> np.ndarray:
         # Weights saved in another dtype are converted (round to nearest), with a
         # warning: a bf16 state loaded as fp32 keeps its bf16 precision, an fp32
-        # one loaded as bf16 loses precision.
+        # one loaded as bf16 loses precision. One warning per load (the rows'
+        # weights; the unknown row's come from the same state).
         fmt = self._format
         if weights.dtype == fmt.dtype:
             return weights
-        _log.warning(
-            "table %r: %s saved as %s, loaded as %s (the table's dtype)",
-            self.name, key, dtype_name(weights), fmt.name,
-        )  # fmt: skip
+        if key == WEIGHTS:
+            _log.warning(
+                "table %r: weights saved as %s, loaded as %s (the table's dtype)",
+                self.name, dtype_name(weights), fmt.name,
+            )  # fmt: skip
         return encode_nearest(decode(weights), fmt.name)
