@@ -284,11 +284,6 @@ def _remove_kernel(
     return removed
 
 
-def next_pow2(n: int) -> int:
-    """Smallest power of two >= max(n, 1)."""
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 GROWTH = 1.5  # table growth factor: amortised O(1) rehash per insert, less slack than 2
 
 
