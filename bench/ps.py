@@ -2,7 +2,8 @@
 
     python bench/ps.py [--json PATH] [--rows 1000000 10000000] [--dims 16 64]
                        [--batch 65536] [--batches 8] [--repeats 3] [--zipf-a 1.05]
-                       [--new-frac 0.1] [--fresh]
+                       [--new-frac 0.1] [--fresh] [--optimizer adagrad ...]
+                       [--dtypes fp32 bf16]
 
 Single thread (NUMBA_NUM_THREADS / OMP threads set to 1 before imports). For
 each table size R and dim D: a shard (Adagrad, uniform init) is filled with R
@@ -29,9 +30,16 @@ beside, measured in the same run on the same rows and batches:
   gather         numpy ``storage[slots]`` of the batch's full rows (weights + state)
   gather_scatter ``storage[slots]`` then ``storage[slots] = x``: the bytes an update
                  must move, the memory-bandwidth limit for ``update``
-and bytes per row (``stats().bytes / rows``) vs the ideal: the optimizer's own row
-width in float32 (``D * 4 * (1 + slots) + 4 * scalars``: adagrad 8D, rowwise_adagrad
-4D + 4).
+and bytes per row (``stats().bytes / rows`` after the timed runs) vs the ideal: the table's own row
+layout, weights in the table's dtype plus the optimizer's float32 state
+(adagrad fp32 8D, rowwise_adagrad fp32 4D + 4, rowwise_adagrad bf16 2D + 4),
+and vs the issue's budget ``1.1 x ideal + 24`` B (index, metadata, slack).
+
+Configurations: every ``--optimizer`` with every ``--dtypes`` (e.g.
+``--optimizer rowwise_adagrad --dtypes fp32 bf16``); each has its own shard over
+the same ids, timed in the same repeats as the rest (figures
+``R<rows>.D<dim>.<optimizer>.<dtype>.<figure>``; unprefixed shard figures are
+the first configuration's).
 
 Every side writes each batch's rows into its own output buffer ``buf``
 (float32 (N, D), reused by every batch, as a trainer reuses its step buffer),
@@ -46,7 +54,10 @@ faults on either side).
 ``--json PATH`` writes ``{"config", "figures", "ratios"}``; ratios are worst cases
 over the sizes: ``get_or_insert_vs_dict`` and ``get_or_insert_vs_dict_index``
 (min), ``update_time_over_gather_time`` (max; gather_scatter),
-``bytes_per_row_over_ideal`` (max).
+``bytes_per_row_over_ideal`` (max, first configuration), ``bytes_per_row_over_budget``
+(max over configurations; the issue's floor: <= 1.0) and, when rowwise_adagrad ran
+with fp32 and bf16 rows, ``bf16_rowwise_vs_fp32_ids_per_s`` (min over sizes and
+lookup / get_or_insert / update; floor >= 0.9).
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ import numpy as np  # noqa: E402
 
 from estuary.config.spec import InitializerSpec, SparseOptimizerSpec, TableSpec  # noqa: E402
 from estuary.embedding import EmbeddingShard  # noqa: E402
+from estuary.embedding.precision import STORED_DTYPES  # noqa: E402
 
 Ids = np.ndarray
 _FILL_CHUNK = 1 << 20
@@ -151,11 +163,40 @@ def mixed_batches(
     return out
 
 
+Config = tuple[str, str]  # (optimizer, dtype)
+
+
+def config_name(config: Config) -> str:
+    """``rowwise_adagrad.bf16``: the figures' key of a configuration."""
+    return ".".join(config)
+
+
+def make_shard(dim: int, config: Config, capacity_rows: int) -> EmbeddingShard:
+    """An empty shard of ``config`` with room for ``capacity_rows`` rows."""
+    optimizer, dtype = config
+    spec = TableSpec(
+        dim=dim,
+        initializer=InitializerSpec("uniform"),
+        optimizer=SparseOptimizerSpec(name=optimizer, lr=0.05),
+        initial_capacity_rows=capacity_rows,  # no growth while timed
+        dtype=dtype,  # type: ignore[arg-type]
+    )
+    return EmbeddingShard(spec, seed=0, name="bench")
+
+
+def ideal_bytes_per_row(shard: EmbeddingShard) -> float:
+    """The table's own layout and nothing else: D weights in the table's dtype plus
+    the optimizer's float32 state (adagrad fp32: 8D; rowwise_adagrad bf16: 2D + 4)."""
+    width, dim = shard._optimizer.width, shard.dim
+    return float(dim * np.dtype(STORED_DTYPES[shard.spec.dtype]).itemsize + 4 * (width - dim))
+
+
 def bench_size(
-    rows: int, dim: int, args: argparse.Namespace, rng: np.random.Generator
+    rows: int, dim: int, configs: list[Config], args: argparse.Namespace, rng: np.random.Generator
 ) -> dict[str, float]:
-    """All figures for one (R, D); each repeat times every operation back to back,
-    so the shard, the dict and numpy see the same machine load."""
+    """All figures for one (R, D); each repeat times every operation of every
+    configuration back to back, so the shards, the dict and numpy see the same
+    machine load. Unprefixed figures are the first configuration's."""
     keys = np.unique(rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, rows + rows // 8))
     keys = rng.permutation(keys)[:rows].astype(np.int64)  # rank order = random slot order
     batches = zipf_batches(keys, args.zipf_a, args.batch, args.batches, rng)
@@ -165,27 +206,24 @@ def bench_size(
     grads = [rng.normal(size=(b.size, dim)).astype(np.float32) for b in batches]
     new_ids = sum(b.size for m in mixes + fresh_mixes for b in m)
     margin = int(1.2 * args.new_frac * new_ids) + 1024
-    spec = TableSpec(
-        dim=dim,
-        initializer=InitializerSpec("uniform"),
-        optimizer=SparseOptimizerSpec(name=args.optimizer, lr=0.05),
-        initial_capacity_rows=rows + margin,  # no growth while timed
-    )
-    shard = EmbeddingShard(spec, seed=0, name="bench")
-    t0 = time.perf_counter()
-    for start in range(0, rows, _FILL_CHUNK):
-        shard.lookup(keys[start : start + _FILL_CHUNK], train=True)
-    fill_s = time.perf_counter() - t0
-    stats = shard.stats()
+    shards, fill_s = {}, {}
+    for config in configs:
+        shard = make_shard(dim, config, rows + margin)
+        t0 = time.perf_counter()
+        for start in range(0, rows, _FILL_CHUNK):
+            shard.lookup(keys[start : start + _FILL_CHUNK], train=True)
+        fill_s[config] = time.perf_counter() - t0
+        # Steady state: the rows new ids will take are mapped already (as in a
+        # table at capacity reusing evicted slots), so no side times first-touch
+        # page faults, which are slow on VMs (~0.3 ms/MB measured here).
+        shard._storage.array[rows + 1 :] = 0
+        shards[config] = shard
     dict_table = DictTable(keys, dim, rng)
     index_table = DictIndexTable(keys, dim, rows + margin, rng)
-    # Steady state for both: the rows new ids will take are mapped already (as in a
-    # table at capacity reusing evicted slots), so neither side times first-touch
-    # page faults, which are slow on VMs (~0.3 ms/MB measured here).
-    shard._storage.array[rows + 1 :] = 0
     index_table.rows[rows:] = 0
-    storage = shard._storage.array
-    slots = [shard._index.lookup(b) for b in batches]
+    first = shards[configs[0]]
+    storage = first._storage.array
+    slots = [first._index.lookup(b) for b in batches]
     # One output buffer per side, reused by every batch (as a trainer reuses its
     # step buffer), mapped before timing.
     most = max(b.size for m in mixes for b in m)
@@ -198,24 +236,31 @@ def bench_size(
 
     Run = Callable[[list[Ids], list[Ids]], object]  # (mix, fresh_mix) -> anything
     runs: dict[str, Run] = {
-        "lookup": lambda *_: [
-            shard.lookup(b, train=False, out=out_shard[: b.size]) for b in batches
-        ],
         "gather": lambda *_: [storage[s] for s in slots],
-        "get_or_insert": lambda mix, _: [
-            shard.lookup(b, train=True, out=out_shard[: b.size]) for b in mix
-        ],
         "dict": lambda mix, _: [dict_table.get_or_insert(b, out_dict[: b.size]) for b in mix],
         "dict_index": lambda mix, _: [
             index_table.get_or_insert(b, out_dict[: b.size]) for b in mix
         ],
-        "update": lambda *_: [
-            shard.apply_gradients(b, g) for b, g in zip(batches, grads, strict=True)
-        ],
         "gather_scatter": lambda *_: gather_scatter(),
     }
+
+    def shard_runs(shard: EmbeddingShard) -> dict[str, Run]:
+        return {
+            "lookup": lambda *_: [
+                shard.lookup(b, train=False, out=out_shard[: b.size]) for b in batches
+            ],
+            "get_or_insert": lambda mix, _: [
+                shard.lookup(b, train=True, out=out_shard[: b.size]) for b in mix
+            ],
+            "update": lambda *_: [
+                shard.apply_gradients(b, g) for b, g in zip(batches, grads, strict=True)
+            ],
+        }
+
+    for config, shard in shards.items():
+        runs.update({f"{config_name(config)}.{k}": r for k, r in shard_runs(shard).items()})
     if args.fresh:
-        runs["get_or_insert_fresh"] = lambda _, mix: [shard.lookup(b, train=True) for b in mix]
+        runs["get_or_insert_fresh"] = lambda _, mix: [first.lookup(b, train=True) for b in mix]
         runs["dict_index_fresh"] = lambda _, mix: [index_table.get_or_insert(b) for b in mix]
     best = dict.fromkeys(runs, float("inf"))
     for mix, fresh_mix in zip(mixes, fresh_mixes or mixes, strict=True):
@@ -224,6 +269,26 @@ def bench_size(
             run(mix, fresh_mix)
             best[name] = min(best[name], time.perf_counter() - t0)
     n_ids, n_mixed = sum(b.size for b in batches), sum(b.size for b in mixes[0])
+    per_config: dict[str, float] = {}
+    for config, shard in shards.items():
+        # Memory after the timed runs: the table then holds the new ids its
+        # pre-sized capacity was made for (right after the fill, that headroom
+        # for the timed inserts, 5-6% of the rows, counted as waste).
+        stats = shard.stats()
+        c = config_name(config)
+        ideal = ideal_bytes_per_row(shard)
+        per_config.update(
+            {
+                f"{c}.lookup_ids_per_s": n_ids / best[f"{c}.lookup"],
+                f"{c}.get_or_insert_ids_per_s": n_mixed / best[f"{c}.get_or_insert"],
+                f"{c}.update_ids_per_s": n_ids / best[f"{c}.update"],
+                f"{c}.bytes_per_row": stats.bytes / stats.rows,
+                f"{c}.ideal_bytes_per_row": ideal,
+                f"{c}.budget_bytes_per_row": budget_bytes_per_row(ideal),
+                f"{c}.fill_rows_per_s": rows / fill_s[config],
+            }
+        )
+    c0 = config_name(configs[0])
     fresh = {}
     if args.fresh:
         fresh = {
@@ -233,24 +298,45 @@ def bench_size(
             / best["get_or_insert_fresh"],
         }
     return {
-        "lookup_ids_per_s": n_ids / best["lookup"],
-        "get_or_insert_ids_per_s": n_mixed / best["get_or_insert"],
+        "lookup_ids_per_s": per_config[f"{c0}.lookup_ids_per_s"],
+        "get_or_insert_ids_per_s": per_config[f"{c0}.get_or_insert_ids_per_s"],
         "dict_get_or_insert_ids_per_s": n_mixed / best["dict"],
         "dict_index_get_or_insert_ids_per_s": n_mixed / best["dict_index"],
-        "update_ids_per_s": n_ids / best["update"],
+        "update_ids_per_s": per_config[f"{c0}.update_ids_per_s"],
         "gather_rows_per_s": n_ids / best["gather"],
         "gather_scatter_rows_per_s": n_ids / best["gather_scatter"],
-        "update_time_over_gather_time": best["update"] / best["gather_scatter"],
-        "get_or_insert_vs_dict": best["dict"] / best["get_or_insert"],
-        "get_or_insert_vs_dict_index": best["dict_index"] / best["get_or_insert"],
+        "update_time_over_gather_time": best[f"{c0}.update"] / best["gather_scatter"],
+        "get_or_insert_vs_dict": best["dict"] / best[f"{c0}.get_or_insert"],
+        "get_or_insert_vs_dict_index": best["dict_index"] / best[f"{c0}.get_or_insert"],
         **fresh,
-        "bytes_per_row": stats.bytes / stats.rows,
-        # float32 weights and optimizer state of the table's own layout (rowwise_adagrad:
-        # D + 1 floats; adagrad: 2D), nothing else
-        "ideal_bytes_per_row": float(shard._optimizer.width * 4),
+        "bytes_per_row": per_config[f"{c0}.bytes_per_row"],
+        "ideal_bytes_per_row": per_config[f"{c0}.ideal_bytes_per_row"],
         "ids_per_batch": n_ids / len(batches),
-        "fill_rows_per_s": rows / fill_s,
+        "fill_rows_per_s": per_config[f"{c0}.fill_rows_per_s"],
+        **per_config,
     }
+
+
+def budget_bytes_per_row(ideal: float) -> float:
+    """The issue's memory budget of a row: 1.1 x its ideal bytes + 24 B (index,
+    metadata and growth slack)."""
+    return 1.1 * ideal + 24.0
+
+
+_OPS = ("lookup", "get_or_insert", "update")
+
+
+def bf16_vs_fp32(table: list[tuple[int, int, dict[str, float]]], optimizer: str) -> float | None:
+    """Worst ids/s of ``optimizer`` with bf16 rows over fp32 rows, over sizes and
+    operations (lookup, get_or_insert, update); None unless both ran."""
+    bf16, fp32 = f"{optimizer}.bf16", f"{optimizer}.fp32"
+    ratios = [
+        r[f"{bf16}.{op}_ids_per_s"] / r[f"{fp32}.{op}_ids_per_s"]
+        for _, _, r in table
+        for op in _OPS
+        if f"{bf16}.{op}_ids_per_s" in r and f"{fp32}.{op}_ids_per_s" in r
+    ]
+    return min(ratios) if ratios else None
 
 
 def main() -> None:
@@ -265,8 +351,17 @@ def main() -> None:
     parser.add_argument("--new-frac", type=float, default=0.1)
     parser.add_argument(
         "--optimizer",
-        default="adagrad",
-        help="the shard's sparse optimizer (adagrad, rowwise_adagrad, adam, ...)",
+        nargs="+",
+        default=["adagrad"],
+        help="the shards' sparse optimizers (adagrad, rowwise_adagrad, adam, ...); the "
+        "first is the one compared with the dict tables",
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["fp32"],
+        choices=sorted(STORED_DTYPES),
+        help="row dtypes; every optimizer runs with each",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -277,16 +372,19 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
 
-    warm = EmbeddingShard(TableSpec(dim=4), seed=0, name="warm")  # load the numba kernels
-    warm.lookup(np.arange(10, dtype=np.int64), train=True)
-    warm.apply_gradients(np.arange(10, dtype=np.int64), np.ones((10, 4), np.float32))
+    configs = [(o, d) for o in args.optimizer for d in args.dtypes]
+    for config in configs:  # load (or compile) every configuration's numba kernels
+        warm = make_shard(4, config, 16)
+        warm.lookup(np.arange(10, dtype=np.int64), train=True)
+        warm.lookup(np.arange(10, dtype=np.int64), train=False, out=np.empty((10, 4), np.float32))
+        warm.apply_gradients(np.arange(10, dtype=np.int64), np.ones((10, 4), np.float32))
 
     t_start = time.perf_counter()
     figures: dict[str, float] = {}
     table = []
     for rows in args.rows:
         for dim in args.dims:
-            res = bench_size(rows, dim, args, rng)
+            res = bench_size(rows, dim, configs, args, rng)
             table.append((rows, dim, res))
             figures.update({f"R{rows}.D{dim}.{k}": v for k, v in res.items()})
     ratios = {
@@ -296,7 +394,15 @@ def main() -> None:
         "bytes_per_row_over_ideal": max(
             r["bytes_per_row"] / r["ideal_bytes_per_row"] for _, _, r in table
         ),
+        "bytes_per_row_over_budget": max(
+            r[f"{c}.bytes_per_row"] / r[f"{c}.budget_bytes_per_row"]
+            for _, _, r in table
+            for c in map(config_name, configs)
+        ),
     }
+    rowwise_bf16 = bf16_vs_fp32(table, "rowwise_adagrad")
+    if rowwise_bf16 is not None:
+        ratios["bf16_rowwise_vs_fp32_ids_per_s"] = rowwise_bf16
     print(
         f"single thread, {args.optimizer}, zipf_a={args.zipf_a}, {args.batches} batches of "
         f"{args.batch} draws (deduplicated), new_frac={args.new_frac}, best of {args.repeats}"
@@ -333,6 +439,18 @@ def main() -> None:
             f"{r['dict_index_fresh_get_or_insert_ids_per_s'] / 1e6:.2f}M, "
             f"{r['fresh_get_or_insert_vs_dict_index']:.1f}x"
         )
+    print(
+        f"{'rows':>10} {'D':>3} {'configuration':>22} | {'lookup':>8} {'get_or_ins':>10} "
+        f"{'update':>8} | {'B/row':>6} {'ideal':>6} {'budget':>6}"
+    )
+    for rows, dim, r in table:
+        for c in map(config_name, configs):
+            print(
+                f"{rows:>10,} {dim:>3} {c:>22} | {r[f'{c}.lookup_ids_per_s'] / 1e6:>7.1f}M "
+                f"{r[f'{c}.get_or_insert_ids_per_s'] / 1e6:>9.1f}M "
+                f"{r[f'{c}.update_ids_per_s'] / 1e6:>7.1f}M | {r[f'{c}.bytes_per_row']:>6.1f} "
+                f"{r[f'{c}.ideal_bytes_per_row']:>6.0f} {r[f'{c}.budget_bytes_per_row']:>6.1f}"
+            )
     print("worst cases: " + ", ".join(f"{k}={v:.2f}" for k, v in ratios.items()))
     print(f"total {time.perf_counter() - t_start:.0f} s")
     if args.json:

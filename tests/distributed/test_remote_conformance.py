@@ -41,20 +41,42 @@ class TestRemoteTable(StoreConformance):
             yield factory
 
 
+@contextlib.contextmanager
+def sharded_tables(
+    servers: int, **changes: object
+) -> Iterator[Callable[[TableSpec], ShardedTable]]:
+    """Each call: ``servers`` fresh servers splitting one table ``t`` by id (its
+    spec with ``changes``)."""
+    with contextlib.ExitStack() as stack:
+
+        def factory(spec: TableSpec) -> ShardedTable:
+            spec = replace(spec, shards=2, **changes)  # type: ignore[arg-type]
+            hosted = server_share(HostedTable(spec, seed=5), servers)
+            config = ServerConfig({"t": hosted}, world_size=1, staleness=None)
+            started = [stack.enter_context(serving(config)) for _ in range(servers)]
+            client = ShardedPSClient(
+                [PSClient(s.address, s.authkey, timeout_s=30) for s in started]
+            )
+            stack.callback(client.close)
+            return client.table("t")
+
+        yield factory
+
+
 class TestShardedTable(StoreConformance):
     @pytest.fixture(params=[2, 3], ids=["servers2", "servers3"])
     def make(self, request: pytest.FixtureRequest) -> Iterator[Callable[[TableSpec], ShardedTable]]:
-        """Each call: 2 or 3 fresh servers splitting one table ``t`` by id."""
-        with contextlib.ExitStack() as stack:
+        with sharded_tables(request.param) as factory:
+            yield factory
 
-            def factory(spec: TableSpec) -> ShardedTable:
-                hosted = server_share(HostedTable(replace(spec, shards=2), seed=5), request.param)
-                config = ServerConfig({"t": hosted}, world_size=1, staleness=None)
-                started = [stack.enter_context(serving(config)) for _ in range(request.param)]
-                client = ShardedPSClient(
-                    [PSClient(s.address, s.authkey, timeout_s=30) for s in started]
-                )
-                stack.callback(client.close)
-                return client.table("t")
 
+class TestBf16ShardedTable(StoreConformance):
+    """bf16 rows served by 2 servers: states, deltas and lookups cross the wire
+    in the stored dtype."""
+
+    weight_atol = 2.0**-7  # one bf16 step at |w| < 2
+
+    @pytest.fixture
+    def make(self) -> Iterator[Callable[[TableSpec], ShardedTable]]:
+        with sharded_tables(2, dtype="bf16") as factory:
             yield factory

@@ -92,7 +92,7 @@ def test_probability_admits_about_that_fraction_reproducibly() -> None:
 def test_pending_counts_stay_within_their_memory_bound() -> None:
     bound = 64
     shard = _shard(min_count=4, max_pending_ids=bound)
-    filt_bytes_cap = 128 * 16  # next_pow2(64 / 0.7) entries of 16 B
+    filt_bytes_cap = 92 * 16  # 64 / 0.7 entries of 16 B
     hot = np.array([-1], np.int64)
     rng = np.random.default_rng(0)
     for _ in range(100):

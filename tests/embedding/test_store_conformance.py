@@ -1,5 +1,5 @@
-"""Every in-process store (a shard, a table of 1 and of 4 shards) passes the
-``EmbeddingStore`` conformance suite (``estuary.testing.stores``)."""
+"""Every in-process store (a shard, a table of 1 and of 4 shards, and with 16-bit
+weights) passes the ``EmbeddingStore`` conformance suite (``estuary.testing.stores``)."""
 
 from __future__ import annotations
 
@@ -21,3 +21,19 @@ class TestInProcessStores(InProcessStoreConformance):
     @pytest.fixture(params=sorted(STORES))
     def make(self, request: pytest.FixtureRequest) -> Factory:
         return STORES[request.param]
+
+
+HALF_STORES: dict[str, Factory] = {
+    "shard_fp16": lambda spec: EmbeddingShard(replace(spec, dtype="fp16"), seed=5, name="t"),
+    "table4_bf16": lambda spec: EmbeddingTable(
+        replace(spec, shards=4, dtype="bf16"), seed=5, name="t"
+    ),
+}
+
+
+class TestHalfPrecisionStores(InProcessStoreConformance):
+    weight_atol = 2.0**-7  # one bf16 step at |w| < 2; fp16's is 8x finer
+
+    @pytest.fixture(params=sorted(HALF_STORES))
+    def make(self, request: pytest.FixtureRequest) -> Factory:
+        return HALF_STORES[request.param]

@@ -30,6 +30,7 @@ __all__ = [
     "InitializerSpec",
     "OptimizerName",
     "PoolingName",
+    "RowDtype",
     "SparseOptimizerSpec",
     "TableSpec",
     "merge_table",
@@ -42,6 +43,8 @@ __all__ = [
 InitializerName = Literal["uniform", "normal", "truncated_normal", "zeros"]
 OptimizerName = Literal["sgd", "adagrad", "adam", "ftrl", "rowwise_adagrad", "rowwise_adam"]
 PoolingName = Literal["sum", "mean", "none"]
+# How a table stores its weights (optimizer state is always float32).
+RowDtype = Literal["fp32", "fp16", "bf16"]
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,9 @@ class TableSpec:
         eviction: capacity and TTL bounds.
         shards: number of hash shards the table is split into.
         initial_capacity_rows: rows pre-allocated; the table grows beyond it.
+        dtype: how the weights are stored: ``fp32``, or ``fp16`` / ``bf16`` (half
+            the bytes; updates computed in float32 and stochastically rounded on
+            write, lookups return float32). Optimizer state stays float32.
     """
 
     dim: int = 16
@@ -232,6 +238,7 @@ class TableSpec:
     eviction: EvictionSpec = field(default_factory=EvictionSpec)
     shards: int = 1
     initial_capacity_rows: int = 1024
+    dtype: RowDtype = "fp32"
 
     def validate(self, path: str) -> None:
         if self.dim < 1:

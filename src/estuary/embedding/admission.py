@@ -5,8 +5,9 @@ admitted; the shard acts on the decision (inserts and initialises those rows).
 
 Counting is exact but memory-bounded: a "pending" open-addressing table
 (id -> sightings, 16 B per entry, the same probe/delete kernels as the hash
-index) holds ids seen but not yet admitted. It doubles as needed up to
-``next_pow2(max_pending_ids / 0.7)`` entries (32 MiB for the default 2**20 ids).
+index) holds ids seen but not yet admitted. It grows by 1.5x as needed (as the
+index, ``hash_index.GROWTH``) up to ``max_pending_ids / 0.7`` entries (24 MB
+for the default 2**20 ids).
 When it holds ``max_pending_ids`` ids, every count is halved and ids reaching 0
 are dropped (TinyLFU-style ageing), repeated until at most half that many remain.
 So an id that stays rare loses its count rather than holding memory, while an id
@@ -27,7 +28,14 @@ import numpy.typing as npt
 from numba import njit
 
 from estuary.config.spec import AdmissionSpec
-from estuary.embedding.hash_index import delete_at, next_pow2, occupied_items, probe, rehash_into
+from estuary.embedding.hash_index import (
+    GROWTH,
+    delete_at,
+    entries_for,
+    occupied_items,
+    probe,
+    rehash_into,
+)
 from estuary.embedding.hashing import as_ids, unit_float
 from estuary.embedding.types import Int64Array
 
@@ -93,7 +101,7 @@ class AdmissionFilter:
         if max_pending_ids < 1:
             raise ValueError("max_pending_ids must be >= 1")
         self._max_pending = max_pending_ids
-        self._max_entries = next_pow2(int(max_pending_ids / _MAX_LOAD) + 1)
+        self._max_entries = entries_for(max_pending_ids, _MAX_LOAD)
         self._table = np.zeros((min(1024, self._max_entries), 2), np.int64)
         self._meta = np.zeros(1, np.int64)
         self.aged = 0  # how many times counts were halved (a sign the bound is tight)
@@ -150,7 +158,7 @@ class AdmissionFilter:
 
     def _make_room(self) -> None:
         if self._table.shape[0] < self._max_entries:
-            self._rebuild(self._table.shape[0] * 2)
+            self._rebuild(min(self._max_entries, int(self._table.shape[0] * GROWTH)))
             return
         # Full at the bound: age until at most half the bound is used.
         while len(self) > self._max_pending // 2:
@@ -178,7 +186,7 @@ class AdmissionFilter:
             raise ValueError("admission ids and counts differ in length")
         keep = counts > 0
         keys, counts = keys[keep], counts[keep]
-        entries = min(self._max_entries, next_pow2(int(keys.size / _MAX_LOAD) + 1))
+        entries = min(self._max_entries, entries_for(keys.size, _MAX_LOAD))
         entries = max(entries, 1024 if self._max_entries >= 1024 else self._max_entries)
         self._table = np.zeros((entries, 2), np.int64)
         self._meta[0] = 0

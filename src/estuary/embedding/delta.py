@@ -3,14 +3,14 @@
 A full state (``state_dict``; R rows, P pending ids, S shards, D dim)::
 
     ids                 int64   (R,)     row keys ...
-    weights             float32 (R, D)
+    weights             float32 (R, D)   the table's dtype: float16 (fp16), uint16 (bf16 bits)
     opt.<slot>          float32 (R, D) per optimizer slot, (R,) per scalar
-    evict.stamp         int64   (R,)     access stamp of the last touch
+    evict.stamp         int64   (R,)     access stamp of the last touch (tables that evict)
     evict.freq          int32   (R,)     LFU use count (lfu tables only)
     evict.touch_s       float64 (R,)     wall time of the last touch (ttl_s only)
     admission.ids       int64   (P,)     pending (not yet admitted) ids
     admission.counts    int64   (P,)     their sightings
-    unknown.weights     float32 (S, D)   one unknown row per shard ...
+    unknown.weights     float32 (S, D)   one unknown row per shard (dtype as weights) ...
     unknown.opt.<slot>  float32 (S, D) or (S,)
     meta.clock          int64   (S,)     per shard: access clock (step << 24 | call)
     meta.aging          int64   (S,)     LFU halvings so far
@@ -36,6 +36,9 @@ slot, eviction field and pending count (stats counters are not state).
 Dirtiness is free: a row changed since the mark iff its stamp is newer than the
 clock at the mark (one pass over the stamps, ``dirty_slots``); inserts and
 updates stamp, reads only in tables that evict (``estuary.embedding.shard``).
+Tables that neither evict nor expire keep a 1-byte touched flag per row instead
+(cleared at each mark) and no owner ids: a delta's ids come from one pass over
+the hash index (``estuary.embedding.storage``).
 Evicted ids go into a bounded ``EvictionLog``; when more ids were evicted since the mark than
 the shard can hold rows (most rows have changed anyway), the log is dropped and
 the next delta is a full state (``delta.full = 1``), so memory stays bounded.
@@ -49,6 +52,7 @@ import numpy as np
 from numba import njit
 
 from estuary.embedding.hashing import SERVER_SALT, as_ids, route
+from estuary.embedding.precision import decode, dtype_name, encode_nearest
 from estuary.embedding.types import Int64Array
 
 IDS = "ids"
@@ -280,8 +284,9 @@ def _split(
                     part[key] = arr[k * per : (k + 1) * per]
                 elif shards_per_part is not None:
                     part[key] = arr
-                elif key.startswith(UNKNOWN_PREFIX):
-                    part[key] = arr.mean(axis=0, keepdims=True)
+                elif key.startswith(UNKNOWN_PREFIX):  # averaged in float32, stored back
+                    mean = decode(arr).mean(axis=0, keepdims=True)
+                    part[key] = encode_nearest(mean, dtype_name(arr))
                 else:
                     part[key] = arr.max(axis=0, keepdims=True)
             elif owner_key in picks:

@@ -1,14 +1,17 @@
 """Open-addressing hash index: raw int64 id -> int64 row slot.
 
-Layout: one int64 array ``table`` of shape (C, 2), C a power of two. Entry ``i``
+Layout: one int64 array ``table`` of shape (C, 2), any C < 2**32. Entry ``i``
 holds ``table[i, 0] = key`` and ``table[i, 1] = value``; ``value == 0`` marks an
 empty entry, so *every* int64 is a valid key (no sentinel key). The index stores
 ``slot + 1`` as the value. Key and value share one 16-byte entry, so a probe that
 finds its key costs one cache miss, not two.
 
-Probing is linear from ``mix64(key) & (C - 1)``. The table doubles when it would
-pass ``max_load`` (0.7 by default; after a doubling it is at 0.35), so memory is
-16 B / load ~ 23-46 B per id. Removal uses backward-shift deletion (no tombstones),
+Probing is linear from ``home_of(key, C)`` (the hash's high bits scaled to C, so
+C need not be a power of two). The table grows by ``GROWTH`` (1.5x) when it
+would pass ``max_load`` (0.7 by default; after a growth it is at 0.47), so
+memory is 16 B / load ~ 23-34 B per id (a power-of-two table doubling at 0.7,
+as before, held 23-46 B, and 34 B at 1M ids whatever it was sized for).
+Removal uses backward-shift deletion (no tombstones),
 so probe chains never rot under churn; freed slots go on a free list and are
 handed out again before new slots.
 
@@ -49,6 +52,7 @@ Float64Array = npt.NDArray[np.float64]
 
 # meta[] fields of the index kernels.
 _SIZE, _NEXT_SLOT, _FREE_COUNT = 0, 1, 2
+_S32 = np.uint64(32)
 # Use counts saturate here (LFU keys pack the count above 40 bits of step).
 FREQ_MAX = (1 << 22) - 1
 
@@ -57,7 +61,8 @@ class Touch(NamedTuple):
     """Per-slot metadata a hit updates; every array is indexed by slot.
 
     Args:
-        stamp: int64 (R,) set to ``now`` (size 0: not kept).
+        stamp: int64 (R,) set to ``now`` (size 0: not kept; uint8 flags with
+            ``now`` = 1 in tables that do not evict).
         freq: int32 (R,) incremented, saturating at ``FREQ_MAX`` (size 0: not kept).
         touch_s: float64 (R,) set to ``now_s`` (size 0: not kept).
         now: the stamp of this call.
@@ -75,18 +80,33 @@ NO_TOUCH = Touch(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.fl
 
 
 @njit(cache=True, nogil=True, inline="always")
+def home_of(key: np.int64, entries: int) -> np.int64:
+    """Home entry of ``key`` in a table of ``entries`` (< 2**32) entries: the high
+    32 bits of its hash scaled to ``[0, entries)`` (Lemire's multiply-shift), so
+    a table may have any size, not only a power of two."""
+    return np.int64(((id_hash(key) >> _S32) * np.uint64(entries)) >> _S32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def next_entry(i: np.int64, entries: int) -> np.int64:
+    """The entry after ``i``, wrapping at ``entries``."""
+    i += 1
+    return i if i < entries else np.int64(0)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def probe(table: Int64Array, key: np.int64) -> np.int64:
     """Position of ``key`` in ``table``, or of the empty entry where it would go."""
-    return probe_from(table, key, np.int64(id_hash(key) & np.uint64(table.shape[0] - 1)))
+    return probe_from(table, key, home_of(key, table.shape[0]))
 
 
 @njit(cache=True, nogil=True, inline="always")
 def probe_from(table: Int64Array, key: np.int64, home: np.int64) -> np.int64:
     """``probe`` with ``key``'s home entry already computed."""
-    mask = table.shape[0] - 1
+    entries = table.shape[0]
     i = home
     while table[i, 1] != 0 and table[i, 0] != key:
-        i = (i + 1) & mask
+        i = next_entry(i, entries)
     return i
 
 
@@ -97,10 +117,10 @@ def _homes(table: Int64Array, ids: Int64Array, start: int) -> Int64Array:
     # twice, and stays short enough for the CPU to overlap more misses
     # (uniform random hits at 10M ids: get_or_insert_new 39 -> 26 ns, a bare
     # lookup loop 25.5 -> 20.5 ns).
-    umask = np.uint64(table.shape[0] - 1)
+    entries = table.shape[0]
     homes = np.empty(ids.size - start, np.int64)
     for n in range(start, ids.size):
-        homes[n - start] = np.int64(id_hash(ids[n]) & umask)
+        homes[n - start] = home_of(ids[n], entries)
     return homes
 
 
@@ -111,16 +131,17 @@ def delete_at(table: Int64Array, pos: np.int64) -> None:
     Later entries of the same probe run move back into the hole unless their home
     bucket lies cyclically in (hole, entry], which would put them before home.
     """
-    mask = table.shape[0] - 1
+    entries = table.shape[0]
     hole = pos
     j = pos
     while True:
-        j = (j + 1) & mask
+        j = next_entry(j, entries)
         if table[j, 1] == 0:
             break
-        home = np.int64(id_hash(table[j, 0]) & np.uint64(mask))
-        # Distance walked from home to j versus from home to the hole (cyclic).
-        if ((j - home) & mask) >= ((j - hole) & mask):
+        home = home_of(table[j, 0], entries)
+        # Distance walked from home to j versus from the hole to j (cyclic).
+        walked = j - home if j >= home else j - home + entries
+        if walked >= (j - hole if j >= hole else j - hole + entries):
             table[hole, 0] = table[j, 0]
             table[hole, 1] = table[j, 1]
             hole = j
@@ -130,12 +151,12 @@ def delete_at(table: Int64Array, pos: np.int64) -> None:
 @njit(cache=True, nogil=True)
 def rehash_into(old: Int64Array, new: Int64Array) -> None:
     """Insert every occupied entry of ``old`` into the empty table ``new``."""
-    mask = new.shape[0] - 1
+    entries = new.shape[0]
     for k in range(old.shape[0]):
         if old[k, 1] != 0:
-            i = np.int64(id_hash(old[k, 0]) & np.uint64(mask))
+            i = home_of(old[k, 0], entries)
             while new[i, 1] != 0:
-                i = (i + 1) & mask
+                i = next_entry(i, entries)
             new[i, 0] = old[k, 0]
             new[i, 1] = old[k, 1]
 
@@ -263,17 +284,20 @@ def _remove_kernel(
     return removed
 
 
-def next_pow2(n: int) -> int:
-    """Smallest power of two >= max(n, 1)."""
-    return 1 << max(0, int(n) - 1).bit_length()
+GROWTH = 1.5  # table growth factor: amortised O(1) rehash per insert, less slack than 2
+
+
+def entries_for(ids: int, max_load: float) -> int:
+    """Entries a table needs to hold ``ids`` ids at ``max_load`` (at least 8)."""
+    return max(8, int(ids / max_load) + 1)
 
 
 class HashIndex:
     """Maps raw int64 ids to dense int64 slots ``first_slot, first_slot + 1, ...``.
 
     Args:
-        capacity_ids: ids to hold before the first doubling.
-        max_load: fraction of entries used before the table doubles (0.3-0.9).
+        capacity_ids: ids to hold before the first growth.
+        max_load: fraction of entries used before the table grows (0.3-0.9).
         first_slot: slot handed to the first id (a shard reserves slot 0 for its
             unknown row).
 
@@ -285,7 +309,7 @@ class HashIndex:
             raise ValueError(f"max_load must be in [0.3, 0.9], got {max_load}")
         self._max_load = max_load
         self._first_slot = first_slot
-        self._table = zeros((next_pow2(int(capacity_ids / max_load) + 1), 2), np.int64)
+        self._table = zeros((entries_for(capacity_ids, max_load), 2), np.int64)
         self._limit = int(self._table.shape[0] * max_load)
         self._meta = np.array([0, first_slot, 0], np.int64)
         self._free = np.empty(0, np.int64)
@@ -295,7 +319,7 @@ class HashIndex:
 
     @property
     def capacity(self) -> int:
-        """Entries in the table (C); it doubles before ``len`` passes ``max_load * C``."""
+        """Entries in the table (C); it grows before ``len`` passes ``max_load * C``."""
         return int(self._table.shape[0])
 
     @property
@@ -309,10 +333,10 @@ class HashIndex:
         return int(self._table.nbytes + self._free.nbytes)
 
     def _grow(self, expected_ids: int = 0) -> None:
-        # At least doubles (amortised O(1) per insert); jumps straight to the size
-        # ``expected_ids`` needs, so one large batch of new ids pays one rehash
-        # instead of one per doubling. Cost: one pass over the old table.
-        entries = max(self._table.shape[0] * 2, next_pow2(int(expected_ids / self._max_load) + 1))
+        # Grows by at least GROWTH (amortised O(1) per insert); jumps straight to
+        # the size ``expected_ids`` needs, so one large batch of new ids pays one
+        # rehash instead of one per growth. Cost: one pass over the old table.
+        entries = max(int(self._table.shape[0] * GROWTH), entries_for(expected_ids, self._max_load))
         new = zeros((entries, 2), np.int64)
         rehash_into(self._table, new)
         self._table = new

@@ -464,9 +464,14 @@ class SparseOptimizer(ABC):
         at learning rate ``lr * lr_scale``: exactly the step this optimizer built
         with that learning rate would take (weight decay included). ``lr_scale``
         1 is the configured step, bit for bit."""
+        self.update(storage, rows, grads, *self.rates(lr_scale))
+
+    def rates(self, lr_scale: float = 1.0) -> tuple[float, float]:
+        """``(lr, decay)`` of a step at ``lr_scale``: the learning rate and the
+        weight-decay factor ``1 - lr * weight_decay`` (``update``'s arguments)."""
         lr = self.params.lr * lr_scale
         decay = self.decay if lr_scale == 1.0 else 1.0 - lr * self.params.weight_decay
-        self.update(storage, rows, grads, lr, decay)
+        return lr, decay
 
     @abstractmethod
     def update(

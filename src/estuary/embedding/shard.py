@@ -12,12 +12,14 @@ from the shard's access clock and stamps the rows it touches, in the same probe
 pass that finds them: rows it inserts or updates always, rows it only reads
 when the table evicts (a capacity or a TTL, where recency matters). The stamps
 drive LRU, TTL and the choice of delta rows (see ``estuary.embedding.eviction``
-and ``estuary.embedding.delta``). A step ends with each ``apply_gradients`` (or
-``advance_step()``).
+and ``estuary.embedding.delta``); a table that does not evict keeps only a
+touched-since-mark flag per row (``estuary.embedding.storage``). A step ends
+with each ``apply_gradients`` (or ``advance_step()``).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +46,6 @@ from estuary.embedding.delta import (
     WEIGHTS,
     DeltaChain,
     EvictionLog,
-    dirty_slots,
     is_full,
     scalar,
 )
@@ -53,24 +54,30 @@ from estuary.embedding.hash_index import NO_TOUCH, HashIndex, Touch
 from estuary.embedding.hashing import as_ids, table_seed
 from estuary.embedding.initializers import make_initializer
 from estuary.embedding.optimizers import make_optimizer
+from estuary.embedding.precision import call_key, decode, dtype_name, encode_nearest
+from estuary.embedding.row_formats import RowFormat, make_row_format
 from estuary.embedding.storage import UNKNOWN_ROW, RowStorage, rows_out
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 
 __all__ = ["IDS", "PENDING_COUNTS", "PENDING_IDS", "UNKNOWN_PREFIX", "WEIGHTS", "EmbeddingShard"]
 
 State = dict[str, np.ndarray]
+_log = logging.getLogger(__name__)
 _UNKNOWN_ROWS = np.array([UNKNOWN_ROW], np.int64)
+# The unknown row's id in the rounding of 16-bit weights (a real id may share it:
+# the two rows then share random bits in one call, which biases neither).
+_UNKNOWN_KEY = np.array([-1], np.int64)
 
 
 def _gather(
-    array: Float32Array, rows: Int64Array | slice, dim: int, opt: Any, prefix: str
+    array: Float32Array, rows: Int64Array | slice, fmt: RowFormat, opt: Any, prefix: str
 ) -> State:
-    """Weights and optimizer state of ``rows`` of a storage ``array``."""
-    state: State = {prefix + WEIGHTS: array[rows, :dim]}
+    """Weights (in the stored dtype) and optimizer state of ``rows`` of a storage ``array``."""
+    state: State = {prefix + WEIGHTS: fmt.weights(array, rows)}
     for name in opt.state_names:
-        state[f"{prefix}{OPT_PREFIX}{name}"] = array[rows, opt.columns(name)]
+        state[f"{prefix}{OPT_PREFIX}{name}"] = array[rows, fmt.columns(opt.columns(name))]
     for name in opt.scalar_names:
-        state[f"{prefix}{OPT_PREFIX}{name}"] = array[rows, opt.columns(name).start]
+        state[f"{prefix}{OPT_PREFIX}{name}"] = array[rows, fmt.columns(opt.columns(name)).start]
     return state
 
 
@@ -81,23 +88,25 @@ class RawExport:
     ``rows`` are storage rows (all rows in use, or the dirty ones), ``picked``
     the positions in ``rows`` of the exported ids ``ids`` (``slice(None)``: all of
     them, in order: the state's arrays are views of ``rows``, no second copy); ``stamps``, ``freq``,
-    ``touch`` are aligned with ``rows`` (``None`` where the table keeps none);
+    ``touch`` are aligned with ``rows`` (``None`` where the table keeps none:
+    stamps are clock stamps only in tables that evict);
     ``small`` the per-shard keys, already final."""
 
-    dim: int
+    fmt: RowFormat
     optimizer: Any
     rows: Float32Array
     picked: Int64Array | slice
     ids: Int64Array
-    stamps: Int64Array
+    stamps: Any
     freq: Any
     touch: Any
     small: State
 
     def materialize(self) -> State:
-        state = _gather(self.rows, self.picked, self.dim, self.optimizer, "")
+        state = _gather(self.rows, self.picked, self.fmt, self.optimizer, "")
         state[IDS] = self.ids
-        state[STAMP] = self.stamps[self.picked]
+        if self.stamps is not None:
+            state[STAMP] = self.stamps[self.picked]
         if self.freq is not None:
             state[FREQ] = self.freq[self.picked]
         if self.touch is not None:
@@ -137,6 +146,7 @@ class EmbeddingShard:
         self._seed = table_seed(seed, name)
         self._optimizer = make_optimizer(spec.optimizer, spec.dim)
         self._initializer = make_initializer(spec.initializer, spec.dim)
+        self._format = make_row_format(spec.dtype, spec.dim, self._optimizer.width)
         # New rows in one fused pass unless the initializer only offers ``fill``.
         dist = self._initializer.distribution
         self._fused_init = dist is not None
@@ -172,14 +182,17 @@ class EmbeddingShard:
         cap = self._policy.capacity_rows
         self._index = HashIndex(min(capacity_rows, cap or capacity_rows), first_slot=1)
         self._storage = RowStorage(
-            self._optimizer.width,
+            self._format,
             capacity_rows + 1,
             max_rows=None if cap is None else cap + 1,
             keep_freq=self._policy.lfu,
             keep_time=self._policy.keep_time,
+            evicts=self._stamp_reads,
         )
-        self._storage.array[UNKNOWN_ROW, : self.dim] = 0.0
-        self._optimizer.init_state(self._storage.array, _UNKNOWN_ROWS)
+        # Fresh storage is zeros: the unknown row's weights are 0 in every dtype.
+        self._format.reset_state(
+            self._optimizer, self._storage.array, _UNKNOWN_ROWS, self._init_state
+        )
 
     @property
     def dim(self) -> int:
@@ -277,10 +290,13 @@ class EmbeddingShard:
         self._storage.ensure_rows(self._index.slot_end)
         if self._fused_init:
             weights, state = self._init_weights, self._init_state
-            self._storage.init_rows(rows, ids, weights, self._seed, state, now, now_s)
+            key = self._key(now)
+            self._storage.init_rows(rows, ids, weights, self._seed, state, now, now_s, key)
         else:
-            self._initializer.fill(self._storage.array, rows, ids, self._seed)
-            self._optimizer.init_state(self._storage.array, rows)
+            self._format.fill(
+                self._storage.array, rows, ids, self._initializer, self._seed,
+                self._init_state, self._key(now),
+            )  # fmt: skip
             self._storage.claim(rows, ids, now, now_s)
         self._admissions += rows.size
 
@@ -305,19 +321,28 @@ class EmbeddingShard:
             rows = self._index.lookup(ids, self._storage.touch(now, now_s))
             missing = rows < 0
             n_missing = int(np.count_nonzero(missing))
-            storage = self._storage.array
+            storage, opt, step, key = (
+                self._storage.array,
+                self._optimizer,
+                self._format.step,
+                self._key(now),
+            )
             if n_missing == 0:
-                self._optimizer.step(storage, rows, grads, lr_scale=lr_scale)
+                step(opt, storage, rows, ids, grads, lr_scale, key)
             else:
                 known = ~missing
                 if n_missing < ids.size:
                     known_grads = np.ascontiguousarray(grads[known])
-                    self._optimizer.step(storage, rows[known], known_grads, lr_scale=lr_scale)
+                    step(opt, storage, rows[known], ids[known], known_grads, lr_scale, key)
                 unknown_grad = grads[missing].sum(axis=0, dtype=np.float32, keepdims=True)
-                self._optimizer.step(storage, _UNKNOWN_ROWS, unknown_grad, lr_scale=lr_scale)
+                step(opt, storage, _UNKNOWN_ROWS, _UNKNOWN_KEY, unknown_grad, lr_scale, key)
                 self._unknown_grads += n_missing
             self._age_if_due(ids.size - n_missing)
             self._end_step()
+
+    def _key(self, now: int) -> int:
+        # Random bits of 16-bit rounding: the table seed and this call's clock.
+        return int(call_key(np.uint64(self._seed), np.int64(now)))
 
     def advance_step(self) -> None:
         """End a training step without gradients for this shard (``apply_gradients``
@@ -456,23 +481,21 @@ class EmbeddingShard:
         gathers the state from the copies, off the lock, on any thread."""
         with self._lock:
             end = self._index.slot_end
+            evicts = self._storage.evicts
             if dirty_only:
-                stamp = self._storage.stamp[:end]
-                slots = np.empty(stamp.size, np.int64)
-                slots = slots[: dirty_slots(stamp, self._clean_stamp, slots)]
-                ids = self._storage.owner[slots]
+                slots, ids = self._dirty_rows(end)
                 # Few rows: gather them now (the copy of every row would cost more).
                 rows = self._storage.array[slots]
                 picked: Int64Array | slice = slice(None)  # every gathered row, in order
                 stamps, freq, touch = (
-                    self._storage.stamp[slots],
+                    self._storage.stamp[slots] if evicts else None,
                     self._storage.freq[slots] if self._policy.lfu else None,
                     self._storage.touch_s[slots] if self._policy.keep_time else None,
                 )
             else:
                 ids, picked = self._index.items()
                 rows = self._storage.array[:end].copy()
-                stamps = self._storage.stamp[:end].copy()
+                stamps = self._storage.stamp[:end].copy() if evicts else None
                 freq = self._storage.freq[:end].copy() if self._policy.lfu else None
                 touch = self._storage.touch_s[:end].copy() if self._policy.keep_time else None
             small = self._rows_state(_UNKNOWN_ROWS, UNKNOWN_PREFIX)
@@ -487,21 +510,34 @@ class EmbeddingShard:
                 small[EVICTED_IDS] = gone[self._index.lookup(gone) < 0]  # not back since
             if mark:
                 self._mark()
-        return RawExport(self.dim, self._optimizer, rows, picked, ids, stamps, freq, touch, small)
+        return RawExport(
+            self._format, self._optimizer, rows, picked, ids, stamps, freq, touch, small
+        )
+
+    def _dirty_rows(self, end: int) -> tuple[Int64Array, Int64Array]:
+        # (slots, ids) of the rows touched since the mark; without owners (a table
+        # that does not evict) the ids come from one pass over the index.
+        if self._storage.owner.size:
+            slots = self._storage.dirty_slots(end, self._clean_stamp)
+            return slots, self._storage.owner[slots]
+        ids, all_slots = self._index.items()
+        dirty = self._storage.stamp[all_slots] != 0
+        return all_slots[dirty], ids[dirty]
 
     def _mark(self) -> None:
         self._clean_stamp = self._clock.value
+        self._storage.mark_clean()
         self._log.clear()
 
     def _rows_state(self, rows: Int64Array, prefix: str) -> State:
-        return _gather(self._storage.array, rows, self.dim, self._optimizer, prefix)
+        return _gather(self._storage.array, rows, self._format, self._optimizer, prefix)
 
     def import_state(self, state: State, *, delta: bool) -> None:
         """Load a full state part (``delta=False``: replaces every row) or apply a
         delta part (removes ``evicted_ids``, ages untouched LFU counts, upserts
         rows, replaces the rest). Marks clean."""
         ids = as_ids(state[IDS])
-        weights = np.asarray(state[WEIGHTS], np.float32)
+        weights = np.asarray(state[WEIGHTS])
         if weights.shape != (ids.size, self.dim):
             raise ValueError(
                 f"{self.name}: weights shape {weights.shape} != ({ids.size}, {self.dim})"
@@ -534,12 +570,13 @@ class EmbeddingShard:
         if check_new and new_at.size < ids.size:
             raise ValueError(f"{self.name}: state has duplicate ids")
         self._storage.ensure_rows(self._index.slot_end)
-        self._optimizer.init_state(self._storage.array, rows[new_at])
+        fresh = rows[new_at]
+        self._format.reset_state(self._optimizer, self._storage.array, fresh, self._init_state)
         self._load_rows(rows, state, "", ids.size)
         s = self._storage
         s.claim(rows, ids, self._clock.value, self._time_fn() if s.touch_s.size else 0.0)
         if STAMP in state:
-            s.stamp[rows] = np.maximum(np.asarray(state[STAMP], np.int64), 1)
+            s.load_stamps(rows, state[STAMP])
         if FREQ in state and s.freq.size:
             s.freq[rows] = np.asarray(state[FREQ], np.int32)
         if TOUCH_S in state and s.touch_s.size:
@@ -549,11 +586,26 @@ class EmbeddingShard:
         arr = self._storage.array
         opt = self._optimizer
         if prefix + WEIGHTS in state:
-            weights = np.asarray(state[prefix + WEIGHTS], np.float32)
-            arr[rows, : self.dim] = weights.reshape(n, self.dim)
+            weights = self._stored_weights(np.asarray(state[prefix + WEIGHTS]), prefix + WEIGHTS)
+            self._format.put_weights(arr, rows, weights.reshape(n, self.dim))
         for name in opt.state_names + opt.scalar_names:
             key = f"{prefix}{OPT_PREFIX}{name}"
             if key in state:
                 cols = opt.columns(name)
                 value = np.asarray(state[key], np.float32).reshape(n, cols.stop - cols.start)
-                arr[rows, cols] = value
+                arr[rows, self._format.columns(cols)] = value
+
+    def _stored_weights(self, weights: np.ndarray, key: str) -> np.ndarray:
+        # Weights saved in another dtype are converted (round to nearest), with a
+        # warning: a bf16 state loaded as fp32 keeps its bf16 precision, an fp32
+        # one loaded as bf16 loses precision. One warning per load (the rows'
+        # weights; the unknown row's come from the same state).
+        fmt = self._format
+        if weights.dtype == fmt.dtype:
+            return weights
+        if key == WEIGHTS:
+            _log.warning(
+                "table %r: weights saved as %s, loaded as %s (the table's dtype)",
+                self.name, dtype_name(weights), fmt.name,
+            )  # fmt: skip
+        return encode_nearest(decode(weights), fmt.name)

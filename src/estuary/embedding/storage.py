@@ -1,53 +1,60 @@
-"""Row storage of one shard: float32 rows (R, W) and per-slot metadata beside them.
+"""Row storage of one shard: float32 rows (R, V) and per-slot metadata beside them.
 
 Row 0 is the shard's shared *unknown* row (read by ids without a row, trained by
 their gradients); rows 1.. belong to ids via the hash index. The column layout
-of a row is the optimizer's (see ``estuary.embedding.optimizers``).
+of a row is the optimizer's (see ``estuary.embedding.optimizers``), with the
+weights in the table's dtype (``estuary.embedding.row_formats``: V = W for
+fp32, ``ceil(D/2) + W - D`` for 16-bit weights).
 
 Per-slot metadata (slot = row number; R allocated rows)::
 
-    owner    int64   (R,)  the id holding the slot (valid where stamp > 0)
+    owner    int64   (R,)  the id holding the slot (valid where stamp > 0); only
+                           in tables that evict (a capacity or a TTL: the victims'
+                           ids), size 0 otherwise
     stamp    int64   (R,)  access clock of the last touch (eviction.AccessClock);
-                           0 = slot free (and the unknown row)
+                           0 = slot free (and the unknown row). In tables that
+                           do not evict, uint8 (R,) instead: 1 = touched since the
+                           last mark (all a delta needs), 0 = not
     freq     int32   (R,)  touches, for LFU (size 0 unless the policy is lfu)
     touch_s  float64 (R,)  wall time of the last touch (size 0 unless ttl_s is set)
 
 They live in separate arrays, not inline in the float rows, so the optimizer
 kernels keep their layout; a touch costs one extra cache line per kept array.
-Memory per row: ``4 W + 16`` B (+4 lfu, +8 ttl_s).
+Memory per row: ``4 V + 1`` B without eviction; ``4 V + 16`` B with (+4 lfu,
++8 ttl_s).
+
+Rows grow by ``GROWTH`` (1.25x) at a time: at most 25% of the rows allocated
+and unused (doubling left up to half), for one more copy of the rows per row
+held on average (a memcpy; 4 in all instead of 1 with doubling, amortised).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
+from estuary.embedding.delta import dirty_slots
 from estuary.embedding.hash_index import Float64Array, Int32Array, Touch
 from estuary.embedding.initializers import initial_weight
 from estuary.embedding.memory import zeros
+from estuary.embedding.precision import FP32, draw_row_bits, f32_to_half_sr
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch, prefetch_span
+from estuary.embedding.row_formats import RowFormat
 from estuary.embedding.types import Float32Array, Int64Array
 
 UNKNOWN_ROW = 0
 
 
 @njit(cache=True, nogil=True)
-def _gather_kernel(storage: Float32Array, rows: Int64Array, out: Float32Array) -> None:
-    dim = out.shape[1]
-    width = storage.shape[1]
-    for n in range(rows.size):
-        if n + ROWS_AHEAD < rows.size and rows[n + ROWS_AHEAD] >= 0:
-            prefetch_span(storage, rows[n + ROWS_AHEAD] * width, dim)
-        r = rows[n]
-        if r < 0:
-            r = 0  # UNKNOWN_ROW
-        for j in range(dim):
-            out[n, j] = storage[r, j]
-
-
-@njit(cache=True, nogil=True)
 def _init_rows_kernel(
     storage: Float32Array,
+    bits: Any,
+    dim: int,
+    words: int,
+    code: int,
+    round_key: np.uint64,
     rows: Int64Array,
     ids: Int64Array,
     seed: np.uint64,
@@ -64,21 +71,31 @@ def _init_rows_kernel(
 ) -> None:
     # One pass over scattered new rows: weights, optimizer state and the claim
     # (owner, stamp, freq, touch_s) of each row while its lines are in cache.
+    # 16-bit weights (code != FP32) go to ``bits``, the storage's uint16 view,
+    # rounded as row_formats' generic encoding rounds them (same bits).
     width = storage.shape[1]
-    dim = width - state.size
+    rnd = np.empty(4 * ((dim + 3) // 4), np.uint32)  # a row's draws (draw_row_bits)
     for n in range(rows.size):
         if n + ROWS_AHEAD < rows.size:
             ahead = rows[n + ROWS_AHEAD]
             prefetch_span(storage, ahead * width, width)
-            prefetch(owner, ahead)
+            if owner.size:
+                prefetch(owner, ahead)
             prefetch(stamp, ahead)
         r = rows[n]
         key = ids[n]
-        for j in range(dim):
-            storage[r, j] = initial_weight(dist, seed, key, j, dim, scale, truncate)
+        if code == FP32:
+            for j in range(dim):
+                storage[r, j] = initial_weight(dist, seed, key, j, dim, scale, truncate)
+        else:
+            draw_row_bits(round_key, key, rnd)
+            for j in range(dim):
+                w = np.float32(initial_weight(dist, seed, key, j, dim, scale, truncate))
+                bits[r, j] = f32_to_half_sr(w, rnd[j], code)
         for c in range(state.size):
-            storage[r, dim + c] = state[c]
-        owner[r] = key
+            storage[r, words + c] = state[c]
+        if owner.size:
+            owner[r] = key
         stamp[r] = now
         if freq.size:
             freq[r] = 1
@@ -115,6 +132,9 @@ def rows_out(out: Float32Array | None, n: int, dim: int) -> Float32Array:
     return out
 
 
+GROWTH = 1.25  # row growth factor (module docstring)
+
+
 def _grown(arr: np.ndarray, rows: int) -> np.ndarray:
     if arr.size == 0:  # a metadata array that is not kept stays empty
         return arr
@@ -124,32 +144,37 @@ def _grown(arr: np.ndarray, rows: int) -> np.ndarray:
 
 
 class RowStorage:
-    """Growable rows + per-slot metadata; grows by doubling (amortised O(1) per row).
+    """Growable rows + per-slot metadata; grows by ``GROWTH`` (amortised O(1) per row).
 
     Args:
-        width: floats per row W (weights + optimizer state).
+        fmt: the row format (its ``stored_width`` V is the floats per row).
         capacity_rows: rows allocated up front (row 0 included).
-        max_rows: growth stops doubling here (a capacity-bounded shard needs
+        max_rows: growth stops here (a capacity-bounded shard needs
             ``capacity + 1`` rows at most); a request beyond it is still met.
         keep_freq: keep ``freq`` (LFU).
         keep_time: keep ``touch_s`` (TTL in seconds).
+        evicts: the table evicts (capacity or TTL): keep ``owner`` and clock
+            stamps; else no owner and 1-byte touched-since-mark stamps.
     """
 
     def __init__(
         self,
-        width: int,
+        fmt: RowFormat,
         capacity_rows: int,
         *,
         max_rows: int | None = None,
         keep_freq: bool = False,
         keep_time: bool = False,
+        evicts: bool = True,
     ) -> None:
-        self.width = width
+        self.fmt = fmt
+        self.width = width = fmt.stored_width
         self.max_rows = max_rows
         rows = max(1, capacity_rows if max_rows is None else min(capacity_rows, max_rows))
         self.array: Float32Array = zeros((rows, width), np.float32)
-        self.owner: Int64Array = zeros((rows,), np.int64)
-        self.stamp: Int64Array = zeros((rows,), np.int64)
+        self.evicts = evicts
+        self.owner: Int64Array = zeros((rows if evicts else 0,), np.int64)
+        self.stamp: Int64Array = zeros((rows,), np.int64 if evicts else np.uint8)
         self.freq: Int32Array = zeros((rows if keep_freq else 0,), np.int32)
         self.touch_s: Float64Array = zeros((rows if keep_time else 0,), np.float64)
 
@@ -165,13 +190,13 @@ class RowStorage:
         return int(sum(a.nbytes for a in arrays))
 
     def ensure_rows(self, rows: int) -> None:
-        """Make rows ``0 .. rows-1`` addressable (copies once per doubling).
+        """Make rows ``0 .. rows-1`` addressable (copies once per growth).
 
         New rows and metadata start at zero (stamp 0 = free).
         """
         if rows <= self.array.shape[0]:
             return
-        target = max(rows, 2 * self.array.shape[0])
+        target = max(rows, int(GROWTH * self.array.shape[0]))
         if self.max_rows is not None:
             target = max(rows, min(target, self.max_rows))
         grown = zeros((target, self.width), np.float32)
@@ -182,14 +207,37 @@ class RowStorage:
         self.freq = _grown(self.freq, target)
         self.touch_s = _grown(self.touch_s, target)
 
+    def _stamp_of(self, now: int) -> int:
+        # The value a touch at clock ``now`` leaves in ``stamp``.
+        return now if self.evicts else 1
+
     def touch(self, now: int, now_s: float) -> Touch:
         """The metadata a hit of this call updates (valid until the next growth)."""
-        return Touch(self.stamp, self.freq, self.touch_s, now, now_s)
+        return Touch(self.stamp, self.freq, self.touch_s, self._stamp_of(now), now_s)
+
+    def dirty_slots(self, end: int, clean_stamp: int) -> Int64Array:
+        """Slots below ``end`` touched since the mark at clock ``clean_stamp``."""
+        stamp = self.stamp[:end]
+        slots = np.empty(stamp.size, np.int64)
+        return slots[: dirty_slots(stamp, clean_stamp if self.evicts else 0, slots)]
+
+    def mark_clean(self) -> None:
+        """Start a new delta interval: clears the touched flags of a table that
+        does not evict (one pass over R bytes); clock stamps need nothing."""
+        if not self.evicts:
+            self.stamp[:] = 0
+
+    def load_stamps(self, slots: Int64Array, stamps: np.ndarray) -> None:
+        """Set the clock stamps of ``slots`` (N,) from a state (kept only where the
+        table evicts; others just loaded count as touched)."""
+        if self.evicts:
+            self.stamp[slots] = np.maximum(np.asarray(stamps, np.int64), 1)
 
     def claim(self, slots: Int64Array, ids: Int64Array, now: int, now_s: float) -> None:
         """Record that ``ids`` int64 (N,) now own ``slots`` (N,), touched once at ``now``."""
-        self.owner[slots] = ids
-        self.stamp[slots] = now
+        if self.owner.size:
+            self.owner[slots] = ids
+        self.stamp[slots] = self._stamp_of(now)
         if self.freq.size:
             self.freq[slots] = 1
         if self.touch_s.size:
@@ -204,16 +252,20 @@ class RowStorage:
         state: Float32Array,
         now: int,
         now_s: float,
+        round_key: int,
     ) -> None:
         """Initialise ``rows`` int64 (N,) for new ``ids`` (N,) in one pass: weights
         drawn by ``initializers.initial_weight`` (``weights`` = distribution, scale,
-        truncate; ``seed`` the table seed), state columns set to ``state`` float32
-        (W - D,), then ``claim``. Same result as ``Initializer.fill``,
-        ``SparseOptimizer.init_state`` and ``claim`` in turn, one pass instead of three."""
+        truncate; ``seed`` the table seed; 16-bit weights rounded with
+        ``round_key``), state columns set to ``state`` float32 (W - D,), then
+        ``claim``. Same result as ``RowFormat.fill`` and ``claim`` in turn, one
+        pass instead of two."""
         dist, scale, truncate = weights
+        f = self.fmt
         _init_rows_kernel(
-            self.array, rows, ids, np.uint64(seed), dist, scale, truncate, state,
-            self.owner, self.stamp, self.freq, self.touch_s, now, now_s,
+            self.array, self.array.view(np.uint16), f.dim, f.words, f.code, np.uint64(round_key),
+            rows, ids, np.uint64(seed), dist, scale, truncate, state,
+            self.owner, self.stamp, self.freq, self.touch_s, self._stamp_of(now), now_s,
         )  # fmt: skip
 
     def release(self, slots: Int64Array) -> None:
@@ -228,5 +280,5 @@ class RowStorage:
         Writes into ``out`` (see ``rows_out``) when given, else into a fresh array.
         """
         out = rows_out(out, rows.size, dim)
-        _gather_kernel(self.array, rows, out)
+        self.fmt.gather(self.array, rows, out)
         return out

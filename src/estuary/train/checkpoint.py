@@ -48,12 +48,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file as load_numpy
 from safetensors.torch import load_file as load_torch
 from safetensors.torch import save_file as save_torch
 
 from estuary.embedding.delta import BASE, LINEAGE, VERSION, merge_server_parts
-from estuary.embedding.files import write_state
+from estuary.embedding.files import read_state, write_state
 from estuary.train.checkpoint_chain import (
     FORMAT,
     FORMAT_VERSION,
@@ -503,7 +502,7 @@ def _check_link(
 
 def _read_tensors(file: Path) -> State:
     try:
-        return load_numpy(str(file))
+        return read_state(file)
     except (OSError, ValueError, RuntimeError) as exc:  # safetensors header errors
         raise CheckpointError(f"{file}: unreadable tensor file ({exc})") from exc
 
