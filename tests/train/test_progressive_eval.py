@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from estuary.config import ConfigError, job_from_dict
+from estuary.config import ConfigError, JobSpec, job_from_dict
 from estuary.data.synthetic import SyntheticSpec, SynthOutput, generate_chunks, write_synthetic
 from estuary.data.types import Batch, JaggedIds
 from estuary.metrics.evaluation import evaluate_predictions
@@ -89,18 +89,16 @@ class StepScores(Callback):
         self.labels.append(self.engine.last_labels.numpy())
 
 
-def train(
-    root: Path, spec: SyntheticSpec, **train: Any
-) -> tuple[dict[str, Any], StepScores, Trainer]:
-    write_synthetic(spec, root / "data", SynthOutput(format="criteo_tsv"))
+def job_for(root: Path, hours: int = HOURS) -> JobSpec:
+    """A ``data.dataset`` job over the synthetic hours under ``root/data``."""
     source = {
         "name": "synth",
         "path": "data/{{YYYY}}{{MM}}{{DD}}/{{HH}}/part-*.tsv",
         "columns": ["label", "I1", "I2", "C1", "C2", "C3", "C4"],
         "start": "2026-01-01T00",
-        "end": f"2026-01-01T{HOURS:02d}",
+        "end": f"2026-01-01T{hours:02d}",
     }
-    job = job_from_dict(
+    return job_from_dict(
         {
             "data": {
                 "schema": {"dense": ["I1", "I2"], "sparse": ["C1", "C2", "C3", "C4"]},
@@ -119,12 +117,16 @@ def train(
                 "threads": 1,
                 "dense_optimizer": {"name": "adam", "lr": 0.02},
                 "progressive_eval": True,
-                **train,
             },
             "output": {"dir": "out", "progress": False},
         },
         base_dir=root,
     )
+
+
+def train(root: Path, spec: SyntheticSpec) -> tuple[dict[str, Any], StepScores, Trainer]:
+    write_synthetic(spec, root / "data", SynthOutput(format="criteo_tsv"))
+    job = job_for(root)
     scores = StepScores()
     trainer = Trainer(job, callbacks=[scores])
     scores.engine = trainer.engine
@@ -199,3 +201,18 @@ def test_progressive_eval_needs_a_dataset(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"train\.progressive_eval: needs data\.dataset"):
         Trainer(job).fit()
+
+
+def test_two_trainers_report_rank_0s_share_of_each_window(tmp_path: Path) -> None:
+    from estuary.runtime.launcher import run_distributed
+
+    spec = replace(STEADY, hours=2, burst_at=None)
+    write_synthetic(spec, tmp_path / "data", SynthOutput(format="criteo_tsv"))
+    job = job_for(tmp_path, hours=2)
+    result = run_distributed(job, trainers=2, startup_timeout_s=60)
+    report = result.extra["progressive"]
+    assert report["scope"] == "rank 0's share of each step (1 of 2 trainers)"
+    # A step is 2 x 50 rows of one hour; rank 0 scores the first 50 of each.
+    assert [w["rows"] for w in report["windows"]] == [ROWS // 2, ROWS // 2]
+    assert result.train_rows == 2 * ROWS
+    assert report["windows"][1]["auc"] > 0.6  # steps of 100 rows: half as many as W=1

@@ -122,7 +122,7 @@ class FitLoop:
             saved_step=state.step if feed.restored else None,
         )
         job = self.checkpointer.job
-        self._progressive = progressive_for(job, feed, state.chief, self.metrics)
+        self._progressive = progressive_for(job, feed, state, self.metrics)
         observer = RunObserver(
             self.metrics,
             engine,

@@ -35,6 +35,7 @@ from estuary.data.graph.progress import Progress
 from estuary.data.types import Batch, Int64Array
 from estuary.metrics.progressive import NEW_IDS, ProgressiveCollector, ProgressiveStats
 from estuary.metrics.training import TrainingMetrics
+from estuary.train.callbacks import LoopState
 from estuary.train.feeds import Feed, GraphFeed
 
 __all__ = ["ProgressiveEval", "SeenIds", "progressive_for"]
@@ -122,7 +123,7 @@ class ProgressiveEval:
 
 
 def progressive_for(
-    job: JobSpec, feed: Feed, chief: bool, metrics: TrainingMetrics
+    job: JobSpec, feed: Feed, state: LoopState, metrics: TrainingMetrics
 ) -> ProgressiveEval | None:
     """The run's ``ProgressiveEval`` (rank 0 of a ``train.progressive_eval`` run),
     its figures exported on ``metrics``; ``None`` otherwise.
@@ -136,9 +137,9 @@ def progressive_for(
         raise ConfigError(
             "train.progressive_eval", "needs data.dataset (windows come from its task graph)"
         )
-    if not chief:
+    if not state.chief:
         return None
-    world = job.runtime.trainers
+    world = state.world_size
     scope = "all rows" if world == 1 else f"rank 0's share of each step (1 of {world} trainers)"
     stats = ProgressiveStats(scope)
     metrics.registry.register(ProgressiveCollector(stats))
