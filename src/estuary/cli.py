@@ -319,6 +319,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     print(f"summary: {out_dir / 'summary.json'}")
     if result.checkpoint is not None:
         print(f"checkpoint: {result.checkpoint}")
+    if "progressive" in result.extra:
+        from estuary.metrics.progressive import format_report
+
+        print(format_report(result.extra["progressive"]))
     if args.profile:
         print("profile (seconds per stage):")
         for key, value in result.profile.items():

@@ -16,7 +16,7 @@ from estuary.config import ConfigError, JobSpec, job_from_dict
 from estuary.data.synthetic import SyntheticSpec, SynthOutput, generate_chunks, write_synthetic
 from estuary.data.types import Batch, JaggedIds
 from estuary.metrics.evaluation import evaluate_predictions
-from estuary.metrics.progressive import weighted_quantiles
+from estuary.metrics.progressive import format_report, weighted_quantiles
 from estuary.train import Trainer
 from estuary.train.callbacks import Callback, LoopState
 from estuary.train.progressive import SeenIds
@@ -169,6 +169,9 @@ def test_windows_hold_the_auc_of_the_steps_own_predictions_and_bursts_are_new_id
     assert aucs[3] > aucs[2] - 0.02
     p50, p99 = report["lag_s"]["p50"], report["lag_s"]["p99"]
     assert 0 < p50 <= p99 and p99 - p50 < HOURS * 3600 + 60
+    table = format_report(report).splitlines()  # what `estuary train` prints
+    assert len(table) == 2 + HOURS + 2 + 1 and table[0].startswith("progressive evaluation")
+    assert table[2].split()[:2] == ["2026-01-01T00:00:00Z", f"{ROWS:,}"]
     registry = trainer.metrics.registry
     got = registry.get_sample_value("estuary_progressive_rows_total", {"origin": "hist/synth"})
     assert got == HOURS * ROWS

@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
 
-__all__ = ["NEW_IDS", "ProgressiveCollector", "ProgressiveStats"]
+__all__ = ["NEW_IDS", "ProgressiveCollector", "ProgressiveStats", "format_report"]
 
 NEW_IDS = "new_ids"
 """The origin bucket of rows holding an id never seen before (see docs/mixture.md)."""
@@ -233,3 +233,26 @@ class ProgressiveCollector(Collector):
         for q, value in zip(LAG_QUANTILES, self.stats.lag_quantiles(), strict=True):
             if not math.isnan(value):
                 lag.add_metric([str(q)], value)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """``ProgressiveStats.report()`` as a text table: one line per window, then
+    per origin, then the lag."""
+
+    def line(name: str, figures: dict[str, Any]) -> str:
+        auc, logloss = figures["auc"], figures["logloss"]
+        auc_text = "-" if auc is None else f"{auc:.4f}"
+        logloss_text = "-" if logloss is None else f"{logloss:.4f}"
+        return f"  {name:<24} {figures['rows']:>10,} {auc_text:>8} {logloss_text:>8}"
+
+    out = [f"progressive evaluation ({report['scope']}):"]
+    out.append(f"  {'window start / origin':<24} {'rows':>10} {'auc':>8} {'logloss':>8}")
+    out += [line(w["start"], w) for w in report["windows"]]
+    out += [line(name, figures) for name, figures in report["origins"].items()]
+    lag = report["lag_s"]
+    if lag["p50"] is not None:
+        out.append(
+            f"  event -> trained lag (from the window end): "
+            f"p50 {lag['p50']:,.0f} s, p99 {lag['p99']:,.0f} s"
+        )
+    return "\n".join(out)
