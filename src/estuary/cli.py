@@ -158,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     ren.add_argument("--env-archive", help="yarn: packed Python environment (.tar.gz)")
     ren.add_argument("--queue", help="yarn: the YARN queue")
 
-    from estuary.data.synthetic import SYNTHETIC_FORMATS, SyntheticSpec, parse_hour
+    from estuary.data.synthetic import DRIFT_KINDS, SYNTHETIC_FORMATS, SyntheticSpec, parse_hour
 
     default = SyntheticSpec()
     syn = sub.add_parser(
@@ -172,6 +172,14 @@ def _parser() -> argparse.ArgumentParser:
     syn.add_argument("--seed", type=int, default=default.seed)
     syn.add_argument("--start", type=parse_hour, default=default.start, help="e.g. 2026-01-01T00")
     syn.add_argument("--drift", type=float, default=default.drift, help="0 = stationary")
+    syn.add_argument("--drift-fraction", type=float, default=default.drift_fraction)
+    syn.add_argument("--drift-period-hours", type=float, default=default.drift_period_hours)
+    syn.add_argument("--drift-kind", choices=DRIFT_KINDS, default=default.drift_kind)
+    syn.add_argument("--drift-at", type=parse_hour, help="scenario change hour, e.g. 2026-01-02T00")
+    syn.add_argument("--drift-span-hours", type=float, default=default.drift_span_hours)
+    syn.add_argument("--burst-at", type=parse_hour, help="first hour of a burst of new ids")
+    syn.add_argument("--burst-hours", type=int, default=default.burst_hours)
+    syn.add_argument("--burst-share", type=float, default=default.burst_share)
     syn.add_argument("--workers", type=int, default=1, help="processes")
     syn.add_argument("--num-dense", type=int, default=default.num_dense)
     syn.add_argument("--num-sparse", type=int, help="sparse columns (default 26)")
@@ -311,6 +319,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     print(f"summary: {out_dir / 'summary.json'}")
     if result.checkpoint is not None:
         print(f"checkpoint: {result.checkpoint}")
+    if "progressive" in result.extra:
+        from estuary.metrics.progressive import format_report
+
+        print(format_report(result.extra["progressive"]))
     if args.profile:
         print("profile (seconds per stage):")
         for key, value in result.profile.items():
@@ -406,6 +418,14 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         zipf_exponent=args.zipf,
         base_ctr=args.base_ctr,
         drift=args.drift,
+        drift_fraction=args.drift_fraction,
+        drift_period_hours=args.drift_period_hours,
+        drift_kind=args.drift_kind,
+        drift_at=args.drift_at,
+        drift_span_hours=args.drift_span_hours,
+        burst_at=args.burst_at,
+        burst_hours=args.burst_hours,
+        burst_share=args.burst_share,
         label_noise=args.label_noise,
         seed=args.seed,
     )

@@ -251,6 +251,10 @@ class TrainSpec:
             memory either way; several trainers use NCCL on CUDA, gloo on CPU.
         sparse_placement: where hybrid/async sparse work runs: ``auto`` (see
             docs/job-spec.md), ``inline`` or ``background``.
+        progressive_eval: ``data.dataset`` runs: score every training batch before
+            training on it (the step's own forward) and report AUC / logloss per
+            event-time window and origin, and the event -> trained lag
+            (summary.json ``progressive``, metrics ``estuary_progressive_*``).
     """
 
     batch_size: int = 1024
@@ -265,6 +269,7 @@ class TrainSpec:
     precision: Literal["fp32", "bf16"] = "fp32"
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     sparse_placement: Literal["auto", "inline", "background"] = "auto"
+    progressive_eval: bool = False
 
     def validate(self, path: str) -> None:
         if self.mode == "sync" and self.sparse_placement == "background":

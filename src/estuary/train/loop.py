@@ -7,6 +7,7 @@ and any number of trainers. Reads top to bottom::
         share = feed.share(batch)          rows over all ranks, loss reduction
         callbacks.before_step              fault injection (tests)
         engine.step(batch, plan)           lookup -> fwd/bwd -> dense step -> sparse hand-off
+        progressive.record(batch, logits)  train.progressive_eval: the step's pre-update scores
         feed.commit(share)                 rows recorded as trained (graph feed)
         callbacks.after_step               progress bar, metrics, checkpoint cadence
         stop.poll(step) -> checkpoint the step, raise TrainingStopped
@@ -42,6 +43,7 @@ from estuary.train.checkpointer import Checkpointer
 from estuary.train.engine import Engine, UpdatePlan
 from estuary.train.feeds import Feed
 from estuary.train.observe import RunObserver
+from estuary.train.progressive import ProgressiveEval, progressive_for
 from estuary.train.result import FitResult, TrainingStopped
 from estuary.train.sparse_updates import SparseUpdater
 
@@ -108,6 +110,7 @@ class FitLoop:
         self.extra_callbacks, self.progress, self.load_s = list(callbacks), progress, load_s
         self.plan_for = plan_for
         self._final = False  # True: checkpoints block (a stop's, the last ones)
+        self._progressive: ProgressiveEval | None = None
 
     def run(self) -> FitResult:
         state, feed, engine = self.state, self.feed, self.engine
@@ -119,6 +122,7 @@ class FitLoop:
             saved_step=state.step if feed.restored else None,
         )
         job = self.checkpointer.job
+        self._progressive = progressive_for(job, feed, state, self.metrics)
         observer = RunObserver(
             self.metrics,
             engine,
@@ -146,7 +150,7 @@ class FitLoop:
         self, callbacks: Callbacks, cadence: CheckpointCadence, updater: SparseUpdater
     ) -> tuple[int, float]:
         """The epochs and steps; returns (rows trained over all ranks, seconds)."""
-        state, feed, engine = self.state, self.feed, self.engine
+        state, feed, engine, progressive = self.state, self.feed, self.engine, self._progressive
         rows_done = 0
         t_start = time.perf_counter()
         callbacks.on_fit_start(state)
@@ -161,6 +165,9 @@ class FitLoop:
                     callbacks.before_step(state)
                     plan = self.plan_for(batch) if self.plan_for is not None else None
                     loss = engine.step(batch, looked_up, updater, plan, loss_scale=share.loss_scale)
+                    if progressive is not None:  # the step's logits, from before its update
+                        assert engine.last_logits is not None
+                        progressive.record(batch, engine.last_logits)
                     state.step += 1
                     if feed.epoch_positions:
                         state.epoch_step += 1
@@ -256,5 +263,10 @@ class FitLoop:
                 "embedding_bytes": sum(s.bytes for s in stats.values()),
                 "unknown_grads": sum(s.unknown_grads for s in stats.values()),
                 **{k: round(v, 6) for k, v in self.checkpointer.timings.items()},
+                **(
+                    {"progressive": self._progressive.stats.report()}
+                    if self._progressive is not None
+                    else {}
+                ),
             },
         )

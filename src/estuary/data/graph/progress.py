@@ -291,6 +291,22 @@ class Progress:
         entry = self._codes[int(row_id) >> ROW_BITS]
         return RowIdentity(self.tasks[entry.task_id].task, entry.split, int(row_id) & _ROW_MASK)
 
+    def row_tasks(self, row_ids: Int64Array) -> tuple[list[Task], Int64Array]:
+        """The tasks of rows ``row_ids`` int64 (B,): (the distinct tasks T, int64 (B,)
+        each row's index into them). Costs a pass over the B split codes; only the
+        (few) distinct ones are decoded, so the rows' tasks must be uncommitted."""
+        codes = row_ids >> ROW_BITS
+        first = codes[0] if codes.shape[0] else 0
+        if (codes == first).all():  # the common case: one split, no sort
+            distinct, inverse = [int(first)], np.zeros(codes.shape[0], np.int64)
+        else:
+            unique, inverse = np.unique(codes, return_inverse=True)
+            distinct = unique.tolist()
+        codes_tasks = [self.row_identity(code << ROW_BITS).task for code in distinct]
+        tasks = list(dict.fromkeys(codes_tasks))  # splits of one task share it
+        index = np.array([tasks.index(t) for t in codes_tasks], np.int64)
+        return tasks, index[inverse]
+
     # -- bookkeeping ------------------------------------------------------------------
 
     def _settle(self, record: TaskRecord) -> None:

@@ -239,13 +239,8 @@ class BatchSink:
         are one source's, else ``None``. Costs a pass over the B split codes; the
         (few) distinct ones are decoded by ``Progress`` (their tasks are not
         committed: these rows are not trained yet)."""
-        codes = row_ids >> ROW_BITS
-        first = codes[0]
-        distinct = [first] if (codes == first).all() else np.unique(codes).tolist()
-        origins = set()
-        for code in distinct:
-            task = self.progress.row_identity(int(code) << ROW_BITS).task
-            origins.add(f"{task.stream}/{task.source}")
+        tasks, _ = self.progress.row_tasks(row_ids)
+        origins = {f"{task.stream}/{task.source}" for task in tasks}
         return origins.pop() if len(origins) == 1 else None
 
     def _batch(self) -> Batch:

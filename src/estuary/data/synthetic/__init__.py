@@ -40,6 +40,7 @@ from estuary.data.synthetic.formats import (
 from estuary.data.synthetic.model import ClickModel, SyntheticChunk, generate_chunks, model_for
 from estuary.data.synthetic.spec import (
     CRITEO_VOCAB_SIZES,
+    DRIFT_KINDS,
     SyntheticSpec,
     epoch_hour,
     hour_datetime,
@@ -57,6 +58,7 @@ from estuary.data.synthetic.writers import (
 
 __all__ = [
     "CRITEO_VOCAB_SIZES",
+    "DRIFT_KINDS",
     "EXTRA_COLUMNS",
     "SUCCESS",
     "SYNTHETIC_FORMATS",

@@ -23,6 +23,7 @@ from enum import IntEnum
 import numpy as np
 import numpy.typing as npt
 
+from estuary.data.synthetic.scenarios import burst_hour_index, concept_mix
 from estuary.data.synthetic.spec import SyntheticSpec
 
 __all__ = ["ClickModel", "SyntheticChunk", "generate_chunks", "model_for"]
@@ -65,6 +66,8 @@ class _Tag(IntEnum):
     FEATURE = 11
     CALIBRATION = 12
     DIURNAL = 13
+    CONCEPT = 14
+    BURST = 15
 
 
 def _mix_int(x: int) -> int:
@@ -191,7 +194,8 @@ class ClickModel:
 
     ``w_f(v, hour) = w0 + drift * member * noise(hour)`` where ``member`` marks
     ``drift_fraction`` of the values and ``noise`` is smooth value noise with
-    independent knots every ``drift_period_hours``. ``z_d`` is the standardised
+    independent knots every ``drift_period_hours`` (``drift_kind`` smooth), or a
+    scenario's mix of two concepts (``synthetic.scenarios``). ``z_d`` is the standardised
     log count behind dense column d (shared row activity + own noise). ``bias``
     is solved so the mean label over a day is ``base_ctr``.
 
@@ -254,14 +258,18 @@ class ClickModel:
         h = hash_u64(key(spec.seed, _Tag.VALUE, feature), ranks)
         weights = std_logistic(h)
         if spec.drift > 0 and self.drift_members > 0:
-            t = hour / spec.drift_period_hours
-            knot = math.floor(t)
-            frac = t - knot
-            smooth = frac * frac * (3.0 - 2.0 * frac)
-            n0 = std_logistic(hash_u64(key(spec.seed, _Tag.KNOT, feature, knot), ranks))
-            n1 = std_logistic(hash_u64(key(spec.seed, _Tag.KNOT, feature, knot + 1), ranks))
+            if spec.drift_kind == "smooth":  # value noise, knots every drift_period_hours
+                t = hour / spec.drift_period_hours
+                knot = math.floor(t)
+                tag, first = _Tag.KNOT, knot
+                frac = t - knot
+                mix = frac * frac * (3.0 - 2.0 * frac)
+            else:  # concepts A (0) and B (1), mixed as the scenario says
+                tag, first, mix = _Tag.CONCEPT, 0, concept_mix(spec, hour)
+            n0 = std_logistic(hash_u64(key(spec.seed, tag, feature, first), ranks))
+            n1 = std_logistic(hash_u64(key(spec.seed, tag, feature, first + 1), ranks))
             member = (h & _LOW10) < np.uint64(self.drift_members)
-            weights += np.where(member, spec.drift * (n0 + smooth * (n1 - n0)), 0.0)
+            weights += np.where(member, spec.drift * (n0 + mix * (n1 - n0)), 0.0)
         weights *= self.sparse_std[feature]
         return weights
 
@@ -273,6 +281,7 @@ class ClickModel:
         """(logit without bias (B,), ids (F, B), ids valid (F, B), dense (Dd, B),
         dense valid (Dd, B)) for rows ``index`` drawn from stream ``row_key``."""
         spec, b = self.spec, index.shape[0]
+        burst = burst_hour_index(spec, hour)
         logit = np.zeros(b)
         ranks = np.empty((spec.num_sparse, b), np.uint64)
         valid = np.empty((spec.num_sparse, b), np.bool_)
@@ -281,6 +290,8 @@ class ClickModel:
             h = hash_u64(key(row_key, _Tag.SPARSE, f), index)
             valid[f] = (h & _LOW11) >= np.uint64(self.sparse_missing[f])
             ranks[f] = zipf_ranks(unit(h), vocab, spec.zipf_exponent)
+            if burst is not None:
+                self._burst_ranks(ranks[f], row_key, f, vocab, burst, index)
             logit += np.where(valid[f], self.value_weights(f, ranks[f], hour), 0.0)
             ids[f] = permute32(ranks[f], key(spec.seed, _Tag.PERMUTE, f))
         for p, (f, g) in enumerate(self.pairs):
@@ -313,6 +324,16 @@ class ClickModel:
             2 * math.pi * (hour_of_day + self.diurnal_phase) / 24
         )
         return logit, ids, valid, dense, dense_valid
+
+    def _burst_ranks(
+        self, ranks: U64Array, row_key: int, feature: int, vocab: int, k: int, index: U64Array
+    ) -> None:
+        """Replace, in place, a ``burst_share`` of ``ranks`` (N,) by new ranks of
+        burst hour ``k``: Zipf-drawn in ``[vocab * (k + 1), vocab * (k + 2))``."""
+        h = hash_u64(key(row_key, _Tag.BURST, feature), index)
+        new = unit(h) < self.spec.burst_share
+        u = unit(hash_u64(key(row_key, _Tag.BURST, feature, 1), index[new]))
+        ranks[new] = zipf_ranks(u, vocab, self.spec.zipf_exponent) + np.uint64(vocab * (k + 1))
 
     @property
     def bias(self) -> float:

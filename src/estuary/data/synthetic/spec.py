@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
+from typing import Literal, get_args
 
 from estuary.config.errors import ConfigError
 
 __all__ = [
     "CRITEO_VOCAB_SIZES",
+    "DRIFT_KINDS",
+    "DriftKind",
     "SyntheticSpec",
     "epoch_hour",
     "hour_datetime",
@@ -25,6 +28,10 @@ CRITEO_VOCAB_SIZES: tuple[int, ...] = (
     27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 )  # fmt: skip
 """Distinct values of C1..C26 in the Criteo Kaggle (7-day) data set: the default."""
+
+DriftKind = Literal["smooth", "abrupt", "gradual", "recurring"]
+"""How drifting values' weights move over time (see ``synthetic.scenarios``)."""
+DRIFT_KINDS: tuple[str, ...] = get_args(DriftKind)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAX_VOCAB = 1 << 32  # ids are 32-bit (8 hex digits) and distinct per value
@@ -77,8 +84,22 @@ class SyntheticSpec:
         drift: how far drifting values' weights move, in units of their feature's
             weight scale; 0 makes the click model stationary.
         drift_fraction: share of each column's values whose weight drifts.
-        drift_period_hours: the drift's correlation time: weights ``drift_period_hours``
-            apart are independent, nearby hours are alike.
+        drift_period_hours: ``smooth``: the drift's correlation time (weights
+            ``drift_period_hours`` apart are independent, nearby hours are alike);
+            ``recurring``: how long each concept lasts before the other returns.
+        drift_kind: ``smooth`` (value noise, the default), or a scenario between two
+            concepts A and B of the drifting values' weights: ``abrupt`` (A before
+            ``drift_at``, B from it), ``gradual`` (a linear blend from A to B over
+            ``drift_span_hours`` from ``drift_at``), ``recurring`` (B from ``drift_at``,
+            then A and B alternate every ``drift_period_hours``).
+        drift_at: when a scenario's change starts (an absolute hour, UTC, never an
+            offset from ``start``); required by every kind but ``smooth``.
+        drift_span_hours: ``gradual``: hours the blend from A to B takes.
+        burst_at: first hour of a burst of new ids (``None``: no burst): during
+            ``[burst_at, burst_at + burst_hours)`` a share ``burst_share`` of each
+            column's values are ids outside the vocabulary, distinct per hour.
+        burst_hours: hours the burst lasts.
+        burst_share: share of values replaced by new ids during the burst.
         diurnal_amplitude: amplitude (in logits) of the time-of-day CTR cycle.
         num_interactions: pairwise sparse-feature interactions in the click model.
         signal_scale: scales every learnable effect; larger = more predictable labels.
@@ -98,6 +119,12 @@ class SyntheticSpec:
     drift: float = 0.5
     drift_fraction: float = 0.3
     drift_period_hours: float = 24.0
+    drift_kind: DriftKind = "smooth"
+    drift_at: datetime | None = None
+    drift_span_hours: float = 24.0
+    burst_at: datetime | None = None
+    burst_hours: int = 1
+    burst_share: float = 0.2
     diurnal_amplitude: float = 0.2
     num_interactions: int = 4
     signal_scale: float = 1.0
@@ -108,6 +135,10 @@ class SyntheticSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "vocab_sizes", tuple(int(v) for v in self.vocab_sizes))
+        for name in ("drift_at", "burst_at"):
+            when = getattr(self, name)
+            if when is not None and when.tzinfo is None:
+                object.__setattr__(self, name, when.replace(tzinfo=UTC))
 
     @property
     def num_sparse(self) -> int:
@@ -137,7 +168,14 @@ class SyntheticSpec:
         Raises:
             ConfigError: names the field, e.g. ``synthetic.rows_per_hour: must be > 0``.
         """
-        positive = ("rows_per_hour", "hours", "chunk_rows", "drift_period_hours")
+        positive = (
+            "rows_per_hour",
+            "hours",
+            "chunk_rows",
+            "drift_period_hours",
+            "drift_span_hours",
+            "burst_hours",
+        )
         non_negative = (
             "num_dense",
             "num_interactions",
@@ -151,10 +189,15 @@ class SyntheticSpec:
                 raise ConfigError(f"{path}.{f.name}", f"must be > 0, got {value}")
             if f.name in non_negative and not value >= 0:
                 raise ConfigError(f"{path}.{f.name}", f"must be >= 0, got {value}")
-        if self.start.minute or self.start.second or self.start.microsecond:
-            raise ConfigError(f"{path}.start", f"must be on a whole hour, got {self.start}")
-        if self.start_hour < 0:
-            raise ConfigError(f"{path}.start", "must be 1970-01-01T00 UTC or later")
+        for name in ("start", "drift_at", "burst_at"):
+            when = getattr(self, name)
+            if when is None:
+                continue
+            if when.minute or when.second or when.microsecond:
+                raise ConfigError(f"{path}.{name}", f"must be on a whole hour, got {when}")
+            if epoch_hour(when) < 0:
+                raise ConfigError(f"{path}.{name}", "must be 1970-01-01T00 UTC or later")
+        self._validate_scenario(path)
         if not self.vocab_sizes:
             raise ConfigError(f"{path}.vocab_sizes", "needs at least one sparse column")
         for i, size in enumerate(self.vocab_sizes):
@@ -172,3 +215,29 @@ class SyntheticSpec:
             raise ConfigError(f"{path}.missing_rate", "must be in [0, 0.5]")
         if not 0 <= self.seed < 1 << 64:
             raise ConfigError(f"{path}.seed", "must be in [0, 2**64)")
+
+    def _validate_scenario(self, path: str) -> None:
+        """The drift kind, its time, and the burst (see ``validate``)."""
+        if self.drift_kind not in DRIFT_KINDS:
+            raise ConfigError(
+                f"{path}.drift_kind",
+                f"must be one of {', '.join(DRIFT_KINDS)}, got {self.drift_kind!r}",
+            )
+        if self.drift_kind != "smooth" and self.drift_at is None:
+            raise ConfigError(
+                f"{path}.drift_at", f"is required with drift_kind {self.drift_kind!r}"
+            )
+        if self.drift_kind == "smooth" and self.drift_at is not None:
+            raise ConfigError(f"{path}.drift_at", "has no effect with drift_kind 'smooth'")
+        if not 0 < self.burst_share <= 1:
+            raise ConfigError(f"{path}.burst_share", f"must be in (0, 1], got {self.burst_share}")
+        if self.burst_at is None:
+            return
+        # Burst hour k draws ranks in [size * (k + 1), size * (k + 2)).
+        for i, size in enumerate(self.vocab_sizes):
+            if size * (self.burst_hours + 1) > _MAX_VOCAB:
+                raise ConfigError(
+                    f"{path}.burst_hours",
+                    f"new ids of {self.burst_hours} hours do not fit in 32 bits beside "
+                    f"vocab_sizes[{i}] = {size} (need vocab * (burst_hours + 1) <= 2**32)",
+                )

@@ -1,0 +1,258 @@
+"""Progressive (predict-then-train) evaluation figures: AUC / logloss per event-time
+window and per origin, and the event -> trained lag.
+
+``ProgressiveStats`` only accumulates what the training loop hands it (labels and
+the probabilities the model gave each row *before* training on it, grouped by
+window and origin); ``estuary.train.progressive`` decides the groups. Every row's
+prediction is kept (5 bytes a row: float32 probability + int8 label) so each
+window's AUC is exact; ``report`` computes them with ``metrics.evaluation``.
+
+Prometheus (``ProgressiveCollector``, rendered at scrape time from the stats):
+``estuary_progressive_rows_total{origin}``, ``estuary_progressive_auc{origin}``
+and ``estuary_progressive_logloss{origin}`` (over every row of the origin so far),
+``estuary_progressive_window_auc`` / ``_window_rows`` / ``_window_start_timestamp_seconds``
+(the newest window), and ``estuary_progressive_lag_seconds{quantile}``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from estuary.metrics.evaluation import EvalResult, evaluate_predictions
+
+__all__ = ["NEW_IDS", "ProgressiveCollector", "ProgressiveStats", "format_report"]
+
+NEW_IDS = "new_ids"
+"""The origin bucket of rows holding an id never seen before (see docs/mixture.md)."""
+
+LAG_QUANTILES = (0.5, 0.99)
+
+
+@dataclass
+class _Scores:
+    """Labels and probabilities of one group, appended a step at a time."""
+
+    labels: list[npt.NDArray[np.int8]] = field(default_factory=list)
+    probs: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    rows: int = 0
+
+    def add(self, labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]) -> None:
+        self.labels.append(labels)
+        self.probs.append(probs)
+        self.rows += int(labels.shape[0])
+
+    def result(self) -> EvalResult:
+        if not self.labels:
+            return evaluate_predictions(np.zeros(0), np.zeros(0))
+        # Merge the parts once, so a later call sorts one array, not many.
+        self.labels = [np.concatenate(self.labels)]
+        self.probs = [np.concatenate(self.probs)]
+        return evaluate_predictions(self.labels[0].astype(np.float32), self.probs[0])
+
+
+def _figures(scores: _Scores) -> dict[str, Any]:
+    result = scores.result()
+    return {"rows": result.rows, "auc": _num(result.auc), "logloss": _num(result.logloss)}
+
+
+def _num(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 6)
+
+
+def _iso(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def weighted_quantiles(
+    values: npt.NDArray[np.float64], weights: npt.NDArray[np.int64], qs: Iterable[float]
+) -> list[float]:
+    """Quantiles of ``values`` (N,) each counted ``weights`` (N,) times: the
+    smallest value whose cumulative weight reaches ``q`` of the total."""
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    total = int(cumulative[-1])
+    out = []
+    for q in qs:
+        at = int(np.searchsorted(cumulative, q * total, side="left"))
+        out.append(float(values[order][min(at, order.shape[0] - 1)]))
+    return out
+
+
+class ProgressiveStats:
+    """Progressive AUC / logloss per event-time window and per origin, and lag.
+
+    Args:
+        scope: a line saying whose rows these are (e.g. rank 0's share).
+    """
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+        self.lock = threading.Lock()  # the training thread appends, a scrape reads
+        self.windows: dict[tuple[int, int], _Scores] = {}  # (start_s, end_s) -> scores
+        self.origins: dict[str, _Scores] = {}
+        self._lags: list[float] = []  # seconds, one per (step, task) group
+        self._lag_rows: list[int] = []
+
+    def record(
+        self,
+        window: tuple[int, int],
+        origins: Iterable[str],
+        labels: npt.NDArray[np.int8],
+        probs: npt.NDArray[np.float32],
+        lag_s: float,
+    ) -> None:
+        """Rows of one window (B,) predicted before training: counted in the window,
+        in each of ``origins``, and in the lag (``lag_s`` for each of them)."""
+        with self.lock:
+            self.windows.setdefault(window, _Scores()).add(labels, probs)
+            for origin in origins:
+                self.origins.setdefault(origin, _Scores()).add(labels, probs)
+            self._lags.append(lag_s)
+            self._lag_rows.append(int(labels.shape[0]))
+
+    def record_origin(
+        self, origin: str, labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]
+    ) -> None:
+        """Rows counted in one more origin only (e.g. the new-ids bucket)."""
+        if labels.shape[0]:
+            with self.lock:
+                self.origins.setdefault(origin, _Scores()).add(labels, probs)
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.windows.values())
+
+    def lag_quantiles(self) -> list[float]:
+        """Event -> trained lag (s) at ``LAG_QUANTILES``, row-weighted; NaN when empty."""
+        if not self._lags:
+            return [math.nan for _ in LAG_QUANTILES]
+        lags, rows = np.array(self._lags), np.array(self._lag_rows, np.int64)
+        return weighted_quantiles(lags, rows, LAG_QUANTILES)
+
+    def newest_window(self) -> tuple[tuple[int, int], _Scores] | None:
+        if not self.windows:
+            return None
+        key = max(self.windows)
+        return key, self.windows[key]
+
+    def report(self) -> dict[str, Any]:
+        """For summary.json: ``windows`` (time order), ``origins``, ``lag_s``."""
+        with self.lock:
+            return self._report()
+
+    def _report(self) -> dict[str, Any]:
+        p50, p99 = self.lag_quantiles()
+        return {
+            "scope": self.scope,
+            "rows": self.rows,
+            "windows": [
+                {"start": _iso(start), "end": _iso(end), **_figures(scores)}
+                for (start, end), scores in sorted(self.windows.items())
+            ],
+            "origins": {name: _figures(s) for name, s in sorted(self.origins.items())},
+            "lag_s": {"p50": _num(p50), "p99": _num(p99), "from": "window_end"},
+        }
+
+
+class ProgressiveCollector(Collector):
+    """Renders ``ProgressiveStats`` at scrape time (see module docstring)."""
+
+    def __init__(self, stats: ProgressiveStats) -> None:
+        self.stats = stats
+
+    def describe(self) -> Iterable[Metric]:
+        yield from self._families(False)
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._families(True)
+
+    def _families(self, fill: bool) -> Iterator[Metric]:
+        rows = CounterMetricFamily(
+            "estuary_progressive_rows",
+            "Rows scored before training on them, per origin (rank 0's share).",
+            labels=["origin"],
+        )
+        auc = GaugeMetricFamily(
+            "estuary_progressive_auc",
+            "Progressive (predict-then-train) AUC of every row of the origin so far.",
+            labels=["origin"],
+        )
+        logloss = GaugeMetricFamily(
+            "estuary_progressive_logloss",
+            "Progressive log loss of every row of the origin so far.",
+            labels=["origin"],
+        )
+        w_auc = GaugeMetricFamily(
+            "estuary_progressive_window_auc", "Progressive AUC of the newest event-time window."
+        )
+        w_rows = GaugeMetricFamily(
+            "estuary_progressive_window_rows", "Rows scored in the newest event-time window."
+        )
+        w_start = GaugeMetricFamily(
+            "estuary_progressive_window_start_timestamp_seconds",
+            "Start (s since 1970) of the newest event-time window.",
+        )
+        lag = GaugeMetricFamily(
+            "estuary_progressive_lag_seconds",
+            "Event -> trained lag: wall time of the training step minus the end of the "
+            "row's window, row-weighted quantiles over the run.",
+            labels=["quantile"],
+        )
+        if fill:
+            with self.stats.lock:
+                self._fill(rows, auc, logloss, w_auc, w_rows, w_start, lag)
+        yield from (rows, auc, logloss, w_auc, w_rows, w_start, lag)
+
+    def _fill(self, *families: Any) -> None:
+        """Add the samples to the families (lock held)."""
+        rows, auc, logloss, w_auc, w_rows, w_start, lag = families
+        for name, scores in sorted(self.stats.origins.items()):
+            result = scores.result()
+            rows.add_metric([name], result.rows)
+            if not math.isnan(result.auc):
+                auc.add_metric([name], result.auc)
+            logloss.add_metric([name], result.logloss)
+        newest = self.stats.newest_window()
+        if newest is not None:
+            (start, _), scores = newest
+            result = scores.result()
+            if not math.isnan(result.auc):
+                w_auc.add_metric([], result.auc)
+            w_rows.add_metric([], result.rows)
+            w_start.add_metric([], start)
+        for q, value in zip(LAG_QUANTILES, self.stats.lag_quantiles(), strict=True):
+            if not math.isnan(value):
+                lag.add_metric([str(q)], value)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """``ProgressiveStats.report()`` as a text table: one line per window, then
+    per origin, then the lag."""
+
+    def line(name: str, figures: dict[str, Any]) -> str:
+        auc, logloss = figures["auc"], figures["logloss"]
+        auc_text = "-" if auc is None else f"{auc:.4f}"
+        logloss_text = "-" if logloss is None else f"{logloss:.4f}"
+        return f"  {name:<24} {figures['rows']:>10,} {auc_text:>8} {logloss_text:>8}"
+
+    out = [f"progressive evaluation ({report['scope']}):"]
+    out.append(f"  {'window start / origin':<24} {'rows':>10} {'auc':>8} {'logloss':>8}")
+    out += [line(w["start"], w) for w in report["windows"]]
+    out += [line(name, figures) for name, figures in report["origins"].items()]
+    lag = report["lag_s"]
+    if lag["p50"] is not None:
+        out.append(
+            f"  event -> trained lag (from the window end): "
+            f"p50 {lag['p50']:,.0f} s, p99 {lag['p99']:,.0f} s"
+        )
+    return "\n".join(out)
