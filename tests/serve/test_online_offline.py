@@ -5,6 +5,7 @@ the run."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,3 +62,26 @@ def test_eval_predictions_file_has_one_line_per_eval_row(
 ) -> None:
     assert eval_predictions.shape == (len(tiny_run.eval_rows),)
     assert ((eval_predictions > 0) & (eval_predictions < 1)).all()
+
+
+def test_tables_stored_as_bf16_serve_what_eval_predicts(tmp_path: Path) -> None:
+    """A job whose tables hold bf16 weights (``dtype: bf16``): the export and a
+    followed run serve eval's predictions (the rows widen to float32 exactly)."""
+    from .conftest import write_data, write_job
+
+    rows = write_data(tmp_path / "train.tsv", 600)
+    job = write_job(tmp_path)
+    dtype = ["--set", "model.embedding.default.dtype=bf16"]
+    assert main(["train", str(job), "-q", *dtype]) == 0
+    predictions = tmp_path / "predictions.jsonl"
+    argv = ["eval", str(job), "--checkpoint", str(tmp_path / "out"), "-q", *dtype]
+    assert main([*argv, "--predictions", str(predictions)]) == 0
+    offline = np.array([json.loads(x)["prediction"] for x in predictions.read_text().splitlines()])
+    eval_rows = rows[len(rows) - len(rows) // 5 :]
+    assert main(["export", str(tmp_path / "out"), "--output", str(tmp_path / "export")]) == 0
+    for model in (
+        load_export(tmp_path / "export"),
+        model_from_checkpoint(load_checkpoint(tmp_path / "out")),
+    ):
+        online = served_predictions(model, eval_rows)
+        np.testing.assert_allclose(online, offline, rtol=0, atol=1e-6)

@@ -45,11 +45,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file
 
 from estuary.config import job_from_dict, to_dict
 from estuary.embedding.delta import IDS, UNKNOWN_PREFIX, WEIGHTS
-from estuary.embedding.files import sha256, write_state
+from estuary.embedding.files import read_state, sha256, write_state
 from estuary.serve.checkpoints import job_of, model_from_checkpoint, version_of
 from estuary.serve.model import ExportedDense, FlatSequences, ServingModel
 from estuary.serve.pipeline import FeaturePipeline
@@ -309,7 +308,7 @@ def load_export(folder: Path) -> ServingModel:
         raise ExportError(f"{folder / MANIFEST}: rows: unknown encoding {manifest.get('rows')!r}")
     states = {}
     for name in manifest["tables"]:
-        stored = load_file(str(folder / "tables" / f"{name}.safetensors"))
+        stored = read_state(folder / "tables" / f"{name}.safetensors")
         states[name] = {
             IDS: stored[IDS],
             WEIGHTS: encoding.decode(stored),
