@@ -156,10 +156,10 @@ class RoutedSink(BatchSink):
         (the rest as ``BatchSink``)
     """
 
-    def __init__(self, *args: Any, ranks: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        per_rank = -(-self.buffer.buffer_rows // ranks)
-        self.buffer = RowBuffer(0, 0, 0, None)  # unused: the ranks' buffers hold the rows
+    def __init__(self, *args: Any, ranks: int, buffer_rows: int, **kwargs: Any) -> None:
+        # The base class's buffer stays empty (read order, no rows): the ranks' hold them.
+        super().__init__(*args, buffer_rows=0, **kwargs)
+        per_rank = -(-buffer_rows // ranks)
         self.ranks = [
             RowBuffer(0, 0, per_rank, self.rng if per_rank else None) for _ in range(ranks)
         ]
