@@ -219,6 +219,28 @@ def _ftrl_kernel(
             storage[r, j] = _clamp(np.float32(w_new), clip32)
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _rowwise_adagrad_rate(
+    storage: Float32Array,
+    r: int,
+    column: int,
+    grads: Float32Array,
+    n: int,
+    lr: float,
+    eps32: np.float32,
+) -> np.float32:
+    """Row-wise Adagrad's accumulator update for row ``r`` (its float32 word
+    ``column``) by gradient row ``n`` (D,); returns the row's step size."""
+    dim = grads.shape[1]
+    sq = np.float32(0.0)
+    for j in range(dim):
+        g = grads[n, j]
+        sq += g * g
+    acc = storage[r, column] + sq / np.float32(dim)
+    storage[r, column] = acc
+    return np.float32(lr) / (np.sqrt(acc) + eps32)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _rowwise_adagrad_kernel(
     storage: Float32Array,
@@ -239,13 +261,7 @@ def _rowwise_adagrad_kernel(
         if n + ROWS_AHEAD < rows.size:
             prefetch_span(storage, rows[n + ROWS_AHEAD] * width, width)
         r = rows[n]
-        sq = np.float32(0.0)
-        for j in range(dim):
-            g = grads[n, j]
-            sq += g * g
-        acc = storage[r, dim] + sq / np.float32(dim)
-        storage[r, dim] = acc
-        step = np.float32(lr) / (np.sqrt(acc) + eps32)
+        step = _rowwise_adagrad_rate(storage, r, dim, grads, n, lr, eps32)
         for j in range(dim):
             w = storage[r, j] * decay32 - step * grads[n, j]
             storage[r, j] = _clamp(w, clip32)
