@@ -36,10 +36,16 @@ Reported (mean over seeds): AUC and logloss per contender, and
                          (estuary_hybrid_bg), where updates land up to 4 steps
                          late (floor: |gap| <= 0.002)
   async_minus_sync_auc   the same for async (estuary_async, estuary_async_bg)
+  rowwise_bf16_minus_fp32_auc
+                         Estuary DLRM with row-wise Adagrad and bf16 rows
+                         (estuary_rowwise_bf16) minus the example's full
+                         Adagrad with fp32 rows (estuary), the lowest over
+                         datasets (floor: >= -0.001); estuary_rowwise_fp32
+                         separates the optimizer's share from the rows'
 
 Everything runs in this process, one run after another (``--threads`` torch
 threads): about 16 minutes for the full run on 2 shared cores, 4 with
-``--quick`` (seed 0; no async or forced-background hybrid). The references need
+``--quick`` (seed 0; no async, forced-background hybrid or row-wise fp32). The references need
 the bench-only extras (``bash bench/install-extras.sh``); a missing one is
 reported as unavailable.
 """
@@ -70,19 +76,32 @@ CONTENDERS = {
         "estuary_hybrid_bg",
         "estuary_async",
         "estuary_async_bg",
+        "estuary_rowwise_fp32",
+        "estuary_rowwise_bf16",
         "pytorch",
         "torchrec",
     ),
     "deepfm": ("estuary", "pytorch", "deepctr"),
 }
-QUICK_SKIPS = ("estuary_async", "estuary_hybrid_bg", "estuary_async_bg")
+QUICK_SKIPS = ("estuary_async", "estuary_hybrid_bg", "estuary_async_bg", "estuary_rowwise_fp32")
 ESTUARY_MODES = {
     "estuary": "sync",
     "estuary_hybrid": "hybrid",
     "estuary_hybrid_bg": "hybrid",
     "estuary_async": "async",
     "estuary_async_bg": "async",
+    "estuary_rowwise_fp32": "sync",
+    "estuary_rowwise_bf16": "sync",
 }
+# Row-wise Adagrad (one accumulator per row) with fp32 or bf16 stored rows, against
+# the example job's full Adagrad with fp32 rows (``estuary``). Its table lr is its
+# own best of the same kind of search as REFERENCE_LR (0.01 / 0.015 / 0.02 / 0.03,
+# mean AUC of seeds 0-2 with bf16 rows; docs/results.md).
+ROWWISE = {
+    "estuary_rowwise_fp32": "fp32",
+    "estuary_rowwise_bf16": "bf16",
+}
+ROWWISE_LR = {"criteo": ROWWISE_LR_CRITEO, "avazu": ROWWISE_LR_AVAZU}
 # Contenders whose sparse work runs on background threads whatever the placement
 # policy picks (on 2 busy cores it picks inline, where hybrid/async train like sync).
 FORCED_BACKGROUND = ("estuary_hybrid_bg", "estuary_async_bg")
@@ -98,7 +117,12 @@ REFERENCE_LR = {
     ("avazu", "dlrm"): 0.01,
     ("avazu", "deepfm"): 0.02,
 }
-HEADLINE = ("auc_gap_vs_best", "hybrid_minus_sync_auc", "async_minus_sync_auc")
+HEADLINE = (
+    "auc_gap_vs_best",
+    "hybrid_minus_sync_auc",
+    "async_minus_sync_auc",
+    "rowwise_bf16_minus_fp32_auc",
+)
 INSTALL_HINT = "install with bench/install-extras.sh"
 
 
@@ -154,12 +178,18 @@ class Runner:
             overrides += [f"train.mode={ESTUARY_MODES[contender]}", f"train.staleness={STALENESS}"]
         if contender in FORCED_BACKGROUND:
             overrides.append("train.sparse_placement=background")
+        if contender in ROWWISE:
+            overrides += [
+                "model.embedding.default.optimizer.name=rowwise_adagrad",
+                f"model.embedding.default.optimizer.lr={ROWWISE_LR[dataset]}",
+                f"model.embedding.default.dtype={ROWWISE[contender]}",
+            ]
         job = self.job(dataset, model, contender, overrides)
         data = self.dataset(dataset, job)
         if contender in ESTUARY_MODES:
             result = Trainer(job, dataset=data).fit(progress=False)
             note = ""
-            if contender != "estuary":
+            if contender != "estuary" and contender not in ROWWISE:
                 note = (
                     f"sparse work {result.extra['sparse_placement']}, "
                     f"max {result.extra['max_staleness_seen']} updates behind"
@@ -253,6 +283,8 @@ def gaps(results: dict[tuple[str, str, str], list[quality_refs.Metrics]]) -> dic
         "hybrid_bg": {},
         "async": {},
         "async_bg": {},
+        "rowwise_fp32": {},
+        "rowwise_bf16": {},
     }
     cells = sorted({(d, m) for d, m, _ in results})
     for dataset, model in cells:
@@ -278,6 +310,10 @@ def gaps(results: dict[tuple[str, str, str], list[quality_refs.Metrics]]) -> dic
     out["hybrid_minus_sync_auc"] = max(hybrid, key=abs) if hybrid else None
     async_ = [*mode_gaps["async"].values(), *mode_gaps["async_bg"].values()]
     out["async_minus_sync_auc"] = max(async_, key=abs) if async_ else None
+    # Row-wise Adagrad with bf16 rows minus full Adagrad with fp32 rows: the worst
+    # (lowest) over datasets (floor: >= -0.001).
+    rowwise = list(mode_gaps["rowwise_bf16"].values())
+    out["rowwise_bf16_minus_fp32_auc"] = min(rowwise) if rowwise else None
     return out
 
 

@@ -141,16 +141,25 @@ def kill_after_first_checkpoint(runtime: Any, out: Path, role: str, rank: int) -
     return thread
 
 
+@pytest.fixture(scope="module")
+def undisturbed_big_run(ray_instance: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The undisturbed run the kill tests compare with (one run for all of them);
+    its output folder is ``<folder>/out``."""
+    from estuary.runtime.ray import RayRuntime
+
+    folder = tmp_path_factory.mktemp("ref")
+    result = RayRuntime().run(load_job(big_job(folder), ["runtime.backend=ray"]), progress=False)
+    return folder, result
+
+
 @pytest.mark.parametrize(("role", "rank"), [("ps", 1), ("trainer", 1)])
 def test_a_killed_role_restarts_from_the_newest_checkpoint_to_the_undisturbed_result(
-    ray_instance: Any, tmp_path: Path, role: str, rank: int
+    undisturbed_big_run: Any, tmp_path: Path, role: str, rank: int
 ) -> None:
     from estuary.runtime.ray import RayRuntime
 
-    (tmp_path / "ref").mkdir()
+    ref_folder, want = undisturbed_big_run
     (tmp_path / "hit").mkdir()
-    ref = load_job(big_job(tmp_path / "ref"), ["runtime.backend=ray"])
-    want = RayRuntime().run(ref, progress=False)
     hit = load_job(big_job(tmp_path / "hit"), ["runtime.backend=ray"])
     runtime = RayRuntime()
     killer = kill_after_first_checkpoint(runtime, tmp_path / "hit" / "out", role, rank)
@@ -167,7 +176,7 @@ def test_a_killed_role_restarts_from_the_newest_checkpoint_to_the_undisturbed_re
     # The restarted servers applied the steps after the checkpoint, each once.
     assert got.extra["ps_duplicate_pushes"] == 0
     assert got.extra["ps_applied_steps"] < want.extra["ps_applied_steps"]
-    assert_same_tables(tmp_path / "hit" / "out", tmp_path / "ref" / "out")
+    assert_same_tables(tmp_path / "hit" / "out", ref_folder / "out")
 
 
 def kill_data_executor_after_first_checkpoint(out: Path) -> threading.Thread:
@@ -190,65 +199,80 @@ def kill_data_executor_after_first_checkpoint(out: Path) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize(("role", "rank"), [("ps", 0), ("trainer", 0), ("data_executor", 0)])
-def test_a_dataset_run_trains_every_row_once_through_a_killed_role(
-    ray_instance: Any, tmp_path: Path, role: str, rank: int
-) -> None:
+DATASET_HOURS = 8
+
+
+def dataset_run(folder: Path, kill: tuple[str, int] | None = None) -> tuple[Any, int]:
     """A ``data.dataset`` job (rank 0 plans and routes; 2 data executors read the
-    splits, each trainer fetches the blocks routed to it) with
-    a checkpoint every 3 steps: a role SIGKILLed after the first checkpoint. A PS
-    shard or trainer: the run restarts from the newest checkpoint; a data
-    executor: it alone is replaced and its split read again. Either way every
-    input row is trained exactly once in the end (the data progress says so, row
-    by row) and the AUC is an undisturbed run's, within 0.005."""
+    splits, each trainer fetches the blocks routed to it) with a checkpoint every
+    3 steps, run on Ray in ``folder``; ``kill`` = (role, rank) is SIGKILLed after
+    the first checkpoint. Checks every input row was trained exactly once;
+    returns the result and the number of rows written."""
     from estuary.runtime.ray import RayRuntime
 
     from ..graph.conftest import assert_every_row_once, write_hours
     from ..graph.test_multi_trainer import write_job as write_dataset_job
 
-    hours = 8
-    results = {}
-    for name in ("ref", "hit"):
-        folder = tmp_path / name
-        folder.mkdir()
-        written = write_hours(folder, hours, 750)  # 6,000 rows: ~190 steps of 2 x 16
-        # The held-out hour: 3,000 rows, so the AUC compares models, not samples.
-        write_hours(folder, 1, 3000, first_hour=hours, seed=9)
-        path = write_dataset_job(folder, hours, mode="sync")
-        raw = yaml.safe_load(path.read_text())
-        dataset = raw["data"]["dataset"]
-        holdout = dict(dataset["streams"]["s"]["sources"][0], name="h")
-        holdout.update(start=f"2026-01-01T{hours:02d}", end=f"2026-01-01T{hours + 1:02d}")
-        dataset["streams"]["holdout"] = {"sources": [holdout]}
-        dataset["eval_stream"] = "holdout"
-        dataset["executor"].update(lookahead_splits=1, queue_blocks=1)  # read as trained
-        # A restart changes the row order (a new run re-reads the rows in flight).
-        # Gentle steps keep this tiny model's AUC from depending on the order
-        # (measured over 4 shuffle seeds: spread 0.004 here, 0.009 at 5x the rates).
-        raw["train"]["dense_optimizer"]["lr"] = 0.002
-        raw["model"]["embedding"]["default"]["optimizer"]["lr"] = 0.03
-        raw["runtime"] = {
-            "backend": "ray",
-            "trainers": 2,
-            "ps_shards": 2,
-            "data_executors": 2,
-            "max_restarts": 1,
-        }
-        path.write_text(yaml.safe_dump(raw))
-        runtime = RayRuntime()
-        if name == "hit" and role == "data_executor":
-            kill_data_executor_after_first_checkpoint(folder / "out")
-        elif name == "hit":
-            kill_after_first_checkpoint(runtime, folder / "out", role, rank)
-        results[name] = runtime.run(load_job(path), progress=False)
-        assert_every_row_once(path, written, hours)
-    got, want = results["hit"], results["ref"]
+    hours = DATASET_HOURS
+    folder.mkdir(exist_ok=True)
+    written = write_hours(folder, hours, 750)  # 6,000 rows: ~190 steps of 2 x 16
+    # The held-out hour: 3,000 rows, so the AUC compares models, not samples.
+    write_hours(folder, 1, 3000, first_hour=hours, seed=9)
+    path = write_dataset_job(folder, hours, mode="sync")
+    raw = yaml.safe_load(path.read_text())
+    dataset = raw["data"]["dataset"]
+    holdout = dict(dataset["streams"]["s"]["sources"][0], name="h")
+    holdout.update(start=f"2026-01-01T{hours:02d}", end=f"2026-01-01T{hours + 1:02d}")
+    dataset["streams"]["holdout"] = {"sources": [holdout]}
+    dataset["eval_stream"] = "holdout"
+    dataset["executor"].update(lookahead_splits=1, queue_blocks=1)  # read as trained
+    # A restart changes the row order (a new run re-reads the rows in flight).
+    # Gentle steps keep this tiny model's AUC from depending on the order
+    # (measured over 4 shuffle seeds: spread 0.004 here, 0.009 at 5x the rates).
+    raw["train"]["dense_optimizer"]["lr"] = 0.002
+    raw["model"]["embedding"]["default"]["optimizer"]["lr"] = 0.03
+    raw["runtime"] = {
+        "backend": "ray",
+        "trainers": 2,
+        "ps_shards": 2,
+        "data_executors": 2,
+        "max_restarts": 1,
+    }
+    path.write_text(yaml.safe_dump(raw))
+    runtime = RayRuntime()
+    if kill is not None and kill[0] == "data_executor":
+        kill_data_executor_after_first_checkpoint(folder / "out")
+    elif kill is not None:
+        kill_after_first_checkpoint(runtime, folder / "out", *kill)
+    result = runtime.run(load_job(path), progress=False)
+    assert_every_row_once(path, written, hours)
+    return result, written.rows
+
+
+@pytest.fixture(scope="module")
+def undisturbed_dataset_run(ray_instance: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The undisturbed dataset run (one for all the kill tests) and its row count."""
+    return dataset_run(tmp_path_factory.mktemp("dataset-ref"))
+
+
+@pytest.mark.parametrize(("role", "rank"), [("ps", 0), ("trainer", 0), ("data_executor", 0)])
+def test_a_dataset_run_trains_every_row_once_through_a_killed_role(
+    undisturbed_dataset_run: Any, tmp_path: Path, role: str, rank: int
+) -> None:
+    """A PS shard, trainer or data executor SIGKILLed after the first checkpoint
+    of ``dataset_run``'s job. A PS shard or trainer: the run restarts from the
+    newest checkpoint; a data executor: it alone is replaced and its split read
+    again. Either way every input row is trained exactly once in the end (the
+    data progress says so, row by row) and the AUC is an undisturbed run's,
+    within 0.005."""
+    want, rows = undisturbed_dataset_run
+    got, _ = dataset_run(tmp_path / "hit", kill=(role, rank))
     assert want.extra["restarts"] == 0 and want.extra["data_executor_restarts"] == 0
     assert want.extra["roles"] == {"ps": 2, "trainer": 2, "data_executor": 2}
     # Direct delivery: rank 0 routed row ids; it fetched the blocks of its own
     # share of the rows only (every block goes whole to one rank).
     assert want.extra["data_delivery"] == "direct"
-    assert 0.25 * written.rows < want.extra["rows_fetched_rank0"] < 0.75 * written.rows
+    assert 0.25 * rows < want.extra["rows_fetched_rank0"] < 0.75 * rows
     if role == "data_executor":  # nothing else restarted
         assert got.extra["restarts"] == 0 and got.extra["data_executor_restarts"] == 1
     else:
