@@ -96,12 +96,12 @@ ESTUARY_MODES = {
 # Row-wise Adagrad (one accumulator per row) with fp32 or bf16 stored rows, against
 # the example job's full Adagrad with fp32 rows (``estuary``). Its table lr is its
 # own best of the same kind of search as REFERENCE_LR (0.01 / 0.015 / 0.02 / 0.03,
-# mean AUC of seeds 0-2 with bf16 rows; docs/results.md).
+# and 0.025 on Criteo; mean AUC of seeds 0-2 with bf16 rows; docs/results.md).
 ROWWISE = {
     "estuary_rowwise_fp32": "fp32",
     "estuary_rowwise_bf16": "bf16",
 }
-ROWWISE_LR = {"criteo": ROWWISE_LR_CRITEO, "avazu": ROWWISE_LR_AVAZU}
+ROWWISE_LR = {"criteo": 0.02, "avazu": 0.02}
 # Contenders whose sparse work runs on background threads whatever the placement
 # policy picks (on 2 busy cores it picks inline, where hybrid/async train like sync).
 FORCED_BACKGROUND = ("estuary_hybrid_bg", "estuary_async_bg")
