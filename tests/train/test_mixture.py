@@ -59,7 +59,14 @@ def mixture_params(**over: Any) -> dict[str, Any]:
     return params
 
 
-def job_for(root: Path, params: dict[str, Any], dim: int = 4, **train: Any) -> JobSpec:
+def job_for(
+    root: Path,
+    params: dict[str, Any],
+    dim: int = 4,
+    model_type: str = "mixture",
+    init: dict[str, Any] | None = None,
+    **train: Any,
+) -> JobSpec:
     """History hours [0, 2) in stream ``hist``, hours [2, 4) in stream ``live``."""
 
     def source(name: str, start: int, end: int) -> dict[str, Any]:
@@ -84,9 +91,15 @@ def job_for(root: Path, params: dict[str, Any], dim: int = 4, **train: Any) -> J
                 },
             },
             "model": {
-                "type": "mixture",
+                "type": model_type,
                 "params": params,
-                "embedding": {"default": {"dim": dim, "optimizer": {"name": "sgd", "lr": 0.5}}},
+                "embedding": {
+                    "default": {
+                        "dim": dim,
+                        "optimizer": {"name": "sgd", "lr": 0.5},
+                        **({"initializer": init} if init else {}),
+                    }
+                },
             },
             "train": {
                 "batch_size": BATCH,
@@ -194,6 +207,10 @@ def test_a_stream_step_matches_a_reference_step(data_root: Path) -> None:
         sparse={f: JaggedIds.single(rng.integers(0, 20, BATCH)) for f in trainer.features},
         origin="live/feed",
     )
+    assert isinstance(mixture.gate, torch.nn.Linear)
+    with torch.no_grad():  # a gate already trained away from its zero start
+        mixture.gate.weight.normal_(0, 0.5)
+        mixture.gate.bias.fill_(0.7)
     looked_up = engine.lookup(batch)  # inserts the ids
     reference = copy.deepcopy(mixture)
     ids = {f: batch.sparse[f].values for f in trainer.features}
@@ -276,3 +293,54 @@ def test_two_trainers_equal_one_trainer_on_the_whole_batch(data_root: Path) -> N
         np.testing.assert_allclose(
             got["weights"][order_g], want["weights"][order_w], rtol=1e-5, atol=1e-6
         )
+
+
+def test_history_rows_train_the_memory_tower_exactly_as_a_model_of_its_own(
+    data_root: Path,
+) -> None:
+    """Rules ``history: {adapt: 0, gate: 0}``, split tables: the gate starts at
+    zero, so on history the mixture is its memory tower, which starts and trains
+    as the same model built alone (same seed, same columns); scored as history,
+    it answers as that model, and after stream rows it still does."""
+    tower = {"type": "dlrm", "params": {"bottom_mlp": [4], "top_mlp": [4]}}
+    params = mixture_params(
+        memory=tower,
+        adapt={"type": "dcnv2", "params": {"cross_layers": 1, "mlp": [4]}},
+        embeddings="split",
+        memory_dim=4,
+        adapt_reads="all",
+        update={
+            "history_streams": ["hist"],
+            "history": {"memory": 1, "adapt": 0, "gate": 0, "embeddings": 1},
+            "stream": {"memory": 0, "adapt": 2, "gate": 1, "embeddings": 1},
+        },
+    )
+    init = {"name": "uniform", "scale": 0.5}  # a column's value: (seed, id, column) only
+    mix = Trainer(job_for(data_root, params, dim=8, init=init))
+    alone = Trainer(job_for(data_root, tower["params"], dim=4, model_type="dlrm", init=init))
+    mixture = find_mixture(mix.engine.model)
+    assert mixture is not None and mix.plan_for is not None
+    rng = np.random.default_rng(1)
+
+    def batch(origin: str) -> Batch:
+        return Batch(
+            labels=(rng.random(BATCH) < 0.3).astype(np.float32),
+            dense=rng.random((BATCH, 2)).astype(np.float32),
+            sparse={f: JaggedIds.single(rng.integers(0, 30, BATCH)) for f in mix.features},
+            origin=origin,
+        )
+
+    history = [batch("hist/synth") for _ in range(6)]
+    up_mix, up_alone = mix.sparse_updater(), alone.sparse_updater()
+    for b in history:
+        mix.engine.step(b, mix.engine.lookup(b), up_mix, mix.plan_for(b))
+        alone.engine.step(b, alone.engine.lookup(b), up_alone)
+        torch.testing.assert_close(mix.engine.last_logits, alone.engine.last_logits)
+    for b in [batch("live/feed") for _ in range(4)]:
+        mix.engine.step(b, mix.engine.lookup(b), up_mix, mix.plan_for(b))
+    assert mixture.last_gate is not None and mixture.last_gate.abs().max() > 0  # it learnt
+    mixture.score_as("history")
+    for b in history:
+        np.testing.assert_allclose(mix.predict(b), alone.predict(b), rtol=1e-5, atol=1e-6)
+    mixture.score_as(None)
+    assert not np.allclose(mix.predict(history[0]), alone.predict(history[0]), atol=1e-4)
