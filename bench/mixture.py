@@ -204,7 +204,7 @@ def job(data: Data, seed: int, mixture: bool, args: argparse.Namespace) -> JobSp
                     "stream": {
                         "memory": 0,
                         "adapt": args.adapt_lr_scale,
-                        "gate": args.adapt_lr_scale,
+                        "gate": args.gate_lr_scale,
                         "embeddings": args.stream_embedding_scale,
                     },
                 },
@@ -334,6 +334,7 @@ def main() -> None:
     parser.add_argument("--adapt-dim", type=int, default=8)
     parser.add_argument("--combine", default="gate")
     parser.add_argument("--adapt-reads", default="own")
+    parser.add_argument("--gate-lr-scale", type=float, default=2.0)
     parser.add_argument("--adapt-lr-scale", type=float, default=2.0)
     parser.add_argument("--stream-embedding-scale", type=float, default=1.0)
     args = parser.parse_args()
