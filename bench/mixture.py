@@ -66,6 +66,7 @@ from estuary.data.types import Batch, JaggedIds
 from estuary.metrics.evaluation import evaluate_predictions
 from estuary.train.build import build_engine, build_tables, seed_everything
 from estuary.train.engine import Engine
+from estuary.train.mixed_buffer import BufferPolicy, MixedBuffer, Policy, row_bytes
 from estuary.train.mixture import find_mixture, mixture_plan_for
 from estuary.train.plan import TrainPlan
 
@@ -320,6 +321,121 @@ def river_fm(data: Data, seed: int) -> dict[str, Any]:
     return {"windows": window_aucs, "mean": float(np.mean(window_aucs))}
 
 
+# --- surge -------------------------------------------------------------------
+
+POLICIES: tuple[Policy, ...] = ("priority", "uniform", "fifo")
+
+
+def surge_run(
+    data: Data, seed: int, args: argparse.Namespace, policy: Policy | None
+) -> dict[str, Any]:
+    """The mixture over the stream through a ``MixedBuffer``, one training step
+    (``batch_size`` rows) per tick. Rows arrive at 0.8x the training rate, and
+    at 10x it during the second stream window (``policy``; ``None``: no surge,
+    priority buffer). Every row is scored when it arrives (before any training
+    on it); AUC per window of arrival. Lag: ticks from a row's arrival to its step."""
+    run = build(data, seed, True, args)
+    for batch in data.history:
+        run.step(batch)
+    size = args.batch_size
+    per_row = int(row_bytes(data.windows[0][0]).max())
+    buffer = MixedBuffer(
+        BufferPolicy(
+            capacity_bytes=args.surge_buffer_rows * per_row,
+            policy=policy or "priority",
+            label_weight=2.0,
+            half_life_rows=args.surge_buffer_rows,
+            seed=seed,
+        )
+    )
+    backlog: list[Batch] = []  # fifo: rows the full buffer pushed back
+    lags: list[np.ndarray] = []
+    tick = 0
+    window_aucs = []
+
+    def train_one() -> None:
+        batch = buffer.take(size)
+        if batch is not None:
+            run.step(batch)
+            assert batch.row_ids is not None
+            lags.append(tick - batch.row_ids)
+
+    for w, window in enumerate(data.windows):
+        rows = Batch.concatenate(window)
+        rate = size * 10 if (policy is not None and w == 1) else size * 4 // 5
+        probs = []
+        for lo in range(0, rows.num_rows, rate):
+            arriving = rows.slice(lo, lo + rate)
+            arriving = Batch(
+                arriving.labels,
+                arriving.dense,
+                arriving.sparse,
+                np.full(arriving.num_rows, tick, np.int64),
+                "stream/synth",
+            )
+            probs.append(run.engine.predict(arriving))
+            backlog.append(arriving)
+            while backlog:
+                taken = buffer.offer(backlog[0], "stream")
+                if taken < backlog[0].num_rows:  # fifo only: the rest waits
+                    rest = backlog[0]
+                    backlog[0] = rest.slice(taken, rest.num_rows)
+                    break
+                backlog.pop(0)
+            train_one()
+            tick += 1
+        window_aucs.append(float(evaluate_predictions(rows.labels, np.concatenate(probs)).auc))
+    lag = np.concatenate(lags) if lags else np.zeros(1)
+    stats = buffer.stats()["sources"]["stream"]
+    return {
+        "windows": window_aucs,
+        "mean": float(np.mean(window_aucs)),
+        "kept_fraction": (stats["taken"])
+        / max(1, stats["offered"] + sum(b.num_rows for b in backlog)),
+        "lag_p50_ticks": float(np.percentile(lag, 50)),
+        "lag_p99_ticks": float(np.percentile(lag, 99)),
+        "backlog_rows_at_end": sum(b.num_rows for b in backlog),
+        "buffer_peak_bytes": buffer.peak_bytes,
+        "buffer_capacity_bytes": buffer.policy.capacity_bytes,
+        "counts": stats,
+    }
+
+
+def surge(args: argparse.Namespace) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for seed in range(args.seeds):
+        data = synthetic("abrupt", seed, args.rows_per_hour, args.hours, args.batch_size)
+        for policy in (None, *POLICIES):
+            runs.setdefault(policy or "no_surge", []).append(surge_run(data, seed, args, policy))
+    base = float(np.mean([r["mean"] for r in runs["no_surge"]]))
+    out: dict[str, Any] = {"no_surge": {"auc": base}}
+    print(
+        f"\nsurge (abrupt scenario, 10x in stream window 1, {args.seeds} seeds): "
+        f"no-surge AUC {base:.4f}"
+    )
+    for policy in POLICIES:
+        rs = runs[policy]
+        fig = {
+            "auc": float(np.mean([r["mean"] for r in rs])),
+            "auc_drop": base - float(np.mean([r["mean"] for r in rs])),
+            "kept_fraction": float(np.mean([r["kept_fraction"] for r in rs])),
+            "lag_p50_ticks": float(np.mean([r["lag_p50_ticks"] for r in rs])),
+            "lag_p99_ticks": float(np.mean([r["lag_p99_ticks"] for r in rs])),
+            "buffer_peak_bytes": int(max(r["buffer_peak_bytes"] for r in rs)),
+            "buffer_capacity_bytes": rs[0]["buffer_capacity_bytes"],
+            "windows": np.mean([r["windows"] for r in rs], axis=0).round(4).tolist(),
+            "counts_seed0": rs[0]["counts"],
+        }
+        out[policy] = fig
+        print(
+            f"  {policy:<9} auc_drop {fig['auc_drop']:+.4f}  kept {fig['kept_fraction']:.3f}  "
+            f"lag p50/p99 {fig['lag_p50_ticks']:.0f}/{fig['lag_p99_ticks']:.0f} ticks  "
+            f"peak {fig['buffer_peak_bytes']:,} of {fig['buffer_capacity_bytes']:,} B  "
+            f"[{' '.join(f'{a:.4f}' for a in fig['windows'])}]"
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
@@ -335,6 +451,8 @@ def main() -> None:
     parser.add_argument("--combine", default="gate")
     parser.add_argument("--adapt-reads", default="own")
     parser.add_argument("--gate-lr-scale", type=float, default=2.0)
+    parser.add_argument("--surge-buffer-rows", type=int, default=2000)
+    parser.add_argument("--no-surge", action="store_true")
     parser.add_argument("--adapt-lr-scale", type=float, default=2.0)
     parser.add_argument("--stream-embedding-scale", type=float, default=1.0)
     args = parser.parse_args()
@@ -343,7 +461,7 @@ def main() -> None:
     report["args"] = {k: v for k, v in vars(args).items() if k != "json"}
     floors: dict[str, bool] = {}
     t0 = time.perf_counter()
-    for name in args.datasets.split(","):
+    for name in [d for d in args.datasets.split(",") if d]:
         per: dict[str, list[dict[str, Any]]] = {}
         for seed in range(args.seeds):
             if name == "avazu":
@@ -376,6 +494,17 @@ def main() -> None:
             wins = " ".join(f"{a:.4f}" for a in report["windows"][name][v])
             rep = f"  replay {replay[v]:.4f}" if v in replay else ""
             print(f"  {v:<12} {m:.4f}  (mixture - it: {means['mixture'] - m:+.4f})  [{wins}]{rep}")
+    if not args.no_surge:
+        report["surge"] = surge(args)
+        s = report["surge"]
+        floors["surge.priority.within_0.003"] = s["priority"]["auc_drop"] <= 0.003
+        floors["surge.priority_beats_uniform"] = (
+            s["priority"]["auc_drop"] < s["uniform"]["auc_drop"]
+        )
+        floors["surge.priority_beats_fifo"] = s["priority"]["auc_drop"] < s["fifo"]["auc_drop"]
+        floors["surge.within_capacity"] = (
+            s["priority"]["buffer_peak_bytes"] <= s["priority"]["buffer_capacity_bytes"]
+        )
     report["floors_met"] = floors
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     print(f"\nfloors met: {floors}\nwall {report['wall_s']} s")

@@ -53,25 +53,46 @@ def test_importance_weights_keep_the_weighted_label_sum_unbiased() -> None:
     rng = np.random.default_rng(1)
     per_row = int(row_bytes(make_batch(rng, 1))[0])
     buffer = MixedBuffer(
-        BufferPolicy(capacity_bytes=4000 * per_row, label_weight=4.0, high_water=0.0, seed=3)
+        BufferPolicy(
+            capacity_bytes=3000 * per_row,
+            label_weight=4.0,
+            high_water=0.2,
+            normalize_weights=False,
+            seed=3,
+        )
     )
     offered = weighted = 0.0
     kept_pos = kept_neg = off_pos = off_neg = 0
-    for _ in range(200):
+    for _ in range(300):
         batch = make_batch(rng, 1000)
         offered += float(batch.labels.sum())
         off_pos += int(batch.labels.sum())
         off_neg += int((batch.labels == 0).sum())
         buffer.offer(batch, "s")
-        while (out := buffer.take(1000)) is not None:
-            assert out.weights is not None
-            weighted += float((out.weights * out.labels).sum())
-            kept_pos += int(out.labels.sum())
-            kept_neg += int((out.labels == 0).sum())
+        out = buffer.take(700)  # slower than the offers: the buffer fills
+        assert out is not None and out.weights is not None
+        weighted += float((out.weights * out.labels).sum())
+        kept_pos += int(out.labels.sum())
+        kept_neg += int((out.labels == 0).sum())
+    while (out := buffer.take(1000)) is not None:
+        assert out.weights is not None
+        weighted += float((out.weights * out.labels).sum())
     assert buffer.counts["s"]["evicted"] == 0
     assert kept_neg / off_neg < 0.9  # sampled down ...
     assert kept_pos / off_pos > kept_neg / off_neg + 0.1  # ... positives less
     assert weighted == pytest.approx(offered, rel=0.03)
+
+
+def test_take_scales_a_batch_s_weights_to_mean_one_by_default() -> None:
+    rng = np.random.default_rng(5)
+    per_row = int(row_bytes(make_batch(rng, 1))[0])
+    buffer = MixedBuffer(BufferPolicy(capacity_bytes=1500 * per_row, label_weight=3.0))
+    for _ in range(5):
+        buffer.offer(make_batch(rng, 1000), "s")
+        out = buffer.take(300)
+        assert out is not None and out.weights is not None
+        assert float(out.weights.mean()) == pytest.approx(1.0, rel=1e-5)
+    assert buffer.counts["s"]["sampled_out"] > 0
 
 
 def test_priority_takes_important_and_recent_rows_first_and_counts_the_delayed() -> None:

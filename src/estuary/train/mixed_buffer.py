@@ -5,11 +5,15 @@ buffer is bounded in bytes; each row gets an **importance** and a **priority**
 (docs/mixture.md, "Mixed scheduler")::
 
     importance_i = w[source_i] * (label_weight if y_i = 1 else 1) * user_i
-    priority_i(t) = importance_i * 2 ** (-(t - t_i) / half_life)      t: rows offered so far
-    fill f = min(1, (bytes + the offered rows' bytes) / capacity)
-    pressure p = max(0, (f - high_water) / (1 - high_water))
-    keep q_i = 1 when p = 0, else clip((1 - p) * importance_i / mean importance, min_keep, 1)
-    a kept row's loss weight *= 1 / q_i                       (the loss stays unbiased)
+    priority_i(t) = importance_i ** gamma * 2 ** (-(t - t_i) / half_life)   t: rows offered
+                                                       (gamma = order_by_importance, 0 default)
+    fill f = bytes / capacity (before the offer), B = the offered rows' bytes
+    keep fraction k = 1 when bytes + B <= high_water * capacity, else
+        k = min(1, (capacity - bytes) / B) * sqrt(1 - pressure),
+        pressure = max(0, (f - high_water) / (1 - high_water))
+    keep q_i = clip(k * importance_i / mean importance, min_keep, 1)
+    a kept row's loss weight *= 1 / q_i                       (the loss stays unbiased;
+                                  take() scales a batch's weights to mean 1 by default)
     take(n): the n rows of highest priority_i(t), older first among equals
 
 Under a surge (rows offered faster than taken) the fill rises, rows are sampled
@@ -72,6 +76,15 @@ class BufferPolicy:
         high_water: the fill level above which rows are sampled down.
         min_keep: the least keep probability (so a weight is at most 1 / min_keep).
         importance: a user function (batch, source) -> float (B,) factors.
+        order_by_importance: gamma, the exponent of importance in the priority
+            that orders ``take`` and eviction (0: recency alone, the default:
+            ordering by label or source skews what is trained and evicted, a
+            bias the weights do not undo).
+        normalize_weights: ``take`` scales a batch's weights to mean 1 (the
+            step's loss: a self-normalized estimate of the offered rows' mean
+            loss, at the configured learning rate); ``False``: the raw 1 / q
+            (Horvitz-Thompson: the weighted sum is unbiased for the offered sum,
+            but a step of heavily sampled rows weighs up to 1 / min_keep more).
         seed: the sampling's random seed.
     """
 
@@ -81,8 +94,10 @@ class BufferPolicy:
     label_weight: float = 1.0
     half_life_rows: float = 10_000.0
     high_water: float = 0.5
-    min_keep: float = 0.02
+    min_keep: float = 0.05
     importance: Callable[[Batch, str], np.ndarray] | None = None
+    normalize_weights: bool = True
+    order_by_importance: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -166,14 +181,13 @@ class MixedBuffer:
             self._count(source, "offered", n)
             imp = self._importance(batch, source)
             self._mean_importance += (imp.mean() - self._mean_importance) * min(1.0, n / 1000)
-            fill = min(1.0, (self.bytes + int(nbytes.sum())) / p.capacity_bytes)  # rows in
-            pressure = max(0.0, (fill - p.high_water) / (1 - p.high_water))
-            if pressure == 0:
+            k = self._keep_fraction(int(nbytes.sum()))
+            if k >= 1:
                 q = np.ones(n)
             elif p.policy == "uniform":
-                q = np.full(n, np.clip(1 - pressure, p.min_keep, 1.0))
+                q = np.full(n, max(k, p.min_keep))
             else:
-                q = np.clip((1 - pressure) * imp / self._mean_importance, p.min_keep, 1.0)
+                q = np.clip(k * imp / self._mean_importance, p.min_keep, 1.0)
             keep = self._rng.random(n) < q
             self._count(source, "sampled_out", n - int(keep.sum()))
             rows = np.flatnonzero(keep).astype(np.int64)
@@ -190,6 +204,18 @@ class MixedBuffer:
             self._evict()  # the offered batch is the caller's until then
             self.peak_bytes = max(self.peak_bytes, self.bytes)
             return n
+
+    def _keep_fraction(self, incoming: int) -> float:
+        """k: 1 while the buffer with the offered rows stays under the high water;
+        above it, the share of the rows that fits the room left below the
+        capacity, shrunk by the pressure of the fill (module docstring)."""
+        p = self.policy
+        cap = p.capacity_bytes
+        if self.bytes + incoming <= p.high_water * cap:
+            return 1.0
+        pressure = max(0.0, (self.bytes / cap - p.high_water) / (1 - p.high_water))
+        room = max(0, cap - self.bytes)
+        return min(1.0, room / max(1, incoming)) * (1 - pressure) ** 0.5
 
     def _admit(
         self, batch: Batch, source: str, nbytes: npt.NDArray[np.int64], imp: np.ndarray
@@ -208,7 +234,7 @@ class MixedBuffer:
         imp = np.concatenate([c.importance for c in self._chunks])
         if self.policy.policy == "priority":
             age = (self._seq - seq).astype(np.float64)
-            prio = imp * np.exp2(-age / self.policy.half_life_rows)
+            prio = imp**self.policy.order_by_importance * np.exp2(-age / self.policy.half_life_rows)
         else:
             prio = -seq.astype(np.float64)  # oldest first
         return which, row, prio, seq
@@ -269,8 +295,13 @@ class MixedBuffer:
             weights = np.concatenate(
                 [p.weights if p.weights is not None else np.ones(p.num_rows) for p in parts]
             ).astype(np.float32)
+            if self.policy.normalize_weights:
+                weights /= weights.mean()
             origin = next(iter(sources)) if len(sources) == 1 else None
-            return Batch(batch.labels, batch.dense, batch.sparse, None, origin, weights)
+            row_ids = None  # kept when every part has them (e.g. arrival times)
+            if all(p.row_ids is not None for p in parts):
+                row_ids = np.concatenate([p.row_ids for p in parts])  # type: ignore[misc]
+            return Batch(batch.labels, batch.dense, batch.sparse, row_ids, origin, weights)
 
     def stats(self) -> dict[str, Any]:
         """For a summary: per-source counts, bytes now and at the peak, capacity."""
