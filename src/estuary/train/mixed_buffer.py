@@ -300,7 +300,7 @@ class MixedBuffer:
             origin = next(iter(sources)) if len(sources) == 1 else None
             row_ids = None  # kept when every part has them (e.g. arrival times)
             if all(p.row_ids is not None for p in parts):
-                row_ids = np.concatenate([p.row_ids for p in parts])  # type: ignore[misc]
+                row_ids = np.concatenate([p.row_ids for p in parts])
             return Batch(batch.labels, batch.dense, batch.sparse, row_ids, origin, weights)
 
     def stats(self) -> dict[str, Any]:
