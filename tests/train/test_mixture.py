@@ -344,3 +344,40 @@ def test_history_rows_train_the_memory_tower_exactly_as_a_model_of_its_own(
         np.testing.assert_allclose(mix.predict(b), alone.predict(b), rtol=1e-5, atol=1e-6)
     mixture.score_as(None)
     assert not np.allclose(mix.predict(history[0]), alone.predict(history[0]), atol=1e-4)
+
+
+def test_two_hybrid_trainers_never_move_a_frozen_tower_or_its_columns(data_root: Path) -> None:
+    """``--nproc 2``, hybrid mode, every row a stream row with the memory tower
+    frozen (split tables): after the run the memory tower and every id's memory
+    columns still hold their initial values, while the adapt side learnt."""
+    params = mixture_params(
+        embeddings="split",
+        memory_dim=4,
+        combine="sum",
+        memory={"type": "dlrm", "params": {"bottom_mlp": [4], "top_mlp": [4]}},
+        adapt={"type": "logreg", "params": {}},
+        update={"history_streams": [], "stream": {"memory": 0, "adapt": 1, "embeddings": 1}},
+    )
+    job = job_for(
+        data_root,
+        params,
+        dim=5,
+        mode="hybrid",
+        staleness=2,
+        progressive_eval=False,
+        batch_size=BATCH // 2,
+    )
+    job = replace(job, output=replace(job.output, dir="out-hybrid"))
+    result = run_distributed(job, trainers=2, startup_timeout_s=60)
+    assert result.train_rows == HOURS * ROWS
+    fresh = Trainer(job)  # same seed: the initial weights and rows
+    ckpt = load_checkpoint(data_root / "out-hybrid")
+    for key, value in fresh.model.state_dict().items():
+        if key.startswith("memory."):
+            torch.testing.assert_close(ckpt.dense[key], value, rtol=0, atol=0, msg=key)
+    adapt_moved = False
+    for name, got in ckpt.tables.items():
+        initial = fresh.tables[name].lookup(got["ids"], train=True)  # inserts: initial rows
+        np.testing.assert_array_equal(got["weights"][:, :4], initial[:, :4])
+        adapt_moved |= not np.array_equal(got["weights"][:, 4], initial[:, 4])
+    assert adapt_moved
