@@ -46,7 +46,6 @@ from estuary.nn.models import _build_registered
 __all__ = ["MixtureModel", "mixture"]
 
 Combine = Literal["sum", "gate"]
-TableLayout = Literal["shared", "split"]
 AdaptReads = Literal["own", "all"]
 
 

@@ -30,7 +30,7 @@ never holds more than ``capacity_bytes``. Policies:
             backlog, and the rows' lag, grow), taken oldest first
 
 Every count is per source: offered, kept, sampled_out, evicted, delayed (rows
-passed over by a ``take`` that took a younger row), taken; ``stats()`` for a
+passed over by a ``take`` that took a younger row, once per such take), taken; ``stats()`` for a
 summary, ``MixedBufferCollector`` for Prometheus.
 """
 
