@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from estuary.config import ConfigError, JobSpec, job_from_dict
+from estuary.config import ConfigError, JobSpec, job_from_dict, load_job
 from estuary.data.synthetic import SyntheticSpec, SynthOutput, write_synthetic
 from estuary.data.types import Batch, JaggedIds
 from estuary.nn.mixture import MixtureModel
@@ -381,3 +381,28 @@ def test_two_hybrid_trainers_never_move_a_frozen_tower_or_its_columns(data_root:
         np.testing.assert_array_equal(got["weights"][:, :4], initial[:, :4])
         adapt_moved |= not np.array_equal(got["weights"][:, 4], initial[:, 4])
     assert adapt_moved
+
+
+def test_the_example_job_trains_history_then_stream(tmp_path: Path) -> None:
+    """examples/mixture.yaml on a small copy of its data: both origins are
+    scored, one table row per id holds both towers' columns."""
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "examples").mkdir()
+    example = (root / "examples" / "mixture.yaml").read_text()
+    (tmp_path / "examples" / "mixture.yaml").write_text(example)
+    spec = replace(
+        SPEC,
+        rows_per_hour=200,
+        hours=8,
+        vocab_sizes=(30,) * 6,
+        drift_at=START + timedelta(hours=4),
+    )
+    write_synthetic(spec, tmp_path / "data" / "mixture", SynthOutput(format="criteo_tsv"))
+    job = load_job(tmp_path / "examples" / "mixture.yaml")
+    trainer = Trainer(job)
+    assert find_mixture(trainer.engine.model) is not None and trainer.plan_for is not None
+    report = trainer.fit().extra["progressive"]
+    assert len(report["windows"]) == 8
+    assert report["origins"]["history/synth"]["rows"] == 4 * 200
+    assert report["origins"]["stream/live"]["rows"] == 4 * 200
+    assert all(t.dim == 16 for t in trainer.tables.values())
