@@ -62,6 +62,7 @@ MODELS.register("dlrm", "estuary.nn.models:DLRM")
 MODELS.register("deepfm", "estuary.nn.models:DeepFM")
 MODELS.register("dcnv2", "estuary.nn.models:DCNv2")
 MODELS.register("logreg", "estuary.nn.models:LogisticRegression")
+MODELS.register("mixture", "estuary.nn.mixture:mixture")
 
 OPTIMIZERS: Registry[Any] = Registry("sparse optimizer", group="estuary.optimizers")
 OPTIMIZERS.register("sgd", "estuary.embedding.optimizers:SGD")

@@ -38,6 +38,7 @@ from estuary.train.checkpointer import KEEP_CHECKPOINTS, Checkpointer
 from estuary.train.engine import UpdatePlan, resolve_device
 from estuary.train.feeds import Feed, feed_for
 from estuary.train.loop import FitLoop, evaluate_batches
+from estuary.train.mixture import mixture_plan_for
 from estuary.train.plan import TrainPlan, shared_names
 from estuary.train.result import FitResult, TrainingStopped
 from estuary.train.sparse_updates import SparseUpdater
@@ -120,7 +121,10 @@ class Trainer:
         self.restores_tables = True  # False: another rank restores shared tables
         self.data_group: Any = None  # W > 1, data.dataset: the group batches travel on
         # Each batch's UpdatePlan (e.g. by ``batch.origin``); None: the plain step.
-        self.plan_for: Callable[[Batch], UpdatePlan | None] | None = None
+        # A mixture model's update rules give one (``estuary.train.mixture``).
+        self.plan_for: Callable[[Batch], UpdatePlan | None] | None = mixture_plan_for(
+            self.engine.model, self.plan.tables
+        )
         # data.dataset: makes the pool rank 0 reads whole splits with (a cluster
         # runtime's data executors); None: the driver's own threads.
         self.split_pool: Callable[[], SplitPool] | None = None

@@ -1,0 +1,516 @@
+"""Benchmark: mixture training against one-model baselines under drift.
+
+    python bench/mixture.py [--json PATH] [--seeds 3] [--rows-per-hour 3000]
+                            [--hours 8] [--datasets abrupt,gradual,recurring,avazu]
+                            [--batch-size 100] [--no-river]
+
+Each dataset is a **history** followed by a **stream**, cut into event-time
+windows; every stream row is scored before it is trained on (progressive
+evaluation), and each variant's figure is its windowed progressive AUC (the mean
+over the stream's windows, AUC per window):
+
+  batch_only   one model trained on the history, then frozen (scores only)
+  stream_only  one model trained on everything in time order
+  naive_mix    one model; in the stream, each stream batch is followed by a
+               replayed history batch (history and stream interleaved)
+  mixture      ``model.type: mixture`` (estuary.nn.mixture) with its update
+               rules from the batch origin: history rows train the memory tower
+               (and its embedding columns); stream rows train the adapt tower and
+               the gate, memory tower and its columns frozen
+  river_fm     river's ``facto.FMClassifier`` (an online factorization machine),
+               learnt row by row over the history, then scored on each stream
+               window with ``river.evaluate.progressive_val_score``
+
+Datasets (in memory, nothing written):
+
+  abrupt / gradual / recurring   ``estuary synth``'s drift scenarios: ``--hours``
+                 hours, the first half history, concept B from the first stream
+                 hour (gradual: over 2 hours; recurring: B and A alternate every
+                 hour), a burst of new ids in the second stream hour; seed = the
+                 run's seed. Windows: the stream's hours.
+  avazu          /work/shared/data/avazu_sample_42k.csv.gz: its first hour
+                 (14102100, 32,490 rows) is the history, its last hour (14103023,
+                 10,000 rows) the stream, in file order, cut into 5 windows.
+
+``forgetting.<dataset>``: after the stream, AUC of each variant on the replayed
+last history window (scored, not trained), and ``mixture - batch_only`` (the floor:
+>= -0.002). The mixture scores replayed history as history rows (memory tower:
+``MixtureModel.score_as``).
+
+Floors: mixture's mean windowed progressive AUC >= the best other variant + 0.003
+on each synthetic scenario, and >= the best - 0.001 on Avazu. Times are wall
+clock on a shared machine: noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+import json
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from river import evaluate, facto, metrics, optim
+
+from estuary.config import JobSpec, job_from_dict
+from estuary.data.synthetic import SyntheticSpec, generate_chunks
+from estuary.data.types import Batch, JaggedIds
+from estuary.metrics.evaluation import evaluate_predictions
+from estuary.train.build import build_engine, build_tables, seed_everything
+from estuary.train.engine import Engine
+from estuary.train.mixed_buffer import BufferPolicy, MixedBuffer, Policy, row_bytes
+from estuary.train.mixture import find_mixture, mixture_plan_for
+from estuary.train.plan import TrainPlan
+
+AVAZU = Path("/work/shared/data/avazu_sample_42k.csv.gz")
+START = datetime(2026, 1, 1, tzinfo=UTC)
+VARIANTS = ("batch_only", "stream_only", "naive_mix", "mixture")
+SYNTHETIC = ("abrupt", "gradual", "recurring")
+
+
+@dataclass
+class Data:
+    """History batches, the stream's windows of batches, the replay window."""
+
+    features: list[str]
+    num_dense: int
+    history: list[Batch]
+    windows: list[list[Batch]]
+    replay: list[Batch]
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+def batches_of(
+    labels: np.ndarray,
+    dense: np.ndarray,
+    sparse: np.ndarray,
+    features: list[str],
+    size: int,
+    origin: str,
+) -> list[Batch]:
+    out = []
+    for lo in range(0, len(labels), size):
+        hi = min(lo + size, len(labels))
+        out.append(
+            Batch(
+                labels=labels[lo:hi].astype(np.float32),
+                dense=dense[lo:hi].astype(np.float32),
+                sparse={f: JaggedIds.single(sparse[lo:hi, j]) for j, f in enumerate(features)},
+                origin=origin,
+            )
+        )
+    return out
+
+
+def synthetic(kind: str, seed: int, rows_per_hour: int, hours: int, size: int) -> Data:
+    half = hours // 2
+    spec = SyntheticSpec(
+        rows_per_hour=rows_per_hour,
+        hours=hours,
+        start=START,
+        num_dense=2,
+        vocab_sizes=(300, 300, 100, 100, 50, 50),
+        num_interactions=2,
+        drift=1.5,
+        drift_fraction=1.0,
+        drift_kind=kind,  # type: ignore[arg-type]
+        drift_at=START + timedelta(hours=half),
+        drift_span_hours=2.0,
+        drift_period_hours=1.0,
+        burst_at=START + timedelta(hours=half + 1),
+        burst_share=0.3,
+        diurnal_amplitude=0.0,
+        missing_rate=0.0,
+        signal_scale=2.0,
+        seed=seed,
+    )
+    features = [f"C{j + 1}" for j in range(len(spec.vocab_sizes))]
+    per_hour = []
+    for hour in spec.epoch_hours():
+        chunks = list(generate_chunks(spec, hour))
+        labels = np.concatenate([c.labels for c in chunks])
+        dense = np.log1p(np.concatenate([c.dense for c in chunks]).astype(np.float32))
+        sparse = np.concatenate([c.sparse for c in chunks]).astype(np.int64)
+        per_hour.append((labels, dense, sparse))
+    history = [b for h in per_hour[:half] for b in batches_of(*h, features, size, "history/synth")]
+    windows = [batches_of(*h, features, size, "stream/synth") for h in per_hour[half:]]
+    replay = batches_of(*per_hour[half - 1], features, size, "history/synth")
+    return Data(features, 2, history, windows, replay)
+
+
+def avazu(size: int, windows: int = 5) -> Data:
+    with gzip.open(AVAZU, "rt") as f:
+        header = f.readline().rstrip("\n").split(",")
+        rows = [line.rstrip("\n").split(",") for line in f]
+    features = [c for c in header if c not in ("id", "click", "hour")]
+    cols = [header.index(c) for c in features]
+    labels = np.array([int(r[1]) for r in rows], np.int8)
+    hours = np.array([int(r[2]) for r in rows])
+    sparse = np.array(  # a stable 63-bit hash of (column, value)
+        [
+            [zlib.crc32(f"{j}:{r[c]}".encode()) | (j << 40) for j, c in enumerate(cols)]
+            for r in rows
+        ],
+        np.int64,
+    )
+    dense = np.zeros((len(rows), 0), np.float32)
+    first = hours == hours.min()
+    hist = batches_of(labels[first], dense[first], sparse[first], features, size, "history/avazu")
+    last = ~first
+    s_labels, s_dense, s_sparse = labels[last], dense[last], sparse[last]
+    cuts = np.linspace(0, len(s_labels), windows + 1).astype(int)
+    stream = [
+        batches_of(s_labels[a:b], s_dense[a:b], s_sparse[a:b], features, size, "stream/avazu")
+        for a, b in itertools.pairwise(cuts)
+    ]
+    tail = max(1, len(hist) // 8)  # the last eighth of the history hour
+    return Data(features, 0, hist, stream, hist[-tail:])
+
+
+# --- models ------------------------------------------------------------------
+
+TOWER = {"type": "dlrm", "params": {"bottom_mlp": [16, 8], "top_mlp": [32, 16]}}
+TOWER_NO_DENSE = {"type": "dlrm", "params": {"bottom_mlp": [8], "top_mlp": [32, 16]}}
+
+
+def job(data: Data, seed: int, mixture: bool, args: argparse.Namespace) -> JobSpec:
+    tower = TOWER if data.num_dense else TOWER_NO_DENSE
+    dim = 8
+    model: dict[str, Any] = {"type": tower["type"], "params": tower["params"]}
+    if mixture:
+        dim = 8 + args.adapt_dim
+        adapt: dict[str, Any] = {"type": "logreg", "params": {}} if args.adapt_dim == 1 else tower
+        if args.adapt_reads == "all":  # its rows: the memory's 8 columns, then its own
+            adapt = {"type": "dcnv2", "params": {"cross_layers": 1, "mlp": [32, 16]}}
+        model = {
+            "type": "mixture",
+            "params": {
+                "memory": tower,
+                "adapt": adapt,
+                "combine": args.combine,
+                "embeddings": "split",
+                "memory_dim": 8,
+                "adapt_reads": args.adapt_reads,
+                "update": {
+                    "history_streams": ["history"],
+                    "history": {"memory": 1, "adapt": 0, "gate": 0, "embeddings": 1},
+                    "stream": {
+                        "memory": 0,
+                        "adapt": args.adapt_lr_scale,
+                        "gate": args.gate_lr_scale,
+                        "embeddings": args.stream_embedding_scale,
+                    },
+                },
+            },
+        }
+    return job_from_dict(
+        {
+            "data": {
+                "sources": [{"path": "unused.csv", "format": "csv"}],
+                "schema": {
+                    "dense": [f"I{i}" for i in range(data.num_dense)],
+                    "sparse": data.features,
+                },
+            },
+            "model": {
+                **model,
+                "embedding": {
+                    "default": {
+                        "dim": dim,
+                        "optimizer": {"name": "adagrad", "lr": args.sparse_lr},
+                        # A column's initial value depends on (seed, id, column) only,
+                        # so the mixture's memory columns start as batch_only's rows.
+                        "initializer": {"name": "uniform", "scale": 8**-0.5},
+                    }
+                },
+            },
+            "train": {
+                "seed": seed,
+                "threads": 1,
+                "batch_size": args.batch_size,
+                "dense_optimizer": {"name": "adam", "lr": args.dense_lr},
+            },
+        },
+        base_dir=Path.cwd(),
+    )
+
+
+@dataclass
+class Run:
+    engine: Engine
+    step: Callable[[Batch], np.ndarray]  # train on a batch; its pre-update probabilities
+
+
+def build(data: Data, seed: int, mixture: bool, args: argparse.Namespace) -> Run:
+    spec = job(data, seed, mixture, args)
+    seed_everything(seed)
+    plan = TrainPlan.from_job(spec, data.features)
+    tables = build_tables(plan, None)
+    engine = build_engine(
+        spec, plan, tables, external=False, num_dense=data.num_dense, jagged=(), model=None
+    )
+    updater = engine.sparse_updater()
+    plan_for = mixture_plan_for(engine.model, plan.tables)
+
+    def step(batch: Batch) -> np.ndarray:
+        looked_up = engine.lookup(batch)
+        engine.step(batch, looked_up, updater, plan_for(batch) if plan_for else None)
+        assert engine.last_logits is not None
+        return torch.sigmoid(engine.last_logits).numpy()
+
+    return Run(engine, step)
+
+
+def auc(batches: list[Batch], probs: list[np.ndarray]) -> float:
+    labels = np.concatenate([b.labels for b in batches])
+    return float(evaluate_predictions(labels, np.concatenate(probs)).auc)
+
+
+def run_variant(variant: str, data: Data, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    run = build(data, seed, variant == "mixture", args)
+    for batch in data.history:
+        run.step(batch)
+    replayed: Iterator[Batch] = iter(())
+    window_aucs = []
+    for window in data.windows:
+        probs = []
+        for batch in window:
+            if variant == "batch_only":
+                probs.append(run.engine.predict(batch))
+                continue
+            probs.append(run.step(batch))
+            if variant == "naive_mix":
+                nxt = next(replayed, None)
+                if nxt is None:
+                    replayed = iter(data.history)
+                    nxt = next(replayed)
+                run.step(nxt)
+        window_aucs.append(auc(window, probs))
+    mixture = find_mixture(run.engine.model)
+    if mixture is not None:
+        mixture.score_as("history")
+    replay = auc(data.replay, [run.engine.predict(b) for b in data.replay])
+    return {"windows": window_aucs, "mean": float(np.mean(window_aucs)), "replay_auc": replay}
+
+
+def river_fm(data: Data, seed: int) -> dict[str, Any]:
+    def rows(batches: list[Batch]) -> Iterator[tuple[dict[str, Any], bool]]:
+        for b in batches:
+            for i in range(b.num_rows):
+                x: dict[str, Any] = {f"{f}={b.sparse[f].values[i]}": 1.0 for f in data.features}
+                x.update({f"I{j}": float(b.dense[i, j]) for j in range(b.dense.shape[1])})
+                yield x, bool(b.labels[i])
+
+    model = facto.FMClassifier(
+        n_factors=8, weight_optimizer=optim.SGD(0.05), latent_optimizer=optim.SGD(0.05), seed=seed
+    )
+    for x, y in rows(data.history):
+        model.learn_one(x, y)
+    window_aucs = []
+    for window in data.windows:
+        metric = evaluate.progressive_val_score(rows(window), model, metrics.ROCAUC())
+        window_aucs.append(float(metric.get()))
+    return {"windows": window_aucs, "mean": float(np.mean(window_aucs))}
+
+
+# --- surge -------------------------------------------------------------------
+
+POLICIES: tuple[Policy, ...] = ("priority", "uniform", "fifo")
+
+
+def surge_run(
+    data: Data, seed: int, args: argparse.Namespace, policy: Policy | None
+) -> dict[str, Any]:
+    """The mixture over the stream through a ``MixedBuffer``, one training step
+    (``batch_size`` rows) per tick. Rows arrive at 0.8x the training rate, and
+    at 10x it during the second stream window (``policy``; ``None``: no surge,
+    priority buffer). Every row is scored when it arrives (before any training
+    on it); AUC per window of arrival. Lag: ticks from a row's arrival to its step."""
+    run = build(data, seed, True, args)
+    for batch in data.history:
+        run.step(batch)
+    size = args.batch_size
+    per_row = int(row_bytes(data.windows[0][0]).max())
+    buffer = MixedBuffer(
+        BufferPolicy(
+            capacity_bytes=args.surge_buffer_rows * per_row,
+            policy=policy or "priority",
+            label_weight=2.0,
+            half_life_rows=args.surge_buffer_rows,
+            seed=seed,
+        )
+    )
+    backlog: list[Batch] = []  # fifo: rows the full buffer pushed back
+    lags: list[np.ndarray] = []
+    tick = 0
+    window_aucs = []
+
+    def train_one() -> None:
+        batch = buffer.take(size)
+        if batch is not None:
+            run.step(batch)
+            assert batch.row_ids is not None
+            lags.append(tick - batch.row_ids)
+
+    for w, window in enumerate(data.windows):
+        rows = Batch.concatenate(window)
+        rate = size * 10 if (policy is not None and w == 1) else size * 4 // 5
+        probs = []
+        for lo in range(0, rows.num_rows, rate):
+            arriving = rows.slice(lo, lo + rate)
+            arriving = Batch(
+                arriving.labels,
+                arriving.dense,
+                arriving.sparse,
+                np.full(arriving.num_rows, tick, np.int64),
+                "stream/synth",
+            )
+            probs.append(run.engine.predict(arriving))
+            backlog.append(arriving)
+            while backlog:
+                taken = buffer.offer(backlog[0], "stream")
+                if taken < backlog[0].num_rows:  # fifo only: the rest waits
+                    rest = backlog[0]
+                    backlog[0] = rest.slice(taken, rest.num_rows)
+                    break
+                backlog.pop(0)
+            train_one()
+            tick += 1
+        window_aucs.append(float(evaluate_predictions(rows.labels, np.concatenate(probs)).auc))
+    lag = np.concatenate(lags) if lags else np.zeros(1)
+    stats = buffer.stats()["sources"]["stream"]
+    return {
+        "windows": window_aucs,
+        "mean": float(np.mean(window_aucs)),
+        "kept_fraction": (stats["taken"])
+        / max(1, stats["offered"] + sum(b.num_rows for b in backlog)),
+        "lag_p50_ticks": float(np.percentile(lag, 50)),
+        "lag_p99_ticks": float(np.percentile(lag, 99)),
+        "backlog_rows_at_end": sum(b.num_rows for b in backlog),
+        "buffer_peak_bytes": buffer.peak_bytes,
+        "buffer_capacity_bytes": buffer.policy.capacity_bytes,
+        "counts": stats,
+    }
+
+
+def surge(args: argparse.Namespace) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for seed in range(args.seeds):
+        data = synthetic("abrupt", seed, args.rows_per_hour, args.hours, args.batch_size)
+        for policy in (None, *POLICIES):
+            runs.setdefault(policy or "no_surge", []).append(surge_run(data, seed, args, policy))
+    base = float(np.mean([r["mean"] for r in runs["no_surge"]]))
+    out: dict[str, Any] = {"no_surge": {"auc": base}}
+    print(
+        f"\nsurge (abrupt scenario, 10x in stream window 1, {args.seeds} seeds): "
+        f"no-surge AUC {base:.4f}"
+    )
+    for policy in POLICIES:
+        rs = runs[policy]
+        fig = {
+            "auc": float(np.mean([r["mean"] for r in rs])),
+            "auc_drop": base - float(np.mean([r["mean"] for r in rs])),
+            "kept_fraction": float(np.mean([r["kept_fraction"] for r in rs])),
+            "lag_p50_ticks": float(np.mean([r["lag_p50_ticks"] for r in rs])),
+            "lag_p99_ticks": float(np.mean([r["lag_p99_ticks"] for r in rs])),
+            "buffer_peak_bytes": int(max(r["buffer_peak_bytes"] for r in rs)),
+            "buffer_capacity_bytes": rs[0]["buffer_capacity_bytes"],
+            "windows": np.mean([r["windows"] for r in rs], axis=0).round(4).tolist(),
+            "counts_seed0": rs[0]["counts"],
+        }
+        out[policy] = fig
+        print(
+            f"  {policy:<9} auc_drop {fig['auc_drop']:+.4f}  kept {fig['kept_fraction']:.3f}  "
+            f"lag p50/p99 {fig['lag_p50_ticks']:.0f}/{fig['lag_p99_ticks']:.0f} ticks  "
+            f"peak {fig['buffer_peak_bytes']:,} of {fig['buffer_capacity_bytes']:,} B  "
+            f"[{' '.join(f'{a:.4f}' for a in fig['windows'])}]"
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--rows-per-hour", type=int, default=3000)
+    parser.add_argument("--hours", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--datasets", default=",".join([*SYNTHETIC, "avazu"]))
+    parser.add_argument("--no-river", action="store_true")
+    parser.add_argument("--dense-lr", type=float, default=0.005)
+    parser.add_argument("--sparse-lr", type=float, default=0.3)
+    parser.add_argument("--adapt-dim", type=int, default=8)
+    parser.add_argument("--combine", default="gate")
+    parser.add_argument("--adapt-reads", default="own")
+    parser.add_argument("--gate-lr-scale", type=float, default=2.0)
+    parser.add_argument("--surge-buffer-rows", type=int, default=2000)
+    parser.add_argument("--no-surge", action="store_true")
+    parser.add_argument("--adapt-lr-scale", type=float, default=2.0)
+    parser.add_argument("--stream-embedding-scale", type=float, default=1.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    report: dict[str, Any] = {"progressive_auc": {}, "forgetting": {}, "windows": {}, "args": {}}
+    report["args"] = {k: v for k, v in vars(args).items() if k != "json"}
+    floors: dict[str, bool] = {}
+    t0 = time.perf_counter()
+    for name in [d for d in args.datasets.split(",") if d]:
+        per: dict[str, list[dict[str, Any]]] = {}
+        for seed in range(args.seeds):
+            if name == "avazu":
+                data = avazu(args.batch_size)
+            else:
+                data = synthetic(name, seed, args.rows_per_hour, args.hours, args.batch_size)
+            for variant in VARIANTS:
+                per.setdefault(variant, []).append(run_variant(variant, data, seed, args))
+            if not args.no_river:
+                per.setdefault("river_fm", []).append(river_fm(data, seed))
+        means = {v: float(np.mean([r["mean"] for r in runs])) for v, runs in per.items()}
+        report["progressive_auc"][name] = means
+        report["windows"][name] = {
+            v: np.mean([r["windows"] for r in runs], axis=0).round(4).tolist()
+            for v, runs in per.items()
+        }
+        replay = {
+            v: float(np.mean([r["replay_auc"] for r in runs]))
+            for v, runs in per.items()
+            if "replay_auc" in runs[0]
+        }
+        gap = replay["mixture"] - replay["batch_only"]
+        report["forgetting"][name] = {**replay, "mixture_minus_batch_only": gap}
+        best_other = max(means[v] for v in VARIANTS if v != "mixture")  # river: reported
+        margin = 0.003 if name in SYNTHETIC else -0.001
+        floors[f"{name}.progressive"] = means["mixture"] >= best_other + margin
+        floors[f"{name}.forgetting"] = gap >= -0.002
+        print(f"\n{name}: mean windowed progressive AUC over {args.seeds} seeds")
+        for v, m in means.items():
+            wins = " ".join(f"{a:.4f}" for a in report["windows"][name][v])
+            rep = f"  replay {replay[v]:.4f}" if v in replay else ""
+            print(f"  {v:<12} {m:.4f}  (mixture - it: {means['mixture'] - m:+.4f})  [{wins}]{rep}")
+    if not args.no_surge:
+        report["surge"] = surge(args)
+        s = report["surge"]
+        floors["surge.priority.within_0.003"] = s["priority"]["auc_drop"] <= 0.003
+        floors["surge.priority_beats_uniform"] = (
+            s["priority"]["auc_drop"] < s["uniform"]["auc_drop"]
+        )
+        floors["surge.priority_beats_fifo"] = s["priority"]["auc_drop"] < s["fifo"]["auc_drop"]
+        floors["surge.within_capacity"] = (
+            s["priority"]["buffer_peak_bytes"] <= s["priority"]["buffer_capacity_bytes"]
+        )
+    report["floors_met"] = floors
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    print(f"\nfloors met: {floors}\nwall {report['wall_s']} s")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""A mixture of two towers: a **memory** tower that keeps what the history
+taught, and an **adapt** tower that follows the live stream (docs/mixture.md).
+
+::
+
+    sparse (B, F, D) --shared--> memory tower (D)  -> m (B,)
+                     \\-shared--> adapt tower (D)   -> a (B,)
+    or, ``embeddings: split`` (table dim D = Dm + Da):
+    sparse[..., :Dm] -> memory tower,  sparse[..., Dm:] -> adapt tower
+
+    combine: sum   logit = m + a
+             gate  logit = m + g * a,  g = gate([dense, |e_1|, ..., |e_F|])  (B,)
+
+The gate is a per-row weight of the adapt tower, zero at the start (its last
+layer starts at zero): until stream rows teach it, the mixture is its memory
+tower alone, so history rows can train the memory tower exactly as a model of
+its own (rules ``history: {adapt: 0, gate: 0}``). It reads each row's dense
+features and the norm of each of its F embedding vectors (detached): a
+never-seen id has a fresh row, so the norms tell the gate how new a row's ids
+are. Each tower is any registered model (``model.type`` names) built with its
+own ``params``.
+
+``score_as("history")`` makes evaluation (``model.eval()``) answer with the
+memory tower alone: scoring replayed history rows as history (a row's kind is its
+origin; a serving path that knows it may do the same). ``score_as(None)``, the
+default, scores every row with the whole mixture.
+
+Which rows train which part is ``update`` (``MixtureRules``); the training loop
+calls ``use_rule`` before each step. With split tables, a tower frozen for a
+step (scale 0) reads its slice detached, so its slice of the rows gets no
+gradient: stream rows never move the memory tower's vectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from estuary.errors import ConfigError
+from estuary.nn.mixture_rules import MixtureRules, RowKind, Rule
+from estuary.nn.models import _build_registered
+
+__all__ = ["MixtureModel", "mixture"]
+
+Combine = Literal["sum", "gate"]
+AdaptReads = Literal["own", "all"]
+
+
+def _tower(spec: Any, path: str, num_dense: int, num_sparse: int, embedding_dim: int) -> nn.Module:
+    """The registered model ``spec = {type, params}`` (errors name ``path``)."""
+    if not isinstance(spec, Mapping) or "type" not in spec:
+        raise ConfigError(path, "expected {type: <registered model>, params: {...}}")
+    unknown = set(spec) - {"type", "params"}
+    if unknown:
+        raise ConfigError(f"{path}.{sorted(unknown)[0]}", "unknown field; known: type, params")
+    name = spec["type"]
+    if name == "mixture":
+        raise ConfigError(f"{path}.type", "a tower cannot itself be a mixture")
+    try:
+        return _build_registered(
+            name, dict(spec.get("params") or {}), num_dense, num_sparse, embedding_dim
+        )
+    except ConfigError as exc:  # model.params.X -> <path>.params.X
+        field = exc.path.removeprefix("model.params")
+        if exc.path.startswith("model.params"):
+            raise ConfigError(f"{path}.params{field}", exc.reason) from exc
+        if exc.path == "model.type":
+            raise ConfigError(f"{path}.type", exc.reason) from exc
+        raise ConfigError(f"{path} ({exc.path})", exc.reason) from exc
+
+
+class MixtureModel(nn.Module):
+    """Memory tower + adapt tower (+ gate); ``forward(dense, sparse) -> logits``.
+
+    Args:
+        memory, adapt: the towers.
+        combine: ``sum`` or ``gate``.
+        memory_dim: ``None``: both towers read all D columns (shared tables);
+            else the memory tower reads columns ``[:memory_dim]`` and the adapt
+            tower ``[memory_dim:]`` (split tables).
+        gate: with ``combine: gate``, ``(B, Dd + F) -> (B, 1)``.
+        rules: which rows update what.
+        adapt_reads: with split tables, ``own`` (its columns) or ``all`` (the
+            memory columns, detached, then its own: it learns from the memory's
+            trained vectors without moving them).
+    """
+
+    def __init__(
+        self,
+        memory: nn.Module,
+        adapt: nn.Module,
+        *,
+        combine: Combine,
+        memory_dim: int | None,
+        gate: nn.Module | None,
+        rules: MixtureRules,
+        adapt_reads: AdaptReads = "own",
+    ) -> None:
+        super().__init__()
+        self.adapt_reads = adapt_reads
+        self.memory, self.adapt, self.gate = memory, adapt, gate
+        self.combine, self.memory_dim, self.rules = combine, memory_dim, rules
+        self.rule: Rule = rules.history  # the rule of the step in progress
+        # (B,) of the last forward, for inspection: the gate's weight of the adapt
+        # tower (None with combine: sum).
+        self.last_gate: torch.Tensor | None = None
+        self.scoring: RowKind | None = None
+
+    def score_as(self, kind: RowKind | None) -> None:
+        """``"history"``: evaluation answers with the memory tower alone;
+        ``None``: with the whole mixture (training always uses the whole)."""
+        self.scoring = kind
+
+    def use_rule(self, rule: Rule) -> None:
+        """The rule of the next training step (frozen towers' slices detached)."""
+        self.rule = rule
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        if self.memory_dim is None:
+            mem_in = adapt_in = sparse
+        else:
+            mem_in, adapt_in = sparse[..., : self.memory_dim], sparse[..., self.memory_dim :]
+            if self.training and self.rule.memory == 0:
+                mem_in = mem_in.detach()
+            if self.training and self.rule.adapt == 0:
+                adapt_in = adapt_in.detach()
+            if self.adapt_reads == "all":  # the memory columns as read-only features
+                adapt_in = torch.cat([mem_in.detach(), adapt_in], dim=-1)
+        m = self.memory(dense, mem_in)  # (B,)
+        if not self.training and self.scoring == "history":
+            return m
+        a = self.adapt(dense, adapt_in)  # (B,)
+        if self.gate is None:
+            self.last_gate = None
+            return m + a
+        norms = sparse.detach().norm(dim=2)  # (B, F): small for fresh ids
+        g = self.gate(torch.cat([dense, norms], dim=1)).squeeze(1)  # (B,)
+        self.last_gate = g.detach()
+        return m + g * a
+
+
+def mixture(
+    num_dense: int,
+    num_sparse: int,
+    embedding_dim: int,
+    memory: Mapping[str, Any] | None = None,
+    adapt: Mapping[str, Any] | None = None,
+    combine: str = "sum",
+    embeddings: str = "shared",
+    memory_dim: int | None = None,
+    gate_hidden: int = 0,
+    update: Mapping[str, Any] | None = None,
+    adapt_reads: str = "own",
+) -> MixtureModel:
+    """``model.type: mixture`` (see the module docstring and docs/mixture.md).
+
+    Args:
+        memory, adapt: ``{type: <registered model>, params: {...}}`` of each tower.
+        combine: ``sum`` (of logits) or ``gate`` (a learned per-row weight of
+            the adapt tower, zero at the start).
+        embeddings: ``shared`` (both towers read whole rows) or ``split`` (one
+            table row holds both towers' vectors; ``memory_dim`` columns are the
+            memory tower's).
+        memory_dim: the memory tower's columns with ``embeddings: split``.
+        adapt_reads: with split tables, ``own`` (the adapt tower reads its
+            columns) or ``all`` (the memory columns, detached, and its own).
+        gate_hidden: hidden units of the gate (0: a linear gate).
+        update: the update rules (``MixtureRules``).
+    """
+    path = "model.params"
+    if memory is None or adapt is None:
+        raise ConfigError(f"{path}.{'memory' if memory is None else 'adapt'}", "required")
+    if combine not in ("sum", "gate"):
+        raise ConfigError(f"{path}.combine", f"expected sum or gate, got {combine!r}")
+    if embeddings not in ("shared", "split"):
+        raise ConfigError(f"{path}.embeddings", f"expected shared or split, got {embeddings!r}")
+    if embeddings == "split":
+        if memory_dim is None or not 0 < memory_dim < embedding_dim:
+            raise ConfigError(
+                f"{path}.memory_dim",
+                f"embeddings: split needs 0 < memory_dim < the table dim {embedding_dim}, "
+                f"got {memory_dim}",
+            )
+        mem_dim, adapt_dim = memory_dim, embedding_dim - memory_dim
+        if adapt_reads not in ("own", "all"):
+            raise ConfigError(f"{path}.adapt_reads", f"expected own or all, got {adapt_reads!r}")
+        if adapt_reads == "all":
+            adapt_dim = embedding_dim
+    else:
+        if adapt_reads != "own":
+            raise ConfigError(f"{path}.adapt_reads", "only with embeddings: split")
+        if memory_dim is not None:
+            raise ConfigError(f"{path}.memory_dim", "only with embeddings: split")
+        mem_dim = adapt_dim = embedding_dim
+    if gate_hidden < 0:
+        raise ConfigError(f"{path}.gate_hidden", f"expected >= 0, got {gate_hidden}")
+    rules = MixtureRules.parse(update, f"{path}.update")
+    # The memory tower is built first: it draws its initial weights as the same
+    # model built alone would (same seed), so it can be compared with one.
+    memory_tower = _tower(memory, f"{path}.memory", num_dense, num_sparse, mem_dim)
+    adapt_tower = _tower(adapt, f"{path}.adapt", num_dense, num_sparse, adapt_dim)
+    gate: nn.Module | None = None
+    if combine == "gate":
+        width = num_dense + num_sparse
+        gate = (
+            nn.Sequential(nn.Linear(width, gate_hidden), nn.ReLU(), nn.Linear(gate_hidden, 1))
+            if gate_hidden
+            else nn.Linear(width, 1)
+        )
+        last = gate[-1] if isinstance(gate, nn.Sequential) else gate
+        assert isinstance(last, nn.Linear)
+        nn.init.zeros_(last.weight)  # g = 0: the memory tower alone until trained
+        nn.init.zeros_(last.bias)
+    return MixtureModel(
+        memory_tower,
+        adapt_tower,
+        combine=combine,  # type: ignore[arg-type]
+        memory_dim=memory_dim if embeddings == "split" else None,
+        gate=gate,
+        rules=rules,
+        adapt_reads=adapt_reads,  # type: ignore[arg-type]
+    )
