@@ -158,14 +158,26 @@ class AdmissionSpec:
             training batches (1 = admit at first sight). Until then it reads the
             table's shared ``unknown`` row and its gradient trains that row.
         probability: admit a new id with this probability per sighting (1.0 = always).
-        max_pending_ids: per-shard bound on ids counted while not yet admitted
-            (16 B each, 32 MiB of counts at the default); when full, every count
-            is halved (rare ids drop out).
+        max_pending_ids: per-shard bound on ids counted while not yet admitted.
+            ``exact``: 16 B each (24-34 B with the table's slack); when full,
+            every count is halved (rare ids drop out). ``sketch``: the largest
+            sketch layer is sized for this many ids (two layers of about
+            ``sketch_hashes / ln 2`` counters per id at most).
+        counter: how sightings are counted: ``sketch`` (approximate, a few bits
+            per id: a two-generation count-min sketch; a never-seen id is falsely
+            admitted with a small probability, < 2% at the default
+            ``sketch_hashes``) or ``exact`` (an id -> count table, 16 B+ per id;
+            see ``estuary.embedding.admission_sketch``).
+        sketch_hashes: counters per id in the sketch (1-7): more lowers false
+            admissions (about ``0.5 ** sketch_hashes`` per layer) and costs
+            proportionally more bits per id.
     """
 
     min_count: int = 1
     probability: float = 1.0
     max_pending_ids: int = 1 << 20
+    counter: Literal["sketch", "exact"] = "sketch"
+    sketch_hashes: int = 6
 
     def validate(self, path: str) -> None:
         if self.min_count < 1:
@@ -174,6 +186,12 @@ class AdmissionSpec:
             raise ConfigError(f"{path}.probability", "must be in (0, 1]")
         if self.max_pending_ids < 1:
             raise ConfigError(f"{path}.max_pending_ids", "must be >= 1")
+        if not 1 <= self.sketch_hashes <= 7:
+            raise ConfigError(f"{path}.sketch_hashes", "must be in [1, 7]")
+        if self.counter == "sketch" and self.min_count > 256:
+            raise ConfigError(
+                f"{path}.min_count", "the sketch counts to 256: use counter: exact above that"
+            )
 
 
 @dataclass(frozen=True)
@@ -237,7 +255,7 @@ class TableSpec:
     admission: AdmissionSpec = field(default_factory=AdmissionSpec)
     eviction: EvictionSpec = field(default_factory=EvictionSpec)
     shards: int = 1
-    initial_capacity_rows: int = 1024
+    initial_capacity_rows: int = 64
     dtype: RowDtype = "fp32"
 
     def validate(self, path: str) -> None:

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from estuary.config.spec import TableSpec
-from estuary.embedding.admission import AdmissionFilter
+from estuary.embedding.admission import AdmissionFilter, make_admission_filter
+from estuary.embedding.admission_sketch import SketchAdmissionFilter
 from estuary.embedding.delta import (
     AGING,
     AGING_TOUCHES,
@@ -40,6 +41,7 @@ from estuary.embedding.delta import (
     OPT_PREFIX,
     PENDING_COUNTS,
     PENDING_IDS,
+    SKETCH_WORDS,
     STAMP,
     TOUCH_S,
     UNKNOWN_PREFIX,
@@ -48,6 +50,8 @@ from estuary.embedding.delta import (
     EvictionLog,
     is_full,
     scalar,
+    sketch_keys,
+    sketch_parts,
 )
 from estuary.embedding.eviction import AccessClock, EvictionPolicy, age
 from estuary.embedding.hash_index import NO_TOUCH, HashIndex, Touch
@@ -79,6 +83,12 @@ def _gather(
     for name in opt.scalar_names:
         state[f"{prefix}{OPT_PREFIX}{name}"] = array[rows, fmt.columns(opt.columns(name)).start]
     return state
+
+
+def _unique_counts(ids: Int64Array, counts: Int64Array) -> tuple[Int64Array, Int64Array]:
+    # Sorted unique ids with their counts summed.
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=counts, minlength=uniq.size).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -153,7 +163,7 @@ class EmbeddingShard:
         self._init_weights = (dist or 0, self._initializer.scale, self._initializer.truncate)
         self._init_state = self._optimizer.initial_state_row()
         # Separate coin stream for admission (the init stream uses the table seed).
-        self._admission = AdmissionFilter(
+        self._admission = make_admission_filter(
             spec.admission,
             table_seed(seed, name + "/admission"),
             max_pending_ids=(
@@ -499,9 +509,7 @@ class EmbeddingShard:
                 freq = self._storage.freq[:end].copy() if self._policy.lfu else None
                 touch = self._storage.touch_s[:end].copy() if self._policy.keep_time else None
             small = self._rows_state(_UNKNOWN_ROWS, UNKNOWN_PREFIX)
-            pending = self._admission.state_dict()
-            small[PENDING_IDS] = pending["ids"]
-            small[PENDING_COUNTS] = pending["counts"]
+            small.update(self._admission_state())
             small[CLOCK] = scalar(self._clock.value)
             small[AGING] = scalar(self._policy.aging)
             small[AGING_TOUCHES] = scalar(self._policy.aging_touches)
@@ -559,11 +567,36 @@ class EmbeddingShard:
                 self._policy.aging_touches = int(state[AGING_TOUCHES][0])
             self._upsert_rows(ids, state, check_new=not delta)
             self._load_rows(_UNKNOWN_ROWS, state, UNKNOWN_PREFIX, 1)
-            if PENDING_IDS in state:
-                self._admission.load_state_dict(
-                    {"ids": state[PENDING_IDS], "counts": state[PENDING_COUNTS]}
-                )
+            self._load_admission(state)
             self._mark()
+
+    def _admission_state(self) -> State:
+        # This shard's pending counts under the state keys of its counter.
+        filt = self._admission
+        if isinstance(filt, SketchAdmissionFilter):
+            return sketch_keys([filt.state_dict()])
+        pending = filt.state_dict()
+        return {PENDING_IDS: pending["ids"], PENDING_COUNTS: pending["counts"]}
+
+    def _load_admission(self, state: State) -> None:
+        # A state saved with the other counter: exact counts go into a sketch;
+        # a sketch cannot give an exact table its ids (counting restarts).
+        filt = self._admission
+        if SKETCH_WORDS in state:
+            (sketch,) = sketch_parts(state)
+            if isinstance(filt, SketchAdmissionFilter):
+                filt.load_state_dict(sketch)
+            else:
+                _log.warning(
+                    "table %r: pending admission counts were saved as a sketch; the "
+                    "exact counter starts empty", self.name,
+                )  # fmt: skip
+        elif PENDING_IDS in state:
+            ids, counts = as_ids(state[PENDING_IDS]), np.asarray(state[PENDING_COUNTS], np.int64)
+            if isinstance(filt, AdmissionFilter):
+                filt.load_state_dict({"ids": ids, "counts": counts})
+            else:
+                filt.observe_counts(*_unique_counts(ids, counts), admit=False)
 
     def _upsert_rows(self, ids: Int64Array, state: State, *, check_new: bool) -> None:
         rows, new_at = self._index.get_or_insert_new(ids)
