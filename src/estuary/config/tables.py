@@ -25,6 +25,7 @@ from estuary.plugins import INITIALIZERS, OPTIMIZERS
 
 __all__ = [
     "AdmissionSpec",
+    "DiskSpec",
     "EvictionSpec",
     "InitializerName",
     "InitializerSpec",
@@ -229,6 +230,28 @@ class EvictionSpec:
 
 
 @dataclass(frozen=True)
+class DiskSpec:
+    """A memory budget with a disk tier (``estuary.embedding.disk_tier``).
+
+    Args:
+        memory_bytes: bytes of rows (with their index entry and metadata) the
+            table keeps in memory, split evenly over its shards; rows evicted
+            for room (least recently used) move to memory-mapped files and come
+            back on their next training access. ``None`` = all rows in memory.
+        path: folder for the files (each shard makes its own temporary folder in
+            it, removed when the table goes); ``None`` = the system's temporary
+            folder.
+    """
+
+    memory_bytes: int | None = None
+    path: str | None = None
+
+    def validate(self, path: str) -> None:
+        if self.memory_bytes is not None and self.memory_bytes < 4096:
+            raise ConfigError(f"{path}.memory_bytes", "must be >= 4096 (or null: no disk tier)")
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """One embedding table. ``model.embedding.default`` gives every field's default;
     ``model.embedding.tables.<feature>`` overrides fields for one feature.
@@ -246,6 +269,7 @@ class TableSpec:
         dtype: how the weights are stored: ``fp32``, or ``fp16`` / ``bf16`` (half
             the bytes; updates computed in float32 and stochastically rounded on
             write, lookups return float32). Optimizer state stays float32.
+        disk: a memory budget with a disk tier for the rows beyond it.
     """
 
     dim: int = 16
@@ -257,6 +281,7 @@ class TableSpec:
     shards: int = 1
     initial_capacity_rows: int = 64
     dtype: RowDtype = "fp32"
+    disk: DiskSpec = field(default_factory=DiskSpec)
 
     def validate(self, path: str) -> None:
         if self.dim < 1:
@@ -269,6 +294,16 @@ class TableSpec:
         self.optimizer.validate(f"{path}.optimizer")
         self.admission.validate(f"{path}.admission")
         self.eviction.validate(f"{path}.eviction")
+        self.disk.validate(f"{path}.disk")
+        ev = self.eviction
+        if self.disk.memory_bytes is not None and (
+            ev.capacity_rows is not None or ev.ttl_steps is not None or ev.ttl_s is not None
+        ):
+            raise ConfigError(
+                f"{path}.disk.memory_bytes",
+                "a disk tier keeps every row: it cannot be combined with eviction "
+                "(capacity_rows, ttl_steps, ttl_s)",
+            )
 
 
 def merge_table(default: TableSpec, override: Mapping[str, Any], path: str) -> TableSpec:
