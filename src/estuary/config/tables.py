@@ -166,7 +166,7 @@ class AdmissionSpec:
             ``sketch_hashes / ln 2`` counters per id at most).
         counter: how sightings are counted: ``sketch`` (approximate, a few bits
             per id: a two-generation count-min sketch; a never-seen id is falsely
-            admitted with a small probability, < 2% at the default
+            admitted with a small probability, about 2% at the default
             ``sketch_hashes``) or ``exact`` (an id -> count table, 16 B+ per id;
             see ``estuary.embedding.admission_sketch``).
         sketch_hashes: counters per id in the sketch (1-7): more lowers false
