@@ -31,8 +31,9 @@ for ``min_count: 2`` (measured 1.4-2.2% on random ids at the size bound;
 tests/embedding/test_admission_sketch.py bounds it at 3%). Ids are never
 admitted *later* than exactly, except when their sightings span more than two
 generations (on the 4-hour synthetic job: 9.7% of the exact counter's rows were
-not admitted, 4.6% of the sketch's rows were false admissions; docs/results.md). Memory per tracked id at the
-rotation point is ``hashes / ln 2 * b`` bits (8.7 bits for b = 1, 6 hashes).
+not admitted, 4.6% of the sketch's rows were false admissions; docs/results.md).
+Memory per tracked id at the rotation point is ``hashes / ln 2 * b`` bits
+(8.7 bits for b = 1, 6 hashes).
 
 Decisions depend only on the set of ids seen before (and the seed), not on
 the order within a call; each shard keeps its own sketch, so collisions (and

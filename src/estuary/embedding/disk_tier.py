@@ -19,11 +19,12 @@ slots are reused (the index's free list).
 
 Chosen by measurement over an embedded key-value store: sqlite3 (the one in
 the standard library; journal and sync off, rows as blobs keyed by id) took
-11x longer per row moved out and back than this (55 vs 4.8 us per row, 4096-row
-batches of 100k 128-byte rows, one run on a loaded 2-core machine; docs/results.md). The mapping's pages live in the
-OS page cache: they count in the process's file-backed resident pages while
-cached, and the kernel reclaims them under pressure (anonymous memory, which
-the budget bounds, is what cannot be reclaimed).
+11x longer per row moved out and back than this (55 vs 4.8 us per row,
+4096-row batches of 100k 128-byte rows, one run on a loaded 2-core machine;
+docs/results.md). The mapping's pages live in the OS page cache: they count
+in the process's file-backed resident pages while cached, and the kernel
+reclaims them under pressure (anonymous memory, which the budget bounds, is
+what cannot be reclaimed).
 
 Checkpoints and deltas see one table: a state lists memory and disk rows
 alike (``EmbeddingShard.export_raw``); a disk row is dirty for a delta when
