@@ -165,3 +165,14 @@ def test_deltas_carry_rows_of_both_tiers(tmp_path: Path) -> None:
 def test_bad_disk_settings_name_the_field(table: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         TableSpec(**table).validate("t")  # type: ignore[arg-type]
+
+
+def test_a_call_with_more_disk_rows_than_the_budget_keeps_every_row(tmp_path: Path) -> None:
+    table = EmbeddingTable(_spec(_budget_for(100), 1, str(tmp_path)), seed=5, name="t")
+    ids = np.arange(1, 1001, dtype=np.int64)
+    for start in range(0, ids.size, 50):
+        table.lookup(ids[start : start + 50], train=True)
+    before = table.lookup(ids, train=False)
+    table.lookup(ids, train=True)  # 1000 ids, ~900 on disk, room for 100
+    assert len(table) == ids.size and table.stats().admissions == ids.size
+    np.testing.assert_array_equal(table.lookup(ids, train=False), before)

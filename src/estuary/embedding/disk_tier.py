@@ -5,6 +5,9 @@ of rows in memory (an LRU capacity derived from the budget, see
 ``memory_rows``); the rows it evicts for room move here instead of being
 dropped, and come back into memory on their next training access (or are read
 in place by eval lookups). So the table holds more rows than its budget.
+Limit: one call bringing back more rows than the budget holds brings back
+what fits; the rest stay on disk and read the shared unknown row in that call
+(their gradients train it), as new ids beyond a capacity do.
 
 Layout: two memory-mapped files in the tier's folder, grown by ``GROWTH``
 (``ftruncate`` and a new mapping; nothing is copied)::

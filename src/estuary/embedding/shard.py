@@ -300,15 +300,21 @@ class EmbeddingShard:
         # occurrences of ids found on disk (hits).
         candidates = ids[missing]
         from_disk = 0
-        if self._disk is not None and len(self._disk):
-            back = self._promote(np.unique(candidates), now, now_s)
-            if back:
+        disk = self._disk
+        if disk is not None and len(disk):
+            if self._promote(np.unique(candidates), now, now_s):
                 rows[missing] = self._index.lookup(candidates)
                 from_disk = int(np.count_nonzero(rows[missing] >= 0))
                 missing = rows < 0
                 candidates = ids[missing]
-                if candidates.size == 0:
-                    return from_disk
+            # Rows left on disk (a call with more of them than the budget holds)
+            # read the unknown row this time; they are not new ids.
+            on_disk = disk.slots(candidates) >= 0
+            from_disk += int(np.count_nonzero(on_disk))
+            missing[np.flatnonzero(missing)[on_disk]] = False
+            candidates = candidates[~on_disk]
+            if candidates.size == 0:
+                return from_disk
         admitted = self._admission.observe(candidates)  # unique
         if admitted.size:
             decision = self._policy.make_room(
