@@ -9,8 +9,9 @@ finds its key costs one cache miss, not two.
 Probing is linear from ``home_of(key, C)`` (the hash's high bits scaled to C, so
 C need not be a power of two). The table grows by ``GROWTH`` (1.25x) when it
 would pass ``max_load`` (``MAX_LOAD`` = 0.75 by default; after a growth it is at
-0.6), so memory is 16 B / load ~ 21-27 B per id (24.5 B per row measured on
-the 4-hour synthetic job; 1.5x growth at load 0.7 gave 23-34 B, 26-27 B there).
+0.6), so memory is 16 B / load ~ 21-27 B per id (23.4 B per row measured on
+the 4-hour synthetic job's 26 tables; 1.5x growth at load 0.7, 23-34 B per id,
+gave 25.5 B there).
 Removal uses backward-shift deletion (no tombstones),
 so probe chains never rot under churn; freed slots go on a free list and are
 handed out again before new slots.
