@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import os
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,8 @@ class DiskRows:
         self._rows = _MappedArray(self.folder / "rows.f32", np.float32, width)
         self._stamp = _MappedArray(self.folder / "stamp.i64", np.int64, 0)
         self._grow(_INITIAL_ROWS)
+        # The folder goes when the tier does, or at interpreter exit at the latest.
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
         self.reads = 0  # rows read back (promoted or read in place)
         self.writes = 0  # rows written (demoted)
 
@@ -191,13 +194,7 @@ class DiskRows:
         self._index = HashIndex(_INITIAL_ROWS)
 
     def close(self) -> None:
-        """Unmap and delete the files."""
+        """Unmap and delete the files (also done when the tier is collected)."""
         self._rows.close()
         self._stamp.close()
-        for name in ("rows.f32", "stamp.i64"):
-            (self.folder / name).unlink(missing_ok=True)
-        os.rmdir(self.folder)
-
-    def __del__(self) -> None:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            self.close()
+        self._cleanup()
