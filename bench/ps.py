@@ -340,13 +340,16 @@ def bench_tiered(
     keys = rng.permutation(np.unique(rng.integers(1, 2**62, rows + rows // 8)))[:rows]
     keys = keys.astype(np.int64)
     memory = make_shard(dim, config, rows)
+    for start in range(0, rows, max(1, rows // 16)):
+        memory.lookup(keys[start : start + max(1, rows // 16)], train=True)
     budget_rows = rows // 4
     spec = replace(memory.spec, disk=DiskSpec(memory_bytes=_budget_bytes(budget_rows, memory)))
+    anon_before = _rss_anon()
     tiered = EmbeddingShard(replace(spec, initial_capacity_rows=budget_rows), seed=0, name="bench")
     chunk = max(1, budget_rows // 4)  # one call may not bring more new rows than fit
-    for shard in (memory, tiered):
-        for start in range(0, rows, chunk):
-            shard.lookup(keys[start : start + chunk], train=True)
+    for start in range(0, rows, chunk):
+        tiered.lookup(keys[start : start + chunk], train=True)
+    anon_grown = _rss_anon() - anon_before
     assert len(tiered) == len(memory) == rows
     batches = zipf_batches(keys, args.zipf_a, max(1, args.batch // 4), args.batches, rng)
     hot = np.unique(np.concatenate(batches)).size
@@ -381,7 +384,22 @@ def bench_tiered(
         "tiered.disk_rows": float(after.disk_rows),
         "tiered.bytes": float(after.bytes),
         "memory.bytes": float(memory.stats().bytes),
+        "tiered.budget_bytes": float(spec.disk.memory_bytes or 0),
+        # The process's anonymous resident memory grown while the tiered shard
+        # was made and filled (file pages of the tier excluded; -1: not Linux).
+        "tiered.rss_anon_growth_bytes": float(anon_grown),
     }
+
+
+def _rss_anon() -> int:
+    # RssAnon of this process in bytes (-1 where /proc is not there).
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return -1
 
 
 def _budget_bytes(rows: int, shard: EmbeddingShard) -> int:
@@ -485,7 +503,10 @@ def main() -> None:
             f"{tiered['tiered.memory_ids_per_s'] / 1e6:.2f}M ids/s, tiered "
             f"{tiered['tiered.tiered_ids_per_s'] / 1e6:.2f}M ids/s (lookup + update), "
             f"memory hit rate {tiered['tiered.memory_hit_rate']:.3f}, "
-            f"bytes {tiered['tiered.bytes'] / 1e6:.1f} MB vs {tiered['memory.bytes'] / 1e6:.1f} MB"
+            f"bytes {tiered['tiered.bytes'] / 1e6:.1f} MB vs "
+            f"{tiered['memory.bytes'] / 1e6:.1f} MB; budget "
+            f"{tiered['tiered.budget_bytes'] / 1e6:.1f} MB, process anonymous memory grown by "
+            f"{tiered['tiered.rss_anon_growth_bytes'] / 1e6:.1f} MB making the tiered table"
         )
     rowwise_bf16 = bf16_vs_fp32(table, "rowwise_adagrad")
     if rowwise_bf16 is not None:
