@@ -126,7 +126,9 @@ def test_checkpoint_of_a_tiered_table_holds_both_tiers_and_resumes(
         )
     resumed = EmbeddingTable(_spec(_budget_for(300), shards, str(tmp_path)), seed=5, name="t")
     resumed.load_state_dict(state)
-    assert resumed.stats().disk_rows > 0  # loaded back within the budget
+    loaded = resumed.stats()  # loaded back within the budget, memory too
+    assert loaded.disk_rows > 0
+    assert loaded.bytes <= _budget_for(300) + 28 * loaded.disk_rows + 8192 * shards
     more = _batches(3, 60)
     _train(source, more)
     _train(resumed, more)

@@ -86,6 +86,16 @@ def _gather(
     return state
 
 
+def _row_subset(state: State, sel: Int64Array) -> State:
+    # The row-aligned keys of a state (ids, weights, optimizer slots, eviction
+    # fields), rows ``sel`` only.
+    return {
+        k: np.asarray(v)[sel]
+        for k, v in state.items()
+        if k in (IDS, WEIGHTS, STAMP, FREQ, TOUCH_S) or k.startswith(OPT_PREFIX)
+    }
+
+
 def _unique_counts(ids: Int64Array, counts: Int64Array) -> tuple[Int64Array, Int64Array]:
     # Sorted unique ids with their counts summed.
     uniq, inverse = np.unique(ids, return_inverse=True)
@@ -666,9 +676,8 @@ class EmbeddingShard:
                 gone = as_ids(state.get(EVICTED_IDS, np.empty(0, np.int64)))
                 slots = self._index.remove(gone)
                 self._storage.release(slots[slots >= 0])
-                if self._disk is not None:  # gone from either tier; upserts come to memory
+                if self._disk is not None:  # gone from either tier
                     self._disk.remove(gone)
-                    self._disk.remove(ids)
             else:
                 self._reset_rows(max(ids.size, self.spec.initial_capacity_rows))
                 if self._disk is not None:
@@ -679,15 +688,37 @@ class EmbeddingShard:
             self._policy.aging = aging
             if AGING_TOUCHES in state:
                 self._policy.aging_touches = int(state[AGING_TOUCHES][0])
-            self._upsert_rows(ids, state, check_new=not delta)
+            if self._disk is not None:
+                self._upsert_within_budget(ids, state, check_new=not delta)
+            else:
+                self._upsert_rows(ids, state, check_new=not delta)
             self._load_rows(_UNKNOWN_ROWS, state, UNKNOWN_PREFIX, 1)
             self._load_admission(state)
-            if self._disk is not None:  # back within the budget: the oldest go to disk
-                decision = self._policy.make_room(
-                    self._storage, self._index.slot_end, len(self._index), 0, self._clock.value + 1
-                )
-                self._evict(decision.slots)
             self._mark()
+
+    def _upsert_within_budget(self, ids: Int64Array, state: State, *, check_new: bool) -> None:
+        # A tiered shard loads its rows oldest first (by stamp), half its capacity
+        # at a time, making room (to disk) before each part: memory never holds
+        # more than the budget, and the most recent rows end in memory.
+        cap = self._policy.capacity_rows or ids.size
+        order = (
+            np.argsort(np.asarray(state[STAMP]), kind="stable")
+            if STAMP in state
+            else np.arange(ids.size)
+        )
+        now = self._clock.value + 1  # loaded rows are all older: any may go
+        step = max(1, cap // 2)
+        for start in range(0, ids.size, step):
+            sel = order[start : start + step]
+            decision = self._policy.make_room(
+                self._storage, self._index.slot_end, len(self._index), sel.size, now
+            )
+            self._evict(decision.slots)
+            # Upserts come to memory: older copies on disk go (some may have just
+            # been moved there to make room).
+            assert self._disk is not None
+            self._disk.remove(ids[sel])
+            self._upsert_rows(ids[sel], _row_subset(state, sel), check_new=check_new)
 
     def _admission_state(self) -> State:
         # This shard's pending counts under the state keys of its counter.
