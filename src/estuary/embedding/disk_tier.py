@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from estuary.embedding.hash_index import HashIndex
+from estuary.embedding.hash_index import MAX_LOAD, HashIndex
 from estuary.embedding.types import Float32Array, Int64Array
 
 GROWTH = 1.5  # file growth factor (a remap, not a copy)
@@ -55,8 +55,8 @@ _INITIAL_ROWS = 1024
 def memory_rows(memory_bytes: int, stored_width: int, shards: int) -> int:
     """Rows a shard keeps in memory for a table budget of ``memory_bytes``: the
     budget split over ``shards``, divided by a memory row's cost (the stored row
-    ``4 V`` B, owner id and stamp 16 B, its hash-index entry 16 / 0.75 B)."""
-    per_row = 4 * stored_width + 16 + 16 / 0.75
+    ``4 V`` B, owner id and stamp 16 B, its hash-index entry 16 / MAX_LOAD B)."""
+    per_row = 4 * stored_width + 16 + 16 / MAX_LOAD
     return max(1, int(memory_bytes / shards / per_row))
 
 
