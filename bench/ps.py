@@ -3,7 +3,7 @@
     python bench/ps.py [--json PATH] [--rows 1000000 10000000] [--dims 16 64]
                        [--batch 65536] [--batches 8] [--repeats 3] [--zipf-a 1.05]
                        [--new-frac 0.1] [--fresh] [--optimizer adagrad ...]
-                       [--dtypes fp32 bf16]
+                       [--dtypes fp32 bf16] [--tiered-rows 400000]
 
 Single thread (NUMBA_NUM_THREADS / OMP threads set to 1 before imports). For
 each table size R and dim D: a shard (Adagrad, uniform init) is filled with R
@@ -58,6 +58,16 @@ over the sizes: ``get_or_insert_vs_dict`` and ``get_or_insert_vs_dict_index``
 (max over configurations; the issue's floor: <= 1.0) and, when rowwise_adagrad ran
 with fp32 and bf16 rows, ``bf16_rowwise_vs_fp32_ids_per_s`` (min over sizes and
 lookup / get_or_insert / update; floor >= 0.9).
+
+Disk tier (``--tiered-rows R``, 0 = skip): two shards of the first
+configuration at D = the first ``--dims``, one all in memory, one with
+``disk.memory_bytes`` for R/4 rows (the table is 4x its budget), both filled
+with the same R ids; then ``--batches`` Zipf(a) batches of ``--batch / 4``
+draws whose distinct ids (the hot set) fit the budget (figure
+``tiered.hot_over_budget``), run once untimed (the tiered shard brings its hot
+rows back from disk), then timed as train lookups + ``apply_gradients``, best
+of ``--repeats``: ``ratios.tiered_vs_memory_ids_per_s`` (floor >= 0.5). Also
+``tiered.memory_hit_rate`` (timed runs) and the tiered shard's bytes.
 """
 
 from __future__ import annotations
@@ -71,11 +81,17 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from estuary.config.spec import InitializerSpec, SparseOptimizerSpec, TableSpec  # noqa: E402
+from estuary.config.spec import (  # noqa: E402
+    DiskSpec,
+    InitializerSpec,
+    SparseOptimizerSpec,
+    TableSpec,
+)
 from estuary.embedding import EmbeddingShard  # noqa: E402
 from estuary.embedding.precision import STORED_DTYPES  # noqa: E402
 
@@ -317,6 +333,80 @@ def bench_size(
     }
 
 
+def bench_tiered(
+    rows: int, dim: int, config: Config, args: argparse.Namespace, rng: np.random.Generator
+) -> dict[str, float]:
+    """The disk-tier figures (module docstring)."""
+    keys = rng.permutation(np.unique(rng.integers(1, 2**62, rows + rows // 8)))[:rows]
+    keys = keys.astype(np.int64)
+    memory = make_shard(dim, config, rows)
+    for start in range(0, rows, max(1, rows // 16)):
+        memory.lookup(keys[start : start + max(1, rows // 16)], train=True)
+    budget_rows = rows // 4
+    spec = replace(memory.spec, disk=DiskSpec(memory_bytes=_budget_bytes(budget_rows, memory)))
+    anon_before = _rss_anon()
+    tiered = EmbeddingShard(replace(spec, initial_capacity_rows=budget_rows), seed=0, name="bench")
+    chunk = max(1, budget_rows // 4)  # one call may not bring more new rows than fit
+    for start in range(0, rows, chunk):
+        tiered.lookup(keys[start : start + chunk], train=True)
+    anon_grown = _rss_anon() - anon_before
+    assert len(tiered) == len(memory) == rows
+    batches = zipf_batches(keys, args.zipf_a, max(1, args.batch // 4), args.batches, rng)
+    hot = np.unique(np.concatenate(batches)).size
+    grads = [rng.normal(size=(b.size, dim)).astype(np.float32) for b in batches]
+    out = np.zeros((max(b.size for b in batches), dim), np.float32)
+
+    def step(shard: EmbeddingShard) -> None:
+        for b, g in zip(batches, grads, strict=True):
+            shard.lookup(b, train=True, out=out[: b.size])
+            shard.apply_gradients(b, g)
+
+    for shard in (memory, tiered):
+        step(shard)  # warm: the hot rows come back into the tiered shard's memory
+    before = tiered.stats()
+    best = {"memory": float("inf"), "tiered": float("inf")}
+    for _ in range(args.repeats):
+        for name, shard in (("memory", memory), ("tiered", tiered)):
+            t0 = time.perf_counter()
+            step(shard)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    after = tiered.stats()
+    n = sum(b.size for b in batches)
+    hits = after.hits - before.hits
+    return {
+        "tiered.rows": float(rows),
+        "tiered.budget_rows": float(budget_rows),
+        "tiered.hot_over_budget": hot / budget_rows,
+        "tiered.memory_ids_per_s": n / best["memory"],
+        "tiered.tiered_ids_per_s": n / best["tiered"],
+        "tiered_vs_memory_ids_per_s": best["memory"] / best["tiered"],
+        "tiered.memory_hit_rate": (after.memory_hits - before.memory_hits) / hits if hits else 1.0,
+        "tiered.disk_rows": float(after.disk_rows),
+        "tiered.bytes": float(after.bytes),
+        "memory.bytes": float(memory.stats().bytes),
+        "tiered.budget_bytes": float(spec.disk.memory_bytes or 0),
+        # The process's anonymous resident memory grown while the tiered shard
+        # was made and filled (file pages of the tier excluded; -1: not Linux).
+        "tiered.rss_anon_growth_bytes": float(anon_grown),
+    }
+
+
+def _rss_anon() -> int:
+    # RssAnon of this process in bytes (-1 where /proc is not there).
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return -1
+
+
+def _budget_bytes(rows: int, shard: EmbeddingShard) -> int:
+    # disk.memory_bytes whose derived capacity is ``rows`` (disk_tier.memory_rows).
+    return int(rows * (4 * shard._format.stored_width + 16 + 16 / 0.75)) + 1
+
+
 def budget_bytes_per_row(ideal: float) -> float:
     """The issue's memory budget of a row: 1.1 x its ideal bytes + 24 B (index,
     metadata and growth slack)."""
@@ -365,6 +455,9 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--tiered-rows", type=int, default=400_000, help="disk-tier table rows (0: skip)"
+    )
+    parser.add_argument(
         "--fresh",
         action="store_true",
         help="also time get-or-insert into a fresh output array per call (both sides)",
@@ -400,6 +493,21 @@ def main() -> None:
             for c in map(config_name, configs)
         ),
     }
+    if args.tiered_rows:
+        tiered = bench_tiered(args.tiered_rows, args.dims[0], configs[0], args, rng)
+        figures.update(tiered)
+        ratios["tiered_vs_memory_ids_per_s"] = tiered["tiered_vs_memory_ids_per_s"]
+        print(
+            f"disk tier: {args.tiered_rows:,} rows, budget {tiered['tiered.budget_rows']:,.0f} "
+            f"rows (hot set {tiered['tiered.hot_over_budget']:.2f} of it): memory "
+            f"{tiered['tiered.memory_ids_per_s'] / 1e6:.2f}M ids/s, tiered "
+            f"{tiered['tiered.tiered_ids_per_s'] / 1e6:.2f}M ids/s (lookup + update), "
+            f"memory hit rate {tiered['tiered.memory_hit_rate']:.3f}, "
+            f"bytes {tiered['tiered.bytes'] / 1e6:.1f} MB vs "
+            f"{tiered['memory.bytes'] / 1e6:.1f} MB; budget "
+            f"{tiered['tiered.budget_bytes'] / 1e6:.1f} MB, process anonymous memory grown by "
+            f"{tiered['tiered.rss_anon_growth_bytes'] / 1e6:.1f} MB making the tiered table"
+        )
     rowwise_bf16 = bf16_vs_fp32(table, "rowwise_adagrad")
     if rowwise_bf16 is not None:
         ratios["bf16_rowwise_vs_fp32_ids_per_s"] = rowwise_bf16

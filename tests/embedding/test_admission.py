@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import pytest
 
@@ -12,13 +14,16 @@ DIM = 4
 
 
 def _shard(
-    min_count: int = 1, probability: float = 1.0, max_pending_ids: int = 1 << 20
+    min_count: int = 1,
+    probability: float = 1.0,
+    max_pending_ids: int = 1 << 20,
+    counter: Literal["exact", "sketch"] = "exact",
 ) -> EmbeddingShard:
     spec = TableSpec(
         dim=DIM,
         initializer=InitializerSpec("uniform", 0.5),
         optimizer=SparseOptimizerSpec(name="sgd", lr=1.0),
-        admission=AdmissionSpec(min_count=min_count, probability=probability),
+        admission=AdmissionSpec(min_count=min_count, probability=probability, counter=counter),
     )
     return EmbeddingShard(spec, seed=0, name="t", max_pending_ids=max_pending_ids)
 
@@ -39,16 +44,22 @@ def test_min_count_two_first_sight_reads_unknown_row_second_gets_own_row() -> No
     assert shard.stats().hits == 2
 
 
-def test_repeats_within_one_batch_count_and_all_copies_get_the_row() -> None:
-    shard = _shard(min_count=2)
+@pytest.mark.parametrize("counter", ["exact", "sketch"])
+def test_repeats_within_one_batch_count_and_all_copies_get_the_row(
+    counter: Literal["exact", "sketch"],
+) -> None:
+    shard = _shard(min_count=2, counter=counter)
     rows = shard.lookup(np.array([7, 8, 7], np.int64), train=True)
     assert len(shard) == 1
     assert (rows[0] != 0).all() and not rows[1].any()
     np.testing.assert_array_equal(rows[0], rows[2])
 
 
-def test_eval_lookups_neither_insert_nor_count_towards_admission() -> None:
-    shard = _shard(min_count=2)
+@pytest.mark.parametrize("counter", ["exact", "sketch"])
+def test_eval_lookups_neither_insert_nor_count_towards_admission(
+    counter: Literal["exact", "sketch"],
+) -> None:
+    shard = _shard(min_count=2, counter=counter)
     ids = np.array([1, 2, 3], np.int64)
     for _ in range(3):
         assert not shard.lookup(ids, train=False).any()
@@ -57,8 +68,11 @@ def test_eval_lookups_neither_insert_nor_count_towards_admission() -> None:
     assert len(shard) == 0  # the first *training* sighting
 
 
-def test_gradients_of_non_admitted_ids_train_the_unknown_row_and_are_counted() -> None:
-    shard = _shard(min_count=3)
+@pytest.mark.parametrize("counter", ["exact", "sketch"])
+def test_gradients_of_non_admitted_ids_train_the_unknown_row_and_are_counted(
+    counter: Literal["exact", "sketch"],
+) -> None:
+    shard = _shard(min_count=3, counter=counter)
     admitted = np.array([100], np.int64)
     for _ in range(3):
         shard.lookup(admitted, train=True)
@@ -76,12 +90,15 @@ def test_gradients_of_non_admitted_ids_train_the_unknown_row_and_are_counted() -
     np.testing.assert_allclose(shard.lookup(admitted, train=False), own_before - grads[1])
 
 
-def test_probability_admits_about_that_fraction_reproducibly() -> None:
+@pytest.mark.parametrize("counter", ["exact", "sketch"])
+def test_probability_admits_about_that_fraction_reproducibly(
+    counter: Literal["exact", "sketch"],
+) -> None:
     ids = np.arange(20_000, dtype=np.int64)
-    a = _shard(probability=0.25)
+    a = _shard(probability=0.25, counter=counter)
     a.lookup(ids, train=True)
     assert len(a) == pytest.approx(5_000, abs=300)  # ~5 sigma of Binomial(20k, 0.25)
-    b = _shard(probability=0.25)
+    b = _shard(probability=0.25, counter=counter)
     b.lookup(ids[::-1], train=True)  # same seed, other order: same decisions
     np.testing.assert_array_equal(a.lookup(ids, train=False) != 0, b.lookup(ids, train=False) != 0)
     for _ in range(30):  # each sighting flips a fresh coin

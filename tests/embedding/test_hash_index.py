@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from estuary.embedding.hash_index import GROWTH, HashIndex, Touch
+from estuary.embedding.hash_index import GROWTH, MAX_LOAD, HashIndex, Touch
 from estuary.embedding.hashing import id_hash
 
 I64 = np.iinfo(np.int64)
@@ -177,11 +177,11 @@ def test_behaves_like_a_dict_under_random_churn(ops: list[tuple[str, list[int]]]
 
 
 def test_a_sized_index_is_not_rounded_up_to_a_power_of_two() -> None:
-    # 1M ids at max_load 0.7: 1.43M entries (23 B per id), not 2**21 (34 B per id).
+    # 1M ids at the default max_load 0.75: 1.33M entries (21 B per id), not 2**21 (34 B).
     index = HashIndex(capacity_ids=1_000_000)
     ids = np.random.default_rng(1).integers(I64.min, I64.max, 1_000_000, dtype=np.int64)
     slots = index.get_or_insert(ids)
-    assert index.capacity == int(1_000_000 / 0.7) + 1
+    assert index.capacity == int(1_000_000 / MAX_LOAD) + 1
     assert index.nbytes / len(index) < 23
     np.testing.assert_array_equal(index.lookup(ids), slots)
 
@@ -193,4 +193,4 @@ def test_growth_keeps_the_load_between_max_load_over_growth_and_max_load() -> No
     for _ in range(60):
         index.get_or_insert(rng.integers(I64.min, I64.max, 500, dtype=np.int64))
         loads.append(len(index) / index.capacity)
-    assert min(loads[5:]) >= 0.7 / GROWTH - 0.01 and max(loads) <= 0.7
+    assert min(loads[5:]) >= MAX_LOAD / GROWTH - 0.01 and max(loads) <= MAX_LOAD

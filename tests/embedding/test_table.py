@@ -73,10 +73,10 @@ def test_route_groups_ids_by_owner_and_keeps_every_position() -> None:
 
 
 def test_loading_four_shards_into_three_preserves_every_row_and_its_state() -> None:
-    four = _table(4, AdmissionSpec(min_count=2))
+    four = _table(4, AdmissionSpec(min_count=2, counter="exact"))
     ids = _train(four, steps=6, seed=0)
     state = four.state_dict()
-    three = _table(3, AdmissionSpec(min_count=2))
+    three = _table(3, AdmissionSpec(min_count=2, counter="exact"))
     three.load_state_dict(state)
     assert len(three) == len(four)
     assert three.stats().pending_ids == four.stats().pending_ids
@@ -112,7 +112,7 @@ def test_loading_four_shards_into_three_keeps_eviction_state() -> None:
         shards=4,
         initializer=InitializerSpec("normal", 0.1),
         optimizer=SparseOptimizerSpec(name="adagrad", lr=0.1),
-        admission=AdmissionSpec(min_count=2),
+        admission=AdmissionSpec(min_count=2, counter="exact"),  # pending ids by id
         eviction=EvictionSpec(capacity_rows=200, policy="lfu", ttl_steps=40),
     )
     four = EmbeddingTable(spec, seed=9, name="t")

@@ -146,6 +146,25 @@ def test_training_metrics_render_the_newest_sample_and_the_eval_once_known() -> 
     assert metrics.value("estuary_train_auc_window") == 0.71
 
 
+def test_disk_tier_figures_are_exported_per_table() -> None:
+    metrics = TrainingMetrics(port=0, job="j", mode="sync")
+    tiered = TableStats(
+        rows=400, hits=100, memory_hits=75, disk_rows=300, disk_bytes=4096,
+        disk_reads=25, disk_writes=310,
+    )  # fmt: skip
+    with metrics.serving():
+        assert metrics.url is not None
+        assert metrics.step(1, 64, 0.7)
+        metrics.refresh(RunSample(tables={"C1": tiered}, staleness_max=0, bad_rows=0))
+        _, page = parse(fetch(metrics.url)[1])
+    table = (("table", "C1"),)
+    assert page[("estuary_table_memory_hit_rate", table)] == 0.75
+    assert page[("estuary_table_disk_rows", table)] == 300
+    assert page[("estuary_table_disk_bytes", table)] == 4096
+    assert page[("estuary_table_disk_reads_total", table)] == 25
+    assert page[("estuary_table_disk_writes_total", table)] == 310
+
+
 def test_training_metrics_are_off_without_a_port() -> None:
     metrics = TrainingMetrics(port=None)
     with metrics.serving():

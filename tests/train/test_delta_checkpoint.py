@@ -76,13 +76,14 @@ def by_id(state: State) -> State:
     """Row keys sorted by id, pending keys by pending id, per-shard keys as they are;
     the chain keys (``delta.*``) left out."""
     rows = np.argsort(state["ids"], kind="stable")
-    pending = np.argsort(state["admission.ids"], kind="stable")
     out: State = {}
     for key, value in state.items():
         if key.startswith("delta."):
             continue
-        if key.startswith("admission."):
-            out[key] = np.asarray(value)[pending]
+        if key.startswith("admission.sketch."):  # per shard, as it is
+            out[key] = np.asarray(value)
+        elif key.startswith("admission."):  # exact counter: by pending id
+            out[key] = np.asarray(value)[np.argsort(state["admission.ids"], kind="stable")]
         elif key.startswith(("unknown.", "meta.")):
             out[key] = np.asarray(value)
         else:

@@ -22,6 +22,7 @@ from estuary.config.features import FeatureSpec
 from estuary.config.roles import ROLES, RolePlan, RolesSpec, normalise_roles
 from estuary.config.tables import (
     AdmissionSpec,
+    DiskSpec,
     EvictionSpec,
     InitializerName,
     InitializerSpec,
@@ -47,6 +48,7 @@ __all__ = [
     "AdmissionSpec",
     "DataSpec",
     "DenseOptimizerSpec",
+    "DiskSpec",
     "EmbeddingSpec",
     "EvictionSpec",
     "FormatName",

@@ -25,6 +25,7 @@ from estuary.plugins import INITIALIZERS, OPTIMIZERS
 
 __all__ = [
     "AdmissionSpec",
+    "DiskSpec",
     "EvictionSpec",
     "InitializerName",
     "InitializerSpec",
@@ -158,14 +159,26 @@ class AdmissionSpec:
             training batches (1 = admit at first sight). Until then it reads the
             table's shared ``unknown`` row and its gradient trains that row.
         probability: admit a new id with this probability per sighting (1.0 = always).
-        max_pending_ids: per-shard bound on ids counted while not yet admitted
-            (16 B each, 32 MiB of counts at the default); when full, every count
-            is halved (rare ids drop out).
+        max_pending_ids: per-shard bound on ids counted while not yet admitted.
+            ``exact``: 16 B each (24-34 B with the table's slack); when full,
+            every count is halved (rare ids drop out). ``sketch``: the largest
+            sketch layer is sized for this many ids (two layers of about
+            ``sketch_hashes / ln 2`` counters per id at most).
+        counter: how sightings are counted: ``sketch`` (approximate, a few bits
+            per id: a two-generation count-min sketch; a never-seen id is falsely
+            admitted with a small probability, about 2% at the default
+            ``sketch_hashes``) or ``exact`` (an id -> count table, 16 B+ per id;
+            see ``estuary.embedding.admission_sketch``).
+        sketch_hashes: counters per id in the sketch (1-7): more lowers false
+            admissions (about ``0.5 ** sketch_hashes`` per layer) and costs
+            proportionally more bits per id.
     """
 
     min_count: int = 1
     probability: float = 1.0
     max_pending_ids: int = 1 << 20
+    counter: Literal["sketch", "exact"] = "sketch"
+    sketch_hashes: int = 6
 
     def validate(self, path: str) -> None:
         if self.min_count < 1:
@@ -174,6 +187,12 @@ class AdmissionSpec:
             raise ConfigError(f"{path}.probability", "must be in (0, 1]")
         if self.max_pending_ids < 1:
             raise ConfigError(f"{path}.max_pending_ids", "must be >= 1")
+        if not 1 <= self.sketch_hashes <= 7:
+            raise ConfigError(f"{path}.sketch_hashes", "must be in [1, 7]")
+        if self.counter == "sketch" and self.min_count > 256:
+            raise ConfigError(
+                f"{path}.min_count", "the sketch counts to 256: use counter: exact above that"
+            )
 
 
 @dataclass(frozen=True)
@@ -211,6 +230,28 @@ class EvictionSpec:
 
 
 @dataclass(frozen=True)
+class DiskSpec:
+    """A memory budget with a disk tier (``estuary.embedding.disk_tier``).
+
+    Args:
+        memory_bytes: bytes of rows (with their index entry and metadata) the
+            table keeps in memory, split evenly over its shards; rows evicted
+            for room (least recently used) move to memory-mapped files and come
+            back on their next training access. ``None`` = all rows in memory.
+        path: folder for the files (each shard makes its own temporary folder in
+            it, removed when the table goes); ``None`` = the system's temporary
+            folder.
+    """
+
+    memory_bytes: int | None = None
+    path: str | None = None
+
+    def validate(self, path: str) -> None:
+        if self.memory_bytes is not None and self.memory_bytes < 4096:
+            raise ConfigError(f"{path}.memory_bytes", "must be >= 4096 (or null: no disk tier)")
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """One embedding table. ``model.embedding.default`` gives every field's default;
     ``model.embedding.tables.<feature>`` overrides fields for one feature.
@@ -228,6 +269,7 @@ class TableSpec:
         dtype: how the weights are stored: ``fp32``, or ``fp16`` / ``bf16`` (half
             the bytes; updates computed in float32 and stochastically rounded on
             write, lookups return float32). Optimizer state stays float32.
+        disk: a memory budget with a disk tier for the rows beyond it.
     """
 
     dim: int = 16
@@ -237,8 +279,9 @@ class TableSpec:
     admission: AdmissionSpec = field(default_factory=AdmissionSpec)
     eviction: EvictionSpec = field(default_factory=EvictionSpec)
     shards: int = 1
-    initial_capacity_rows: int = 1024
+    initial_capacity_rows: int = 64
     dtype: RowDtype = "fp32"
+    disk: DiskSpec = field(default_factory=DiskSpec)
 
     def validate(self, path: str) -> None:
         if self.dim < 1:
@@ -251,6 +294,16 @@ class TableSpec:
         self.optimizer.validate(f"{path}.optimizer")
         self.admission.validate(f"{path}.admission")
         self.eviction.validate(f"{path}.eviction")
+        self.disk.validate(f"{path}.disk")
+        ev = self.eviction
+        if self.disk.memory_bytes is not None and (
+            ev.capacity_rows is not None or ev.ttl_steps is not None or ev.ttl_s is not None
+        ):
+            raise ConfigError(
+                f"{path}.disk.memory_bytes",
+                "a disk tier keeps every row: it cannot be combined with eviction "
+                "(capacity_rows, ttl_steps, ttl_s)",
+            )
 
 
 def merge_table(default: TableSpec, override: Mapping[str, Any], path: str) -> TableSpec:

@@ -1,11 +1,16 @@
 """Admission: when a new id earns its own row.
 
+Two counters implement the rule below: this module's exact one
+(``counter: exact``) and the approximate sketch of
+``estuary.embedding.admission_sketch`` (``counter: sketch``, the default: a few
+bits per id instead of 16+ B). ``make_admission_filter`` picks by the spec.
+
 A policy (``AdmissionFilter.observe``) decides which of a batch's row-less ids are
 admitted; the shard acts on the decision (inserts and initialises those rows).
 
 Counting is exact but memory-bounded: a "pending" open-addressing table
 (id -> sightings, 16 B per entry, the same probe/delete kernels as the hash
-index) holds ids seen but not yet admitted. It grows by 1.5x as needed (as the
+index) holds ids seen but not yet admitted. It grows by ``hash_index.GROWTH`` as needed (as the
 index, ``hash_index.GROWTH``) up to ``max_pending_ids / 0.7`` entries (24 MB
 for the default 2**20 ids).
 When it holds ``max_pending_ids`` ids, every count is halved and ids reaching 0
@@ -28,6 +33,7 @@ import numpy.typing as npt
 from numba import njit
 
 from estuary.config.spec import AdmissionSpec
+from estuary.embedding.admission_sketch import SketchAdmissionFilter
 from estuary.embedding.hash_index import (
     GROWTH,
     delete_at,
@@ -200,3 +206,13 @@ class AdmissionFilter:
             )  # fmt: skip
             if start < keys.size:
                 self._make_room()
+
+
+def make_admission_filter(
+    spec: AdmissionSpec, seed: int, *, max_pending_ids: int
+) -> AdmissionFilter | SketchAdmissionFilter:
+    """The filter ``spec.counter`` names: ``exact`` -> ``AdmissionFilter``,
+    ``sketch`` -> ``SketchAdmissionFilter`` (both bounded by ``max_pending_ids``)."""
+    if spec.counter == "exact":
+        return AdmissionFilter(spec, seed, max_pending_ids=max_pending_ids)
+    return SketchAdmissionFilter(spec, seed, max_pending_ids=max_pending_ids)

@@ -9,7 +9,12 @@ A full state (``state_dict``; R rows, P pending ids, S shards, D dim)::
     evict.freq          int32   (R,)     LFU use count (lfu tables only)
     evict.touch_s       float64 (R,)     wall time of the last touch (ttl_s only)
     admission.ids       int64   (P,)     pending (not yet admitted) ids
-    admission.counts    int64   (P,)     their sightings
+    admission.counts    int64   (P,)     their sightings (``counter: exact``)
+    admission.sketch.words  uint64 (K,)  every shard's sketch layers, one after
+                                         another (``counter: sketch``)
+    admission.sketch.sizes  int64 (S, 2) words of each shard's two layers
+    admission.sketch.meta   int64 (S, 3) each shard's sketch: non-zero counters,
+                                         rotations, counter bits
     unknown.weights     float32 (S, D)   one unknown row per shard (dtype as weights) ...
     unknown.opt.<slot>  float32 (S, D) or (S,)
     meta.clock          int64   (S,)     per shard: access clock (step << 24 | call)
@@ -64,6 +69,10 @@ TOUCH_S = "evict.touch_s"
 UNKNOWN_PREFIX = "unknown."
 PENDING_IDS = "admission.ids"
 PENDING_COUNTS = "admission.counts"
+SKETCH_PREFIX = "admission.sketch."
+SKETCH_WORDS = "admission.sketch.words"
+SKETCH_SIZES = "admission.sketch.sizes"
+SKETCH_META = "admission.sketch.meta"
 META_PREFIX = "meta."
 CLOCK = "meta.clock"
 AGING = "meta.aging"
@@ -270,8 +279,13 @@ def _split(
             order, offsets = route(as_ids(state[owner_key]), n_parts, salt=salt)
             picks[owner_key] = [order[offsets[k] : offsets[k + 1]] for k in range(n_parts)]
     parts: list[dict[str, np.ndarray]] = [{} for _ in range(n_parts)]
+    if SKETCH_WORDS in state:
+        for part, sketch in zip(parts, _split_sketches(state, n_parts, per), strict=True):
+            part.update(sketch)
     for key, value in state.items():
         arr = np.asarray(value)
+        if key.startswith(SKETCH_PREFIX):
+            continue
         if key.startswith(CHAIN_PREFIX):
             if shards_per_part is not None:
                 for part in parts:
@@ -294,3 +308,43 @@ def _split(
             else:
                 part[key] = arr
     return parts
+
+
+def sketch_parts(state: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The per-shard admission sketches of a table state: ``words``, ``sizes``
+    (2,), ``meta`` (3,) each (``admission_sketch.SketchAdmissionFilter.state_dict``)."""
+    words = np.asarray(state[SKETCH_WORDS], np.uint64)
+    sizes = np.asarray(state[SKETCH_SIZES], np.int64).reshape(-1, 2)
+    meta = np.asarray(state[SKETCH_META], np.int64).reshape(sizes.shape[0], -1)
+    ends = np.cumsum(sizes.sum(axis=1))
+    if ends.size and int(ends[-1]) != words.size:
+        raise ValueError(f"{SKETCH_WORDS}: {words.size} words, {SKETCH_SIZES} says {int(ends[-1])}")
+    starts = ends - sizes.sum(axis=1)
+    return [
+        {"words": words[a:b], "sizes": sizes[k], "meta": meta[k]}
+        for k, (a, b) in enumerate(zip(starts, ends, strict=True))
+    ]
+
+
+def sketch_keys(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-shard sketches -> the state keys (inverse of ``sketch_parts``)."""
+    return {
+        SKETCH_WORDS: np.concatenate([np.asarray(p["words"], np.uint64) for p in parts]),
+        SKETCH_SIZES: np.stack([np.asarray(p["sizes"], np.int64) for p in parts]),
+        SKETCH_META: np.stack([np.asarray(p["meta"], np.int64) for p in parts]),
+    }
+
+
+def _split_sketches(
+    state: dict[str, np.ndarray], n_parts: int, per: int
+) -> list[dict[str, np.ndarray]]:
+    # Same shard count: each part gets its shards' sketches back (exact resume);
+    # otherwise every part gets the merge of all (an upper bound of every count).
+    from estuary.embedding.admission_sketch import merge_states as merge_sketches
+
+    shards = sketch_parts(state)
+    if len(shards) == n_parts * per:
+        return [sketch_keys(shards[k * per : (k + 1) * per]) for k in range(n_parts)]
+    bits = int(shards[0]["meta"][2])
+    merged = merge_sketches(shards, bits)
+    return [sketch_keys([merged]) for _ in range(n_parts)]

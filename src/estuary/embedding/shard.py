@@ -23,13 +23,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from estuary.config.spec import TableSpec
-from estuary.embedding.admission import AdmissionFilter
+from estuary.embedding.admission import AdmissionFilter, make_admission_filter
+from estuary.embedding.admission_sketch import SketchAdmissionFilter
 from estuary.embedding.delta import (
     AGING,
     AGING_TOUCHES,
@@ -40,6 +41,7 @@ from estuary.embedding.delta import (
     OPT_PREFIX,
     PENDING_COUNTS,
     PENDING_IDS,
+    SKETCH_WORDS,
     STAMP,
     TOUCH_S,
     UNKNOWN_PREFIX,
@@ -48,7 +50,10 @@ from estuary.embedding.delta import (
     EvictionLog,
     is_full,
     scalar,
+    sketch_keys,
+    sketch_parts,
 )
+from estuary.embedding.disk_tier import DiskRows, memory_rows
 from estuary.embedding.eviction import AccessClock, EvictionPolicy, age
 from estuary.embedding.hash_index import NO_TOUCH, HashIndex, Touch
 from estuary.embedding.hashing import as_ids, table_seed
@@ -79,6 +84,22 @@ def _gather(
     for name in opt.scalar_names:
         state[f"{prefix}{OPT_PREFIX}{name}"] = array[rows, fmt.columns(opt.columns(name)).start]
     return state
+
+
+def _row_subset(state: State, sel: Int64Array) -> State:
+    # The row-aligned keys of a state (ids, weights, optimizer slots, eviction
+    # fields), rows ``sel`` only.
+    return {
+        k: np.asarray(v)[sel]
+        for k, v in state.items()
+        if k in (IDS, WEIGHTS, STAMP, FREQ, TOUCH_S) or k.startswith(OPT_PREFIX)
+    }
+
+
+def _unique_counts(ids: Int64Array, counts: Int64Array) -> tuple[Int64Array, Int64Array]:
+    # Sorted unique ids with their counts summed.
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=counts, minlength=uniq.size).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -153,14 +174,21 @@ class EmbeddingShard:
         self._init_weights = (dist or 0, self._initializer.scale, self._initializer.truncate)
         self._init_state = self._optimizer.initial_state_row()
         # Separate coin stream for admission (the init stream uses the table seed).
-        self._admission = AdmissionFilter(
+        self._admission = make_admission_filter(
             spec.admission,
             table_seed(seed, name + "/admission"),
             max_pending_ids=(
                 spec.admission.max_pending_ids if max_pending_ids is None else max_pending_ids
             ),
         )
-        self._policy = EvictionPolicy(spec.eviction, shards)
+        # A disk tier: an LRU capacity from the memory budget; victims go to disk.
+        self._disk: DiskRows | None = None
+        eviction = spec.eviction
+        if spec.disk.memory_bytes is not None:
+            cap = memory_rows(spec.disk.memory_bytes, self._format.stored_width, shards)
+            eviction = replace(eviction, capacity_rows=cap * shards, policy="lru")
+            self._disk = DiskRows(self._format.stored_width, spec.disk.path)
+        self._policy = EvictionPolicy(eviction, shards)
         self._time_fn = time_fn
         self._clock = AccessClock()
         self._chain = DeltaChain()
@@ -176,11 +204,14 @@ class EmbeddingShard:
         self._reset_rows(spec.initial_capacity_rows)
         self._lookups = self._hits = self._admissions = self._unknown_grads = 0
         self._evictions = 0
+        self._memory_hits = 0
 
     def _reset_rows(self, capacity_rows: int) -> None:
         # Slot 0 is the unknown row: zeros and fresh optimizer state, never stamped.
         cap = self._policy.capacity_rows
-        self._index = HashIndex(min(capacity_rows, cap or capacity_rows), first_slot=1)
+        # A disk tier's memory index is sized for its budget once (no growth slack).
+        ids = cap if self._disk is not None and cap else min(capacity_rows, cap or capacity_rows)
+        self._index = HashIndex(ids, first_slot=1)
         self._storage = RowStorage(
             self._format,
             capacity_rows + 1,
@@ -205,8 +236,8 @@ class EmbeddingShard:
         return self._clock.step
 
     def __len__(self) -> int:
-        """Ids holding their own row."""
-        return len(self._index)
+        """Ids holding their own row (in memory or on disk)."""
+        return len(self._index) + (len(self._disk) if self._disk is not None else 0)
 
     # -- lookups and updates -------------------------------------------------
 
@@ -229,7 +260,10 @@ class EmbeddingShard:
             if not train:
                 rows = self._index.lookup(ids)
                 hits = int(np.count_nonzero(rows >= 0))
+                self._memory_hits += hits
                 self._storage.gather(rows, self.dim, out)  # rows < 0 read UNKNOWN_ROW
+                if self._disk is not None and hits < ids.size:
+                    hits += self._read_disk(ids, rows, out)
             else:
                 now = self._clock.tick()
                 now_s = self._time_fn() if self._policy.keep_time else 0.0
@@ -239,8 +273,9 @@ class EmbeddingShard:
                     rows = self._index.lookup(ids, self._read_touch(now, now_s))
                     missing = rows < 0
                     hits = ids.size - int(np.count_nonzero(missing))
+                    self._memory_hits += hits
                     if hits < ids.size:
-                        self._admit(ids, rows, missing, now, now_s)
+                        hits += self._admit(ids, rows, missing, now, now_s)
                     self._storage.gather(rows, self.dim, out)
                 self._age_if_due(ids.size)
             self._lookups += ids.size
@@ -268,10 +303,28 @@ class EmbeddingShard:
 
     def _admit(
         self, ids: Int64Array, rows: Int64Array, missing: np.ndarray, now: int, now_s: float
-    ) -> None:
+    ) -> int:
         # Policies decide (admission, then room), the shard acts; every occurrence
         # of an admitted id in this batch gets the new row (slots re-resolved).
+        # Ids on disk come back first (they hold rows: no admission). Returns the
+        # occurrences of ids found on disk (hits).
         candidates = ids[missing]
+        from_disk = 0
+        disk = self._disk
+        if disk is not None and len(disk):
+            if self._promote(np.unique(candidates), now, now_s):
+                rows[missing] = self._index.lookup(candidates)
+                from_disk = int(np.count_nonzero(rows[missing] >= 0))
+                missing = rows < 0
+                candidates = ids[missing]
+            # Rows left on disk (a call with more of them than the budget holds)
+            # read the unknown row this time; they are not new ids.
+            on_disk = disk.slots(candidates) >= 0
+            from_disk += int(np.count_nonzero(on_disk))
+            missing[np.flatnonzero(missing)[on_disk]] = False
+            candidates = candidates[~on_disk]
+            if candidates.size == 0:
+                return from_disk
         admitted = self._admission.observe(candidates)  # unique
         if admitted.size:
             decision = self._policy.make_room(
@@ -285,6 +338,43 @@ class EmbeddingShard:
             new_rows = self._index.get_or_insert(admitted)
             self._insert_rows(new_rows, admitted, now, now_s)
             rows[missing] = self._index.lookup(candidates)
+        return from_disk
+
+    def _promote(self, ids: Int64Array, now: int, now_s: float) -> int:
+        # Rows of unique ``ids`` held on disk move into memory (room made by
+        # demoting the least recently used); returns how many came back.
+        disk = self._disk
+        assert disk is not None
+        found, data, _ = disk.take(ids)
+        if found.size == 0:
+            return 0
+        back = ids[found]
+        decision = self._policy.make_room(
+            self._storage, self._index.slot_end, len(self._index), back.size, now
+        )
+        self._evict(decision.slots)
+        if decision.admit < back.size:  # more than the budget in one call: the rest stay
+            stay = slice(decision.admit, None)
+            disk.put(back[stay], data[stay], np.full(back.size - decision.admit, now, np.int64))
+            back, data = back[: decision.admit], data[: decision.admit]
+        slots = self._index.get_or_insert(back)
+        self._storage.ensure_rows(self._index.slot_end)
+        self._storage.array[slots] = data
+        self._storage.claim(slots, back, now, now_s)
+        return int(back.size)
+
+    def _read_disk(self, ids: Int64Array, rows: Int64Array, out: Float32Array) -> int:
+        # Eval lookups read rows on disk in place (no promotion); returns how many.
+        disk = self._disk
+        assert disk is not None
+        at = np.flatnonzero(rows < 0)
+        slots = disk.slots(ids[at])
+        on_disk = slots >= 0
+        if on_disk.any():
+            part = np.empty((int(np.count_nonzero(on_disk)), self.dim), np.float32)
+            self._format.gather(disk.gather(slots[on_disk]), np.arange(part.shape[0]), part)
+            out[at[on_disk]] = part
+        return int(np.count_nonzero(on_disk))
 
     def _insert_rows(self, rows: Int64Array, ids: Int64Array, now: int, now_s: float) -> None:
         self._storage.ensure_rows(self._index.slot_end)
@@ -320,6 +410,11 @@ class EmbeddingShard:
             now_s = self._time_fn() if self._policy.keep_time else 0.0
             rows = self._index.lookup(ids, self._storage.touch(now, now_s))
             missing = rows < 0
+            disk_held = self._disk is not None and len(self._disk) > 0
+            # Rows moved to disk since their lookup come back for the update.
+            if disk_held and missing.any() and self._promote(ids[missing], now, now_s):
+                rows = self._index.lookup(ids, self._storage.touch(now, now_s))
+                missing = rows < 0
             n_missing = int(np.count_nonzero(missing))
             storage, opt, step, key = (
                 self._storage.array,
@@ -387,6 +482,11 @@ class EmbeddingShard:
             return
         ids = self._storage.owner[slots]
         self._index.remove(ids)  # the slots go on the index's free list for reuse
+        if self._disk is not None:  # demoted, not evicted: the row lives on on disk
+            s = self._storage
+            self._disk.put(ids, s.array[slots], s.stamp[slots])
+            s.release(slots)
+            return
         self._forget(slots, ids)
 
     def _forget(self, slots: Int64Array, ids: Int64Array) -> None:
@@ -404,23 +504,36 @@ class EmbeddingShard:
             slots = self._index.remove(ids)
             held = slots >= 0
             self._forget(slots[held], ids[held])
-            return int(np.count_nonzero(held))
+            on_disk = 0
+            if self._disk is not None:
+                gone = self._disk.remove(ids[~held])
+                self._log.record(gone, limit=self._policy.capacity_rows or len(self._index))
+                self._evictions += gone.size
+                on_disk = gone.size
+            return int(np.count_nonzero(held)) + on_disk
 
     def stats(self) -> TableStats:
         """Counters since construction (``load_state_dict`` keeps them)."""
         with self._lock:
+            disk = self._disk
             return TableStats(
-                rows=len(self._index),
+                rows=len(self),
                 bytes=self._index.nbytes
                 + self._storage.nbytes
                 + self._admission.nbytes
-                + self._log.nbytes,
+                + self._log.nbytes
+                + (disk.memory_bytes if disk is not None else 0),
                 lookups=self._lookups,
                 hits=self._hits,
                 admissions=self._admissions,
                 pending_ids=len(self._admission),
                 unknown_grads=self._unknown_grads,
                 evictions=self._evictions,
+                memory_hits=self._hits if disk is None else self._memory_hits,
+                disk_rows=len(disk) if disk is not None else 0,
+                disk_bytes=disk.disk_bytes if disk is not None else 0,
+                disk_reads=disk.reads if disk is not None else 0,
+                disk_writes=disk.writes if disk is not None else 0,
             )
 
     # -- snapshots and deltas (layout: estuary.embedding.delta) ----------------
@@ -498,10 +611,12 @@ class EmbeddingShard:
                 stamps = self._storage.stamp[:end].copy() if evicts else None
                 freq = self._storage.freq[:end].copy() if self._policy.lfu else None
                 touch = self._storage.touch_s[:end].copy() if self._policy.keep_time else None
+            if self._disk is not None:
+                rows, picked, ids, stamps = self._with_disk_rows(
+                    rows, picked, ids, stamps, self._clean_stamp if dirty_only else None
+                )
             small = self._rows_state(_UNKNOWN_ROWS, UNKNOWN_PREFIX)
-            pending = self._admission.state_dict()
-            small[PENDING_IDS] = pending["ids"]
-            small[PENDING_COUNTS] = pending["counts"]
+            small.update(self._admission_state())
             small[CLOCK] = scalar(self._clock.value)
             small[AGING] = scalar(self._policy.aging)
             small[AGING_TOUCHES] = scalar(self._policy.aging_touches)
@@ -513,6 +628,18 @@ class EmbeddingShard:
         return RawExport(
             self._format, self._optimizer, rows, picked, ids, stamps, freq, touch, small
         )
+
+    def _with_disk_rows(
+        self, rows: Any, picked: Any, ids: Int64Array, stamps: Any, dirty_after: int | None
+    ) -> tuple[Any, Int64Array, Int64Array, Any]:
+        # The export's rows followed by the disk tier's (all, or those stamped
+        # after ``dirty_after``): one table, whichever tier a row is in.
+        assert self._disk is not None
+        d_ids, d_rows, d_stamps = self._disk.items(dirty_after)
+        rows = np.concatenate([rows[picked], d_rows])
+        stamps = np.concatenate([stamps[picked], d_stamps])
+        # Picked by an index array: the state's arrays are then contiguous copies.
+        return rows, np.arange(ids.size + d_ids.size), np.concatenate([ids, d_ids]), stamps
 
     def _dirty_rows(self, end: int) -> tuple[Int64Array, Int64Array]:
         # (slots, ids) of the rows touched since the mark; without owners (a table
@@ -549,21 +676,77 @@ class EmbeddingShard:
                 gone = as_ids(state.get(EVICTED_IDS, np.empty(0, np.int64)))
                 slots = self._index.remove(gone)
                 self._storage.release(slots[slots >= 0])
+                if self._disk is not None:  # gone from either tier
+                    self._disk.remove(gone)
             else:
                 self._reset_rows(max(ids.size, self.spec.initial_capacity_rows))
+                if self._disk is not None:
+                    self._disk.clear()
             if CLOCK in state:
                 self._clock.value = int(state[CLOCK][0])
             self._clock.value = max(self._clock.value, 1)  # loaded rows need stamps > 0
             self._policy.aging = aging
             if AGING_TOUCHES in state:
                 self._policy.aging_touches = int(state[AGING_TOUCHES][0])
-            self._upsert_rows(ids, state, check_new=not delta)
+            if self._disk is not None:
+                self._upsert_within_budget(ids, state, check_new=not delta)
+            else:
+                self._upsert_rows(ids, state, check_new=not delta)
             self._load_rows(_UNKNOWN_ROWS, state, UNKNOWN_PREFIX, 1)
-            if PENDING_IDS in state:
-                self._admission.load_state_dict(
-                    {"ids": state[PENDING_IDS], "counts": state[PENDING_COUNTS]}
-                )
+            self._load_admission(state)
             self._mark()
+
+    def _upsert_within_budget(self, ids: Int64Array, state: State, *, check_new: bool) -> None:
+        # A tiered shard loads its rows oldest first (by stamp), half its capacity
+        # at a time, making room (to disk) before each part: memory never holds
+        # more than the budget, and the most recent rows end in memory.
+        cap = self._policy.capacity_rows or ids.size
+        order = (
+            np.argsort(np.asarray(state[STAMP]), kind="stable")
+            if STAMP in state
+            else np.arange(ids.size)
+        )
+        now = self._clock.value + 1  # loaded rows are all older: any may go
+        step = max(1, cap // 2)
+        for start in range(0, ids.size, step):
+            sel = order[start : start + step]
+            decision = self._policy.make_room(
+                self._storage, self._index.slot_end, len(self._index), sel.size, now
+            )
+            self._evict(decision.slots)
+            # Upserts come to memory: older copies on disk go (some may have just
+            # been moved there to make room).
+            assert self._disk is not None
+            self._disk.remove(ids[sel])
+            self._upsert_rows(ids[sel], _row_subset(state, sel), check_new=check_new)
+
+    def _admission_state(self) -> State:
+        # This shard's pending counts under the state keys of its counter.
+        filt = self._admission
+        if isinstance(filt, SketchAdmissionFilter):
+            return sketch_keys([filt.state_dict()])
+        pending = filt.state_dict()
+        return {PENDING_IDS: pending["ids"], PENDING_COUNTS: pending["counts"]}
+
+    def _load_admission(self, state: State) -> None:
+        # A state saved with the other counter: exact counts go into a sketch;
+        # a sketch cannot give an exact table its ids (counting restarts).
+        filt = self._admission
+        if SKETCH_WORDS in state:
+            (sketch,) = sketch_parts(state)
+            if isinstance(filt, SketchAdmissionFilter):
+                filt.load_state_dict(sketch)
+            else:
+                _log.warning(
+                    "table %r: pending admission counts were saved as a sketch; the "
+                    "exact counter starts empty", self.name,
+                )  # fmt: skip
+        elif PENDING_IDS in state:
+            ids, counts = as_ids(state[PENDING_IDS]), np.asarray(state[PENDING_COUNTS], np.int64)
+            if isinstance(filt, AdmissionFilter):
+                filt.load_state_dict({"ids": ids, "counts": counts})
+            else:
+                filt.observe_counts(*_unique_counts(ids, counts), admit=False)
 
     def _upsert_rows(self, ids: Int64Array, state: State, *, check_new: bool) -> None:
         rows, new_at = self._index.get_or_insert_new(ids)

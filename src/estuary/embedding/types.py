@@ -35,6 +35,12 @@ class TableStats:
         unknown_grads: gradient rows routed to the shared unknown row because
             their id was not admitted.
         evictions: rows removed by capacity, TTL or an explicit sweep.
+        memory_hits: looked-up ids whose row was in memory (``hits`` less those
+            read from a disk tier).
+        disk_rows: rows held in the disk tier (included in ``rows``).
+        disk_bytes: bytes of the disk tier's files (not in ``bytes``).
+        disk_reads: rows read from the disk tier (brought back, or read in place).
+        disk_writes: rows written to the disk tier (moved out of memory).
     """
 
     rows: int = 0
@@ -45,10 +51,20 @@ class TableStats:
     pending_ids: int = 0
     unknown_grads: int = 0
     evictions: int = 0
+    memory_hits: int = 0
+    disk_rows: int = 0
+    disk_bytes: int = 0
+    disk_reads: int = 0
+    disk_writes: int = 0
 
     @property
     def hit_rate(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.0
+
+    @property
+    def memory_hit_rate(self) -> float:
+        """Share of the ids that had a row whose row was in memory (1 without a disk tier)."""
+        return self.memory_hits / self.hits if self.hits else 1.0
 
     def __add__(self, other: TableStats) -> TableStats:
         return TableStats(

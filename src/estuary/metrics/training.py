@@ -277,6 +277,21 @@ _TABLE_FIGURES: tuple[tuple[str, str, str, str], ...] = (
         "unknown_grads",
         "Gradient rows routed to the shared unknown row (id not admitted).",
     ),
+    (
+        "estuary_table_memory_hit_rate",
+        "gauge",
+        "memory_hit_rate",
+        "Share of ids with a row whose row was in memory (disk tier: the rest).",
+    ),
+    ("estuary_table_disk_rows", "gauge", "disk_rows", "Rows held in the disk tier."),
+    ("estuary_table_disk_bytes", "gauge", "disk_bytes", "Bytes of the disk tier's files."),
+    ("estuary_table_disk_reads_total", "counter", "disk_reads", "Rows read from the disk tier."),
+    (
+        "estuary_table_disk_writes_total",
+        "counter",
+        "disk_writes",
+        "Rows moved from memory to the disk tier.",
+    ),
 )
 
 

@@ -168,7 +168,7 @@ class StoreConformance:
         store = _store(make, **kw)
         _train(store, steps=6, seed=0)
         state = store.state_dict()
-        assert state["admission.ids"].size > 0  # some ids still pending
+        assert state["admission.sketch.words"].any()  # some ids still pending
         assert state["unknown.weights"].any()  # unknown row was trained
         path = f"{tmp_path}/table.safetensors"
         save_file(state, path)  # arrays are already contiguous and safetensors-typed
@@ -275,7 +275,8 @@ class InProcessStoreConformance(StoreConformance):
         assert store.stats().evictions == ODD_IDS.size
 
     def test_pending_ids_are_counted_until_admitted(self, make: Factory) -> None:
-        store = _store(make, admission=AdmissionSpec(min_count=2))
+        # Exact counts (the sketch's pending_ids is an estimate that keeps admitted ids).
+        store = _store(make, admission=AdmissionSpec(min_count=2, counter="exact"))
         store.lookup(ODD_IDS, train=True)
         assert (store.stats().pending_ids, len(store)) == (ODD_IDS.size, 0)
         store.lookup(ODD_IDS[:3], train=True)
