@@ -19,6 +19,7 @@ from typing import Any, Literal
 from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
+from estuary.config.mixed_buffer import MixedBufferSpec
 from estuary.config.roles import ROLES, RolePlan, RolesSpec, normalise_roles
 from estuary.config.tables import (
     AdmissionSpec,
@@ -255,6 +256,9 @@ class TrainSpec:
             training on it (the step's own forward) and report AUC / logloss per
             event-time window and origin, and the event -> trained lag
             (summary.json ``progressive``, metrics ``estuary_progressive_*``).
+        mixed_buffer: ``data.dataset`` runs: rows pass through a bounded buffer
+            with row-level priority and importance weights before training
+            (``estuary.config.mixed_buffer``; ``None``: straight to training).
     """
 
     batch_size: int = 1024
@@ -270,6 +274,7 @@ class TrainSpec:
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     sparse_placement: Literal["auto", "inline", "background"] = "auto"
     progressive_eval: bool = False
+    mixed_buffer: MixedBufferSpec | None = None
 
     def validate(self, path: str) -> None:
         if self.mode == "sync" and self.sparse_placement == "background":
