@@ -79,12 +79,17 @@ def min_row_bytes(job: JobSpec) -> int:
 
 
 def check_mixed_buffer(job: JobSpec) -> None:
-    """The job-level checks of ``train.mixed_buffer``.
+    """The job-level checks of ``train.mixed_buffer`` (and ``train.continuous``).
 
     Raises:
-        ConfigError: set without ``data.dataset``, or a capacity that cannot hold
+        ConfigError: ``train.continuous`` or ``train.mixed_buffer`` set without
+            ``data.dataset``, or a capacity that cannot hold
             two steps of rows (``train.batch_size`` each).
     """
+    if job.train.continuous and job.data.dataset is None:
+        raise ConfigError(
+            "train.continuous", "needs a data.dataset job (a history and live streams)"
+        )
     spec = job.train.mixed_buffer
     if spec is None:
         return

@@ -259,6 +259,10 @@ class TrainSpec:
         mixed_buffer: ``data.dataset`` runs: rows pass through a bounded buffer
             with row-level priority and importance weights before training
             (``estuary.config.mixed_buffer``; ``None``: straight to training).
+        continuous: ``data.dataset`` runs: train the history, then keep reading
+            the live streams until stopped (SIGTERM, Ctrl-C, ``request_stop``); the
+            stop ends the run like the end of the data: a final checkpoint,
+            evaluation and summary.json (with the progressive table), exit 0.
     """
 
     batch_size: int = 1024
@@ -275,6 +279,7 @@ class TrainSpec:
     sparse_placement: Literal["auto", "inline", "background"] = "auto"
     progressive_eval: bool = False
     mixed_buffer: MixedBufferSpec | None = None
+    continuous: bool = False
 
     def validate(self, path: str) -> None:
         if self.mode == "sync" and self.sparse_placement == "background":

@@ -84,12 +84,16 @@ class CheckpointRules:
         stop_when_drained: a stop asked by the time the batches ended still raises
             ``TrainingStopped`` (a graph feed's batches end on a stop while it
             waits for data).
+        stop_finishes: a stop ends the run like the end of the data (final
+            checkpoint, evaluation, result) instead of raising ``TrainingStopped``
+            (``train.continuous``).
     """
 
     on_stop: bool
     final: bool
     final_before_eval: bool
     stop_when_drained: bool
+    stop_finishes: bool = False
 
 
 class Feed(Protocol):
@@ -318,7 +322,11 @@ class GraphFeed:
         every = job.output.checkpoint_every_steps
         final = rank == 0 and (job.output.checkpoint or every is not None)
         self.rules = CheckpointRules(
-            on_stop=final, final=final, final_before_eval=True, stop_when_drained=True
+            on_stop=final,
+            final=final,
+            final_before_eval=True,
+            stop_when_drained=True,
+            stop_finishes=job.train.continuous,
         )
         self.driver = None
         self.mixed = self._mixed_source(job, rank, world_size, part_routes is not None)
