@@ -12,7 +12,7 @@ JSON layout (``version`` 1)::
 
     {"version": 1,
      "watermark": [start_s, rank, stream, source] | null,   # every task <= it is committed
-     "rows_trained": 12345, "duplicate_rows": 0,
+     "rows_trained": 12345, "rows_dropped": 0, "duplicate_rows": 0,
      "tasks": [{"task": [start_s, rank, stream, source, end_s], "committed": false,
                 "skipped": false,
                 "splits": {"logs/20260101/13/part-0.tsv": {"rows": 5000 | null,
@@ -26,7 +26,8 @@ keep their own splits, named by offset ranges, in ``tasks``). A join's right
 stream is there too: its offset is the last message the remaining left windows
 cannot need, so a resumed run reads their events again (``joiner.py``).
 
-``trained`` ranges are ``[first, stop)`` row numbers; ``rows`` (good rows of the
+``trained`` ranges are ``[first, stop)`` row numbers (rows a mixed buffer
+dropped are in them too: consumed, counted in ``rows_dropped``); ``rows`` (good rows of the
 split) is known once the split was read to its end. A task is committed when
 every split is listed, read to its end and fully trained.
 
