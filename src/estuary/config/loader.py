@@ -42,6 +42,7 @@ from estuary.config.build import (
 )
 from estuary.config.dataset import BatchSourceSpec
 from estuary.config.errors import ConfigError
+from estuary.config.mixed_buffer import check_mixed_buffer
 from estuary.config.spec import JobSpec, SourceSpec, merge_table
 
 __all__ = [
@@ -242,6 +243,7 @@ def job_from_dict(data: Mapping[str, Any], base_dir: str | Path = Path(".")) -> 
     job = build_dataclass(JobSpec, copy.deepcopy(dict(data)), "", base_dir=Path(base_dir))
     _check_schema(job)
     _check_embedding(job)
+    check_mixed_buffer(job)
     return job
 
 

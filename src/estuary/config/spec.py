@@ -19,6 +19,7 @@ from typing import Any, Literal
 from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
+from estuary.config.mixed_buffer import MixedBufferSpec
 from estuary.config.roles import ROLES, RolePlan, RolesSpec, normalise_roles
 from estuary.config.tables import (
     AdmissionSpec,
@@ -257,6 +258,13 @@ class TrainSpec:
             training on it (the step's own forward) and report AUC / logloss per
             event-time window and origin, and the event -> trained lag
             (summary.json ``progressive``, metrics ``estuary_progressive_*``).
+        mixed_buffer: ``data.dataset`` runs: rows pass through a bounded buffer
+            with row-level priority and importance weights before training
+            (``estuary.config.mixed_buffer``; ``None``: straight to training).
+        continuous: ``data.dataset`` runs: train the history, then keep reading
+            the live streams until stopped (SIGTERM, Ctrl-C, ``request_stop``); the
+            stop ends the run like the end of the data: a final checkpoint,
+            evaluation and summary.json (with the progressive table), exit 0.
     """
 
     batch_size: int = 1024
@@ -272,6 +280,8 @@ class TrainSpec:
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     sparse_placement: Literal["auto", "inline", "background"] = "auto"
     progressive_eval: bool = False
+    mixed_buffer: MixedBufferSpec | None = None
+    continuous: bool = False
 
     def validate(self, path: str) -> None:
         if self.mode == "sync" and self.sparse_placement == "background":

@@ -28,6 +28,7 @@ import numpy as np
 
 from estuary.config import JobSpec
 from estuary.config.errors import ConfigError
+from estuary.config.mixed_buffer import STEPS_HELD, min_row_bytes
 from estuary.data import DataError, DataPart, TabularDataset
 from estuary.data.decode import RowDecoder
 from estuary.data.graph import Driver, Progress
@@ -37,6 +38,7 @@ from estuary.data.types import Batch, Int64Array
 from estuary.train.batch_routes import PartRoutes, RoutedBatches
 from estuary.train.batch_scatter import BatchScatter
 from estuary.train.callbacks import LoopState
+from estuary.train.mixed_feed import BufferedSource
 from estuary.train.plan import TrainPlan
 
 __all__ = [
@@ -82,12 +84,16 @@ class CheckpointRules:
         stop_when_drained: a stop asked by the time the batches ended still raises
             ``TrainingStopped`` (a graph feed's batches end on a stop while it
             waits for data).
+        stop_finishes: a stop ends the run like the end of the data (final
+            checkpoint, evaluation, result) instead of raising ``TrainingStopped``
+            (``train.continuous``).
     """
 
     on_stop: bool
     final: bool
     final_before_eval: bool
     stop_when_drained: bool
+    stop_finishes: bool = False
 
 
 class Feed(Protocol):
@@ -316,9 +322,14 @@ class GraphFeed:
         every = job.output.checkpoint_every_steps
         final = rank == 0 and (job.output.checkpoint or every is not None)
         self.rules = CheckpointRules(
-            on_stop=final, final=final, final_before_eval=True, stop_when_drained=True
+            on_stop=final,
+            final=final,
+            final_before_eval=True,
+            stop_when_drained=True,
+            stop_finishes=job.train.continuous,
         )
         self.driver = None
+        self.mixed = self._mixed_source(job, rank, world_size, part_routes is not None)
         if rank == 0:  # the only reader and planner; a step is W x B rows
             self.driver = Driver(
                 job.data,
@@ -344,14 +355,40 @@ class GraphFeed:
                 source=self.driver.steps(world_size) if self.driver is not None else None,
             )
             return
+        source = self.driver.batches() if self.driver is not None else None
+        if source is not None and self.mixed is not None:
+            source = self.mixed.batches(source)
         self.scatter = BatchScatter(
             rank=rank,
             world_size=world_size,
             features=list(plan.features),
             num_dense=num_dense,
-            source=self.driver.batches() if self.driver is not None else None,
+            source=source,
             group=group,
         )
+
+    def _mixed_source(
+        self, job: JobSpec, rank: int, world_size: int, direct: bool
+    ) -> BufferedSource | None:
+        """Rank 0's ``train.mixed_buffer`` (``None``: not set, or another rank)."""
+        spec = job.train.mixed_buffer
+        if spec is None:
+            return None
+        if direct:
+            raise ConfigError(
+                "train.mixed_buffer", "is not supported with direct data delivery (data executors)"
+            )
+        step_rows = job.train.batch_size * world_size
+        need = STEPS_HELD * step_rows * min_row_bytes(job)
+        if spec.capacity_bytes < need:
+            raise ConfigError(
+                "train.mixed_buffer.capacity_bytes",
+                f"{spec.capacity_bytes} bytes cannot hold {STEPS_HELD} steps of {step_rows} "
+                f"rows ({world_size} trainers x train.batch_size); set it to at least {need}",
+            )
+        if rank != 0:
+            return None
+        return BufferedSource(spec, step_rows, self.progress, job.train.seed)
 
     def batches(self, epoch: int, skip: int) -> Iterator[Batch]:
         return self.scatter.batches()  # the Driver skips what the progress holds
@@ -388,11 +425,13 @@ class GraphFeed:
             "epochs": 1,
             "rows_committed": self.progress.rows_trained,
             "rows_committed_before": self.rows_before,
+            "rows_dropped": self.progress.rows_dropped,
             "duplicate_rows": self.progress.duplicate_rows,
             "tasks_committed": self.progress.tasks_committed,
             "batch_send_s": round(self.scatter.send_s, 4),  # rank 0 to W - 1 ranks
             **self._delivery(),
             **(self.driver.summary() if self.driver is not None else {}),
+            **({"mixed_buffer": self.mixed.summary()} if self.mixed is not None else {}),
         }
 
     def _delivery(self) -> dict[str, Any]:

@@ -152,6 +152,7 @@ class FitLoop:
         """The epochs and steps; returns (rows trained over all ranks, seconds)."""
         state, feed, engine, progressive = self.state, self.feed, self.engine, self._progressive
         rows_done = 0
+        finished_by_stop = False  # train.continuous: a stop ended the steps
         t_start = time.perf_counter()
         callbacks.on_fit_start(state)
         try:
@@ -160,7 +161,8 @@ class FitLoop:
                     state.epoch = epoch
                 callbacks.on_epoch_start(state)
                 skip = state.epoch_step if feed.epoch_positions else 0
-                for batch, looked_up in engine.looked_up(feed.batches(epoch, skip), updater):
+                steps = engine.looked_up(feed.batches(epoch, skip), updater)
+                for batch, looked_up in steps:
                     share = feed.share(batch)
                     callbacks.before_step(state)
                     plan = self.plan_for(batch) if self.plan_for is not None else None
@@ -175,7 +177,15 @@ class FitLoop:
                     rows_done += share.rows
                     callbacks.after_step(state, share.rows, loss)
                     if state.stop.poll(state.step):
+                        if feed.rules.stop_finishes:  # train.continuous: end as if drained
+                            finished_by_stop = True
+                            break
                         self._stop(cadence)
+                if finished_by_stop:
+                    close = getattr(steps, "close", None)  # the generator's prefetch
+                    if close is not None:
+                        close()
+                    break
                 if feed.epoch_positions:
                     state.epoch, state.epoch_step = epoch + 1, 0
             updater.flush()
@@ -183,7 +193,8 @@ class FitLoop:
             self._final = True  # the last checkpoints are written before fit returns
             if rules.final and rules.final_before_eval and state.step != cadence.saved_step:
                 cadence.write(state)
-            if rules.stop_when_drained and state.chief and state.stop.asked():
+            drained_stop = rules.stop_when_drained and not rules.stop_finishes
+            if drained_stop and state.chief and state.stop.asked():
                 self._stop(cadence)  # the batches ended on a stop while idle
         except BaseException:
             with contextlib.suppress(Exception):  # the first error is the one to report
@@ -258,6 +269,11 @@ class FitLoop:
                 "max_staleness_seen": updater.log.max_behind,
                 "sparse_placement": updater.placement.value,
                 "precision": job.train.precision,
+                **(
+                    {"stopped": state.stop.reason()}
+                    if feed.rules.stop_finishes and state.stop.asked()
+                    else {}
+                ),
                 "device": str(engine.device),
                 "embedding_rows": sum(s.rows for s in stats.values()),
                 "embedding_bytes": sum(s.bytes for s in stats.values()),

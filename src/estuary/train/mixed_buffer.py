@@ -140,6 +140,17 @@ class MixedBuffer:
         self.bytes = 0
         self.peak_bytes = 0
         self.counts: dict[str, dict[str, int]] = {}
+        self._dropped: list[npt.NDArray[np.int64]] = []  # row ids sampled out or evicted
+
+    def pop_dropped(self) -> npt.NDArray[np.int64]:
+        """The ``row_ids`` of rows sampled out or evicted since the last call
+        (rows of batches without ``row_ids`` are counted but not listed), so the
+        caller can record them as consumed and dropped."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, []
+        if not dropped:
+            return np.zeros(0, np.int64)
+        return np.concatenate(dropped).astype(np.int64, copy=False)
 
     @property
     def fill(self) -> float:
@@ -190,6 +201,8 @@ class MixedBuffer:
                 q = np.clip(k * imp / self._mean_importance, p.min_keep, 1.0)
             keep = self._rng.random(n) < q
             self._count(source, "sampled_out", n - int(keep.sum()))
+            if batch.row_ids is not None and not keep.all():
+                self._dropped.append(batch.row_ids[~keep])
             rows = np.flatnonzero(keep).astype(np.int64)
             if rows.size:
                 kept = batch.take(rows)
@@ -248,7 +261,9 @@ class MixedBuffer:
         nbytes = np.concatenate([c.nbytes for c in self._chunks])
         order = np.lexsort((-seq, prio))  # lowest priority first, then newest
         cut = int(np.searchsorted(np.cumsum(nbytes[order]), over, side="left")) + 1
-        self._remove(which[order[:cut]], row[order[:cut]], "evicted")
+        for part in self._remove(which[order[:cut]], row[order[:cut]], "evicted"):
+            if part.row_ids is not None:
+                self._dropped.append(part.row_ids)
 
     def _remove(self, which: np.ndarray, row: np.ndarray, count: str) -> list[Batch]:
         """Take rows (chunk, row) out; returns the removed rows per chunk."""

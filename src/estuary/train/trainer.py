@@ -38,6 +38,7 @@ from estuary.train.checkpointer import KEEP_CHECKPOINTS, Checkpointer
 from estuary.train.engine import UpdatePlan, resolve_device
 from estuary.train.feeds import Feed, feed_for
 from estuary.train.loop import FitLoop, evaluate_batches
+from estuary.train.mixed_feed import BufferedSource, register_collector
 from estuary.train.mixture import mixture_plan_for
 from estuary.train.plan import TrainPlan, shared_names
 from estuary.train.result import FitResult, TrainingStopped
@@ -183,7 +184,14 @@ class Trainer:
                 load_s=self.load_s,
                 plan_for=self.plan_for,
             )
-            return loop.run()
+            mixed = getattr(feed, "mixed", None)  # train.mixed_buffer (rank 0)
+            if not isinstance(mixed, BufferedSource):
+                return loop.run()
+            collector = register_collector(self.metrics, mixed)
+            try:
+                return loop.run()
+            finally:
+                self.metrics.registry.unregister(collector)
 
     def request_stop(self, reason: str) -> None:
         """Ask a running ``fit`` to stop after the step in progress: it writes a

@@ -12,7 +12,7 @@ JSON layout (``version`` 1)::
 
     {"version": 1,
      "watermark": [start_s, rank, stream, source] | null,   # every task <= it is committed
-     "rows_trained": 12345, "duplicate_rows": 0,
+     "rows_trained": 12345, "rows_dropped": 0, "duplicate_rows": 0,
      "tasks": [{"task": [start_s, rank, stream, source, end_s], "committed": false,
                 "skipped": false,
                 "splits": {"logs/20260101/13/part-0.tsv": {"rows": 5000 | null,
@@ -26,7 +26,8 @@ keep their own splits, named by offset ranges, in ``tasks``). A join's right
 stream is there too: its offset is the last message the remaining left windows
 cannot need, so a resumed run reads their events again (``joiner.py``).
 
-``trained`` ranges are ``[first, stop)`` row numbers; ``rows`` (good rows of the
+``trained`` ranges are ``[first, stop)`` row numbers (rows a mixed buffer
+dropped are in them too: consumed, counted in ``rows_dropped``); ``rows`` (good rows of the
 split) is known once the split was read to its end. A task is committed when
 every split is listed, read to its end and fully trained.
 
@@ -157,6 +158,7 @@ class Progress:
         self.history_tasks = history_tasks
         self.watermark: tuple[int, int, str, str] | None = None
         self.rows_trained = 0
+        self.rows_dropped = 0  # consumed but not trained (a mixed buffer sampled them out)
         self.duplicate_rows = 0
         self.tasks: dict[str, TaskRecord] = {}  # plan order (resumed ones first)
         self._order: deque[str] = deque()  # listed this run, not yet below the watermark
@@ -251,9 +253,12 @@ class Progress:
 
     # -- events from the trainer ----------------------------------------------------
 
-    def record(self, row_ids: Int64Array | None) -> None:
+    def record(self, row_ids: Int64Array | None, *, dropped: bool = False) -> None:
         """These rows were trained (call after the step). Rows trained twice are
-        counted in ``duplicate_rows`` (an exactly-once violation; tests assert 0)."""
+        counted in ``duplicate_rows`` (an exactly-once violation; tests assert 0).
+        ``dropped``: the rows were consumed and deliberately not trained (a mixed
+        buffer sampled them down or evicted them): they count in ``rows_dropped``
+        instead of ``rows_trained`` and are never read again, like trained rows."""
         if row_ids is None or row_ids.shape[0] == 0:
             return
         codes = row_ids >> ROW_BITS
@@ -281,7 +286,10 @@ class Progress:
                 split.trained = merge_ranges(split.trained, runs_of(unique))
                 added = split.trained_rows - before
                 self.duplicate_rows += rows.shape[0] - added
-                self.rows_trained += added
+                if dropped:
+                    self.rows_dropped += added
+                else:
+                    self.rows_trained += added
                 touched[entry.task_id] = record
             for record in touched.values():
                 self._settle(record)
@@ -379,6 +387,7 @@ class Progress:
                 "version": 1,
                 "watermark": None if self.watermark is None else list(self.watermark),
                 "rows_trained": self.rows_trained,
+                "rows_dropped": self.rows_dropped,
                 "duplicate_rows": self.duplicate_rows,
                 "tasks": tasks,
                 "streams": {key: dict(value) for key, value in self.stream_offsets.items()},
@@ -398,6 +407,7 @@ class Progress:
         if mark is not None:
             progress.watermark = (int(mark[0]), int(mark[1]), str(mark[2]), str(mark[3]))
         progress.rows_trained = int(data.get("rows_trained", 0))
+        progress.rows_dropped = int(data.get("rows_dropped", 0))
         progress.duplicate_rows = int(data.get("duplicate_rows", 0))
         for key, entry in (data.get("streams") or {}).items():
             offset = entry["offset"]

@@ -1,0 +1,109 @@
+"""``train.mixed_buffer``: the bounded buffer where a ``data.dataset`` job's
+history and stream rows meet before training (``estuary.train.mixed_buffer``,
+docs/mixture.md "Mixed buffer and priority")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from estuary.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from estuary.config.spec import JobSpec
+
+__all__ = ["MixedBufferSpec", "check_mixed_buffer", "min_row_bytes"]
+
+# Rows that must fit: the rows waiting for a step and the rows of the next offer.
+STEPS_HELD = 2
+
+
+@dataclass(frozen=True)
+class MixedBufferSpec:
+    """Settings of the mixed buffer (``BufferPolicy`` names them the same).
+
+    Args:
+        capacity_bytes: the most bytes of rows the buffer holds (required).
+        policy: ``priority`` (sample down by importance, train the newest first),
+            ``uniform`` (sample down uniformly, oldest first) or ``fifo`` (no
+            sampling: the reader waits while the buffer is full).
+        offer_per_take: rows offered to the buffer per row trained (>= 1): 1
+            trains at the pace the data arrives; 10 replays the data at ten times
+            the training rate (a surge), so the buffer sheds rows.
+        source_weights: stream name (or ``stream/source``) -> importance factor.
+        label_weight: importance factor of positive rows.
+        half_life_rows: rows offered after which a row's priority halves.
+        high_water: fill level above which rows are sampled down.
+        min_keep: the least keep probability (an importance weight is <= 1 / min_keep).
+        normalize_weights: scale each step's importance weights to mean 1.
+        order_by_importance: exponent of importance in the take/evict order.
+    """
+
+    capacity_bytes: int
+    policy: Literal["priority", "uniform", "fifo"] = "priority"
+    offer_per_take: float = 1.0
+    source_weights: dict[str, float] = field(default_factory=dict)
+    label_weight: float = 1.0
+    half_life_rows: float = 10_000.0
+    high_water: float = 0.5
+    min_keep: float = 0.05
+    normalize_weights: bool = True
+    order_by_importance: float = 0.0
+
+    def validate(self, path: str) -> None:
+        if self.capacity_bytes < 1:
+            raise ConfigError(f"{path}.capacity_bytes", "must be > 0")
+        if self.offer_per_take < 1:
+            raise ConfigError(f"{path}.offer_per_take", "must be >= 1")
+        for name, weight in self.source_weights.items():
+            if not weight > 0:
+                raise ConfigError(f"{path}.source_weights.{name}", "must be > 0")
+        for name in ("label_weight", "half_life_rows"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{path}.{name}", "must be > 0")
+        if not 0 <= self.high_water < 1:
+            raise ConfigError(f"{path}.high_water", "must be in [0, 1)")
+        if not 0 < self.min_keep <= 1:
+            raise ConfigError(f"{path}.min_keep", "must be in (0, 1]")
+        if self.order_by_importance < 0:
+            raise ConfigError(f"{path}.order_by_importance", "must be >= 0")
+
+
+def min_row_bytes(job: JobSpec) -> int:
+    """The bytes a typical row of ``job`` takes in the buffer (``row_bytes``):
+    label and weight, the dense values, and per sparse feature an offset and one
+    id (the capacity check's unit; a row with more ids takes more)."""
+    schema = job.data.schema
+    features = len(schema.sparse) + len(schema.features)
+    return 4 + 4 + 4 * len(schema.dense) + 16 * features
+
+
+def check_mixed_buffer(job: JobSpec) -> None:
+    """The job-level checks of ``train.mixed_buffer`` (and ``train.continuous``).
+
+    Raises:
+        ConfigError: ``train.continuous`` or ``train.mixed_buffer`` set without
+            ``data.dataset``, or a capacity that cannot hold
+            two steps of rows (``train.batch_size`` each).
+    """
+    if job.train.continuous and job.data.dataset is None:
+        raise ConfigError(
+            "train.continuous", "needs a data.dataset job (a history and live streams)"
+        )
+    spec = job.train.mixed_buffer
+    if spec is None:
+        return
+    if job.data.dataset is None:
+        raise ConfigError(
+            "train.mixed_buffer", "needs a data.dataset job (history and stream streams)"
+        )
+    per_row = min_row_bytes(job)
+    need = STEPS_HELD * job.train.batch_size * per_row
+    if spec.capacity_bytes < need:
+        raise ConfigError(
+            "train.mixed_buffer.capacity_bytes",
+            f"{spec.capacity_bytes} bytes cannot hold {STEPS_HELD} steps of "
+            f"train.batch_size={job.train.batch_size} rows of {per_row} bytes "
+            f"each (label, weight, {len(job.data.schema.dense)} dense, one id per sparse "
+            f"feature); set it to at least {need}",
+        )

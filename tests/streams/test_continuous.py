@@ -1,0 +1,216 @@
+"""``train.continuous``: history files, then a live Redis stream until stopped;
+the stop ends the run with a checkpoint and the progressive table, and a resume
+trains only what arrived since, each row once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from estuary.config import ConfigError, JobSpec, job_from_dict
+from estuary.data.graph import Progress
+from estuary.data.synthetic import SyntheticSpec, SynthOutput, write_synthetic
+from estuary.train import Trainer, load_checkpoint
+from estuary.train.callbacks import Callback, LoopState
+from estuary.train.result import FitResult
+
+from .conftest import Server
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+START_MS = int(START.timestamp() * 1000)
+HISTORY_HOURS, PER_HOUR, BATCH, EVERY = 2, 120, 20, 4
+STREAM_MINUTES, PER_MINUTE = 3, 40  # live rows: 3 one-minute windows after the history
+COLUMNS = ["label", "I1", "I2", "C1", "C2"]
+
+
+def write_history(root: Path) -> None:
+    spec = SyntheticSpec(
+        rows_per_hour=PER_HOUR,
+        hours=HISTORY_HOURS,
+        start=START,
+        num_dense=2,
+        vocab_sizes=(30, 30),
+        num_interactions=0,
+        diurnal_amplitude=0.0,
+        missing_rate=0.0,
+        seed=1,
+    )
+    write_synthetic(spec, root / "data", SynthOutput(format="criteo_tsv"))
+
+
+def push(url: str, key: str, minutes: range, seed: int) -> int:
+    """PER_MINUTE csv rows per minute ``m`` of ``minutes``, at broker time
+    START + HISTORY_HOURS h + m min (+ i ms); returns how many."""
+    import redis
+
+    rng = np.random.default_rng(seed)
+    client = redis.Redis.from_url(url)
+    n = 0
+    for minute in minutes:
+        at = START_MS + HISTORY_HOURS * 3_600_000 + minute * 60_000
+        for i in range(PER_MINUTE):
+            label = int(rng.random() < 0.3)
+            i1, i2, c1, c2 = (int(v) for v in rng.integers(0, 20, 4))
+            client.xadd(key, {"data": f"{label},{i1},{i2},{c1:x},{c2:x}"}, id=f"{at + i}-0")
+            n += 1
+    client.close()
+    return n
+
+
+def continuous_job(root: Path, url: str, key: str) -> JobSpec:
+    history = {
+        "name": "synth",
+        "path": "data/{{YYYY}}{{MM}}{{DD}}/{{HH}}/part-*.tsv",
+        "columns": COLUMNS,
+        "start": "2026-01-01T00",
+        "end": f"2026-01-01T{HISTORY_HOURS:02d}",
+    }
+    live = {
+        "name": "live",
+        "type": "stream",
+        "window_s": 60,
+        "stream": {
+            "kind": "redis",
+            "url": url,
+            "key": key,
+            "format": "csv",
+            "columns": COLUMNS,
+            "batch_max_messages": 25,
+            "poll_timeout_s": 0.1,
+        },
+    }
+    return job_from_dict(
+        {
+            "data": {
+                "schema": {"dense": ["I1", "I2"], "sparse": ["C1", "C2"]},
+                "dataset": {
+                    "streams": {
+                        "history": {"sources": [history]},
+                        "live": {"sources": [live]},
+                    },
+                    # no idle_timeout_s: wait for the stream until stopped
+                    "timer": {"poll_interval_s": 0.02, "ready_timeout_s": 5},
+                },
+            },
+            "model": {
+                "type": "dlrm",
+                "params": {"bottom_mlp": [4], "top_mlp": [4]},
+                "embedding": {"default": {"dim": 4}},
+            },
+            "train": {
+                "batch_size": BATCH,
+                "threads": 1,
+                "continuous": True,
+                "progressive_eval": True,
+            },
+            "output": {"dir": "out", "progress": False, "checkpoint_every_steps": EVERY},
+        },
+        base_dir=root,
+    )
+
+
+class Live(Callback):
+    """Counts trained rows; pushes more stream rows at a step (rows arriving
+    while the run trains)."""
+
+    def __init__(self, at_step: int, arrive: Any) -> None:
+        self.rows, self.at_step, self.arrive = 0, at_step, arrive
+
+    def after_step(self, state: LoopState, rows: int, loss: float) -> None:
+        self.rows += rows
+        if state.step == self.at_step:
+            self.arrive()
+
+
+def run_until(trainer: Trainer, live: Live, rows: int, timeout_s: float = 90) -> FitResult:
+    """Fit; once ``rows`` rows were trained and the reader waits, stop it (SIGTERM's
+    ``request_stop``). The stop ends the run normally."""
+
+    def stopper() -> None:
+        deadline = time.monotonic() + timeout_s
+        while live.rows < rows and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the reader now waits for the stream
+        trainer.request_stop("SIGTERM")
+
+    thread = threading.Thread(target=stopper, daemon=True)
+    thread.start()
+    try:
+        return trainer.fit(progress=False)
+    finally:
+        thread.join(timeout=timeout_s + 5)
+
+
+def test_history_then_a_live_stream_until_stopped_then_resume(
+    redis_server: Server, tmp_path: Path
+) -> None:
+    write_history(tmp_path)
+    key = "continuous"
+    first_half = push(redis_server.url, key, range(0, 2), seed=1)
+    later: list[int] = []
+    job = continuous_job(tmp_path, redis_server.url, key)
+    history_rows = HISTORY_HOURS * PER_HOUR
+
+    def arrive() -> None:
+        later.append(push(redis_server.url, key, range(2, STREAM_MINUTES), seed=2))
+
+    live = Live(at_step=3, arrive=arrive)  # during the history
+    total = history_rows + first_half + PER_MINUTE * (STREAM_MINUTES - 2)
+    trainer = Trainer(job, callbacks=[live])
+    result = run_until(trainer, live, total)
+    extra = result.extra
+    assert later == [PER_MINUTE * (STREAM_MINUTES - 2)]
+    assert extra["stopped"] == "SIGTERM"
+    assert result.train_rows == extra["rows_committed"] == total
+    assert extra["duplicate_rows"] == 0
+    # The progressive table: every window, history hours then stream minutes.
+    report = extra["progressive"]
+    assert report["origins"]["history/synth"]["rows"] == history_rows
+    assert report["origins"]["live/live"]["rows"] == total - history_rows
+    windows = report["windows"]
+    assert [(w["start"], w["rows"]) for w in windows[:HISTORY_HOURS]] == [
+        ("2026-01-01T00:00:00Z", PER_HOUR),
+        ("2026-01-01T01:00:00Z", PER_HOUR),
+    ]
+    # Stream windows: consecutive minutes from the first message's (rows that
+    # arrive after the reader caught up land in the window then planned).
+    live_starts = [w["start"] for w in windows[HISTORY_HOURS:]]
+    assert live_starts[:2] == ["2026-01-01T02:00:00Z", "2026-01-01T02:01:00Z"]
+    assert live_starts == sorted(set(live_starts))
+    assert sum(w["rows"] for w in windows) == total
+    # Periodic checkpoints, and the stop's one holds every trained row.
+    out = job.resolve(job.output.dir)
+    steps = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert steps and result.checkpoint is not None
+    saved = load_checkpoint(result.checkpoint)
+    progress = Progress.from_json(saved.manifest["metadata"]["data_progress"])
+    assert progress.rows_trained == total and progress.duplicate_rows == 0
+
+    # More rows arrive while nothing runs; the resumed run trains only them.
+    more = push(redis_server.url, key, range(STREAM_MINUTES, STREAM_MINUTES + 2), seed=3)
+    resumed = Trainer(job, callbacks=[live := Live(at_step=-1, arrive=None)])
+    resumed.load_checkpoint(out)
+    again = run_until(resumed, live, more).extra
+    assert again["rows_committed_before"] == total
+    assert again["rows_committed"] == total + more
+    assert again["duplicate_rows"] == 0
+
+
+def test_continuous_needs_a_dataset_job() -> None:
+    with pytest.raises(ConfigError) as err:
+        job_from_dict(
+            {
+                "data": {
+                    "sources": [{"path": "x.tsv"}],
+                    "schema": {"dense": ["I1"], "sparse": ["C1"]},
+                },
+                "train": {"continuous": True},
+            }
+        )
+    assert err.value.path == "train.continuous"

@@ -1,0 +1,260 @@
+"""``train.mixed_buffer``: a data.dataset job's rows through the MixedBuffer."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from estuary.config import ConfigError, JobSpec, job_from_dict
+from estuary.data.synthetic import SyntheticSpec, SynthOutput, write_synthetic
+from estuary.data.types import Batch
+from estuary.train import Trainer
+from estuary.train.callbacks import Callback, LoopState
+from estuary.train.checkpoint import load_checkpoint
+from estuary.train.mixed_feed import StreamWeights
+from estuary.train.result import TrainingStopped
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+HOURS, ROWS, BATCH = 4, 300, 50
+SPEC = SyntheticSpec(
+    rows_per_hour=ROWS,
+    hours=HOURS,
+    start=START,
+    num_dense=2,
+    vocab_sizes=(40,) * 3,
+    num_interactions=0,
+    diurnal_amplitude=0.0,
+    missing_rate=0.0,
+    seed=5,
+)
+COLUMNS = ["label", "I1", "I2", "C1", "C2", "C3"]
+# 4 + 4 + 2 x 4 + 3 x 16 = 64 bytes a row (one id per feature)
+ROW_BYTES = 64
+
+
+def job_for(root: Path, buffer: dict[str, Any] | None, **over: Any) -> JobSpec:
+    """Hours [0, 2) in stream ``hist``, [2, 4) in stream ``live``, a small DLRM."""
+
+    def source(name: str, start: int, end: int) -> dict[str, Any]:
+        return {
+            "name": name,
+            "path": "data/{{YYYY}}{{MM}}{{DD}}/{{HH}}/part-*.tsv",
+            "columns": COLUMNS,
+            "start": f"2026-01-01T{start:02d}",
+            "end": f"2026-01-01T{end:02d}",
+        }
+
+    train: dict[str, Any] = {
+        "batch_size": BATCH,
+        "threads": 1,
+        "dense_optimizer": {"name": "sgd", "lr": 0.1},
+        "progressive_eval": True,
+        **({"mixed_buffer": buffer} if buffer is not None else {}),
+    }
+    output = {"dir": "out", "progress": False, **over.pop("output", {})}
+    return job_from_dict(
+        {
+            "data": {
+                "schema": {"dense": ["I1", "I2"], "sparse": ["C1", "C2", "C3"]},
+                "dataset": {
+                    "streams": {
+                        "hist": {"sources": [source("synth", 0, 2)]},
+                        "live": {"sources": [source("feed", 2, HOURS)]},
+                    },
+                    "timer": {"poll_interval_s": 0.01, "ready_timeout_s": 2},
+                },
+            },
+            "model": {
+                "type": "dlrm",
+                "params": {"bottom_mlp": [4], "top_mlp": [4]},
+                "embedding": {"default": {"dim": 4, "optimizer": {"name": "sgd", "lr": 0.5}}},
+            },
+            "train": train,
+            "output": output,
+            **over,
+        },
+        base_dir=root,
+    )
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mixed_feed")
+    write_synthetic(SPEC, root / "data", SynthOutput(format="criteo_tsv"))
+    return root
+
+
+SURGE = {
+    "policy": "priority",
+    "capacity_bytes": 4 * BATCH * ROW_BYTES,
+    "offer_per_take": 3,
+    "source_weights": {"live": 2.0},
+    "normalize_weights": False,
+}
+
+
+class WatchMetrics(Callback):
+    """The exported mixed-buffer counts after the last step."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer, self.taken, self.dropped = trainer, 0.0, 0.0
+
+    def after_step(self, state: LoopState, rows: int, loss: float) -> None:
+        metrics = self.trainer.metrics
+        self.taken = sum(
+            metrics.value("estuary_mixed_rows_total", source=s, what="taken") or 0.0
+            for s in ("hist/synth", "live/feed")
+        )
+        self.dropped = sum(
+            metrics.value("estuary_mixed_rows_total", source=s, what=w) or 0.0
+            for s in ("hist/synth", "live/feed")
+            for w in ("sampled_out", "evicted")
+        )
+
+
+def test_a_surge_through_the_buffer_trains_and_accounts_for_every_row(data_root: Path) -> None:
+    trainer = Trainer(job_for(data_root, SURGE))
+    watch = WatchMetrics(trainer)
+    trainer.callbacks.append(watch)
+    result = trainer.fit()
+    extra = result.extra
+    stats = extra["mixed_buffer"]
+    sources = stats["sources"]
+    assert set(sources) == {"hist/synth", "live/feed"}
+    total = HOURS * ROWS
+    assert sum(c["offered"] for c in sources.values()) == total
+    dropped = sum(c["sampled_out"] + c["evicted"] for c in sources.values())
+    taken = sum(c["taken"] for c in sources.values())
+    assert dropped > 0 and taken > 0  # offered 3x faster than trained: rows were shed
+    # Exactly once: every row trained once or counted dropped once, none lost.
+    assert extra["rows_committed"] == taken == result.train_rows
+    assert extra["rows_dropped"] == stats["rows_dropped"] == dropped
+    assert taken + dropped == total
+    assert extra["duplicate_rows"] == 0
+    assert stats["peak_bytes"] <= SURGE["capacity_bytes"]
+    assert stats["rows"] == 0 and stats["bytes"] == 0  # drained at the end
+    for counts in sources.values():
+        assert counts["kept"] + counts["sampled_out"] == counts["offered"]
+        assert counts["taken"] + counts["evicted"] == counts["kept"]
+    # The same counts on the Prometheus registry while training.
+    assert watch.taken == taken and watch.dropped == dropped
+    assert extra["progressive"]["origins"]["live/feed"]["rows"] > 0
+
+
+def test_importance_weights_reach_the_loss(data_root: Path) -> None:
+    trainer = Trainer(job_for(data_root, SURGE))
+    engine = trainer.engine
+    inner = engine.step
+    seen: list[tuple[np.ndarray, float, float]] = []
+    differs: list[bool] = []
+
+    def step(batch: Batch, *args: Any, **kwargs: Any) -> float:
+        loss = inner(batch, *args, **kwargs)
+        assert batch.weights is not None and engine.last_logits is not None
+        logits = engine.last_logits.detach().float()
+        labels = torch.from_numpy(batch.labels)
+        weight = torch.from_numpy(batch.weights)
+        reference = F.binary_cross_entropy_with_logits(logits, labels, weight=weight)
+        plain = F.binary_cross_entropy_with_logits(logits, labels)
+        seen.append((batch.weights.copy(), loss, float(reference)))
+        if not np.allclose(batch.weights, batch.weights[0]):  # the weights matter here
+            differs.append(abs(loss - float(plain)) > 1e-6)
+        return loss
+
+    engine.step = step  # type: ignore[method-assign]
+    trainer.fit()
+    weights = np.concatenate([w for w, _, _ in seen])
+    assert weights.max() > 1.0  # sampled-down rows weigh 1 / q > 1
+    assert weights.max() <= 1 / 0.05 + 1e-4  # min_keep 0.05
+    for _, loss, reference in seen:
+        assert loss == pytest.approx(reference, rel=1e-5, abs=1e-6)
+    assert differs and all(differs)  # not the unweighted mean
+
+
+def test_a_buffer_that_keeps_pace_drops_nothing(data_root: Path) -> None:
+    buffer = {"capacity_bytes": 4 * BATCH * ROW_BYTES, "policy": "uniform"}
+    result = Trainer(job_for(data_root, buffer)).fit()
+    stats = result.extra["mixed_buffer"]
+    assert result.train_rows == HOURS * ROWS
+    assert result.extra["rows_dropped"] == 0 and result.extra["duplicate_rows"] == 0
+    assert all(c["taken"] == c["offered"] for c in stats["sources"].values())
+
+
+def test_fifo_waits_instead_of_dropping(data_root: Path) -> None:
+    buffer = {"capacity_bytes": 2 * BATCH * ROW_BYTES, "policy": "fifo", "offer_per_take": 4}
+    result = Trainer(job_for(data_root, buffer)).fit()
+    stats = result.extra["mixed_buffer"]
+    assert result.train_rows == HOURS * ROWS and result.extra["rows_dropped"] == 0
+    assert stats["peak_bytes"] <= buffer["capacity_bytes"]
+
+
+class StopAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def after_step(self, state: LoopState, rows: int, loss: float) -> None:
+        if state.step == self.step:
+            state.stop.request("test")
+
+
+def test_a_stop_and_resume_neither_loses_nor_repeats_a_row(data_root: Path, tmp_path: Path) -> None:
+    out = {"output": {"dir": str(tmp_path / "out"), "checkpoint": True}}
+    with pytest.raises(TrainingStopped) as stopped:
+        Trainer(job_for(data_root, SURGE, **out), callbacks=[StopAt(5)]).fit()
+    assert stopped.value.checkpoint is not None
+    manifest = load_checkpoint(stopped.value.checkpoint).manifest
+    before = manifest["metadata"]["data_progress"]
+    assert before["rows_trained"] == 5 * BATCH
+    resumed = Trainer(job_for(data_root, SURGE, **out))
+    resumed.load_checkpoint(tmp_path / "out")
+    extra = resumed.fit().extra
+    assert extra["duplicate_rows"] == 0
+    # Rows waiting in the buffer at the stop were read again; none was lost.
+    assert extra["rows_committed"] + extra["rows_dropped"] == HOURS * ROWS
+    assert extra["rows_dropped"] > before["rows_dropped"]  # the resumed run shed rows too
+
+
+@pytest.mark.parametrize(
+    ("buffer", "path", "words"),
+    [
+        ({"capacity_bytes": 1000}, "train.mixed_buffer.capacity_bytes", "at least 6400"),
+        ({"capacity_bytes": 10**6, "policy": "lifo"}, "train.mixed_buffer.policy", ""),
+        ({"capacity_bytes": 10**6, "offer_per_take": 0.5}, "train.mixed_buffer.offer_per_take", ""),
+        ({"capacity_bytes": 10**6, "min_keep": 0}, "train.mixed_buffer.min_keep", ""),
+        ({"policy": "fifo"}, "train.mixed_buffer.capacity_bytes", "required"),
+    ],
+)
+def test_bad_settings_name_their_field(
+    data_root: Path, buffer: dict[str, Any], path: str, words: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        job_for(data_root, buffer)
+    assert err.value.path == path
+    assert words in str(err.value)
+
+
+def test_source_weights_match_a_stream_or_a_stream_and_source() -> None:
+    weights = StreamWeights({"live": 2.0, "live/feed2": 3.0})
+    assert weights.get("live/feed", 1.0) == 2.0
+    assert weights.get("live/feed2", 1.0) == 3.0
+    assert weights.get("hist/synth", 1.0) == 1.0
+
+
+def test_the_buffer_needs_a_dataset_job() -> None:
+    with pytest.raises(ConfigError) as err:
+        job_from_dict(
+            {
+                "data": {
+                    "sources": [{"path": "x.tsv"}],
+                    "schema": {"dense": ["I1"], "sparse": ["C1"]},
+                },
+                "train": {"mixed_buffer": {"capacity_bytes": 10**6}},
+            }
+        )
+    assert err.value.path == "train.mixed_buffer"
