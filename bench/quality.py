@@ -344,7 +344,7 @@ def report(
     headline = gaps(results)
     for key in HEADLINE:
         value = headline[key]
-        print(f"{key:<24}{'-' if value is None else f'{value:+.4f}'}")
+        print(f"{key:<30}{'-' if value is None else f'{value:+.4f}'}")
     for cell, info in headline["per_model"].items():
         print(f"  {cell}: best reference {info['best_reference']}, gap {info['auc_gap']:+.4f}")
     print(f"wall {wall_s:.0f} s")
