@@ -54,7 +54,9 @@ from estuary.data.graph import build_operators, plan_tasks
 
 COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
 DENSE, SPARSE = COLUMNS[1:14], COLUMNS[14:]
-DEFAULT_SOURCE = Path("/work/shared/data/criteo_dac_sample_34k.tsv.gz")
+DEFAULT_SOURCE = (
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_dac_sample_34k.tsv.gz"
+)
 
 
 def best_times(runs: list[Callable[[], object]], repeats: int) -> list[tuple[float, float]]:

@@ -28,7 +28,7 @@ Datasets (in memory, nothing written):
                  hour (gradual: over 2 hours; recurring: B and A alternate every
                  hour), a burst of new ids in the second stream hour; seed = the
                  run's seed. Windows: the stream's hours.
-  avazu          /work/shared/data/avazu_sample_42k.csv.gz: its first hour
+  avazu          ../shared/data/avazu_sample_42k.csv.gz: its first hour
                  (14102100, 32,490 rows) is the history, its last hour (14103023,
                  10,000 rows) the stream, in file order, cut into 5 windows.
 
@@ -70,7 +70,7 @@ from estuary.train.mixed_buffer import BufferPolicy, MixedBuffer, Policy, row_by
 from estuary.train.mixture import find_mixture, mixture_plan_for
 from estuary.train.plan import TrainPlan
 
-AVAZU = Path("/work/shared/data/avazu_sample_42k.csv.gz")
+AVAZU = Path(__file__).resolve().parents[2] / "shared" / "data" / "avazu_sample_42k.csv.gz"
 START = datetime(2026, 1, 1, tzinfo=UTC)
 VARIANTS = ("batch_only", "stream_only", "naive_mix", "mixture")
 SYNTHETIC = ("abrupt", "gradual", "recurring")
