@@ -20,6 +20,7 @@ from estuary.config.dataset import DatasetSpec
 from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
 from estuary.config.roles import ROLES, RolePlan, RolesSpec, normalise_roles
+from estuary.config.scaling import ScalingSpec
 from estuary.config.tables import (
     AdmissionSpec,
     EvictionSpec,
@@ -395,6 +396,7 @@ class RuntimeSpec:
         roles: every role's count (or ``min``/``max``), CPUs, memory and GPUs in
             one place, for every runtime and renderer (``estuary.config.roles``);
             resolved at load into the keys above, which a job may still set.
+        scaling: the scaling manager (``estuary.config.scaling``); off by default.
     """
 
     backend: str = "local"
@@ -405,6 +407,7 @@ class RuntimeSpec:
     max_restarts: int = 0
     ray: RaySpec = field(default_factory=RaySpec)
     roles: RolesSpec = field(default_factory=RolesSpec)
+    scaling: ScalingSpec = field(default_factory=ScalingSpec)
 
     @classmethod
     def normalise(cls, data: Mapping[str, Any], path: str) -> dict[str, Any]:
