@@ -35,6 +35,9 @@ class ScalingSpec:
         memory_target: a memory action brings the shard back to this fraction of
             its budget.
         hot_ratio: a PS shard with this multiple of the mean shard load is hot.
+        max_executor_threads: most concurrent reads per data executor (vertical
+            scaling, once the executors are at ``runtime.roles.data_executor.max``);
+            1: off.
         timeline: write ``scaling.json`` (every decision, its trigger and its
             measured effect) and ``scaling.png`` to the run folder.
     """
@@ -48,6 +51,7 @@ class ScalingSpec:
     memory_horizon_s: float = 30.0
     memory_target: float = 0.8
     hot_ratio: float = 2.0
+    max_executor_threads: int = 1
     timeline: bool = True
 
     def validate(self, path: str) -> None:
@@ -63,5 +67,7 @@ class ScalingSpec:
             raise ConfigError(f"{path}.headroom", f"must be >= 1, got {self.headroom}")
         if self.memory_horizon_s <= 0:
             raise ConfigError(f"{path}.memory_horizon_s", "must be > 0")
+        if self.max_executor_threads < 1:
+            raise ConfigError(f"{path}.max_executor_threads", "must be >= 1")
         if self.hot_ratio <= 1.0:
             raise ConfigError(f"{path}.hot_ratio", f"must be > 1, got {self.hot_ratio}")

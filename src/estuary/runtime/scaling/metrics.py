@@ -132,44 +132,49 @@ class WaitClock:
 
 
 class BusyClock:
-    """Executor-seconds spent reading, and readers waiting for an executor."""
+    """Read-slot-seconds spent reading (a slot: one concurrent read of one
+    executor), and readers waiting for a free slot."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._busy = 0.0
-        self._capacity = 0.0  # executor-seconds available
-        self._executors = 0
+        self._capacity = 0.0  # slot-seconds available
+        self._slots = 0
         self._since = time.monotonic()
-        self._running: dict[int, float] = {}
-        self.waiting = 0
+        self._running: dict[int, float] = {}  # read token -> start (or last roll)
+        self._tokens = 0
+        self.waiting = 0  # readers waiting for an idle executor now
 
-    def set_executors(self, count: int) -> None:
+    def set_slots(self, count: int) -> None:
         with self._lock:
             self._roll()
-            self._executors = count
+            self._slots = count
 
     def _roll(self) -> None:
         now = time.monotonic()
-        self._capacity += self._executors * (now - self._since)
+        self._capacity += self._slots * (now - self._since)
         self._since = now
 
-    def start(self, executor: int) -> None:
+    def start(self) -> int:
+        """A read began; returns its token for ``stop``."""
         with self._lock:
-            self._running[executor] = time.monotonic()
+            self._tokens += 1
+            self._running[self._tokens] = time.monotonic()
+            return self._tokens
 
-    def stop(self, executor: int) -> None:
+    def stop(self, token: int) -> None:
         with self._lock:
-            began = self._running.pop(executor, None)
+            began = self._running.pop(token, None)
             if began is not None:
                 self._busy += time.monotonic() - began
 
     def read(self) -> tuple[float, float]:
-        """(busy executor-seconds, available executor-seconds): cumulative,
+        """(busy slot-seconds, available slot-seconds): cumulative,
         reads in progress counted up to now."""
         with self._lock:
             self._roll()
             now = time.monotonic()
-            for executor, began in self._running.items():
+            for token, began in self._running.items():
                 self._busy += now - began
-                self._running[executor] = now
+                self._running[token] = now
             return self._busy, self._capacity
