@@ -194,6 +194,9 @@ class RayRuntime:
             max_restarts=job.runtime.max_restarts,
             name=f"estuary-data-{self._run_id}-{self._attempts}",
             direct=job.runtime.ray.data_delivery == "direct",
+            max_threads=(
+                job.runtime.scaling.max_executor_threads if job.runtime.scaling.enabled else 1
+            ),
         )
 
     def _embedding_workers(

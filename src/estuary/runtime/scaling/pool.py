@@ -16,18 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
+from estuary.config import JobSpec
 from estuary.config.scaling import ScalingSpec
 from estuary.runtime.scaling.controller import Controller
 from estuary.runtime.scaling.metrics import BusyClock, Snapshot, WaitClock
 from estuary.runtime.scaling.policy import Bounds, Decision, EstuaryPolicy, Policy
 
-__all__ = ["PoolScaling", "ResizablePool"]
+__all__ = ["PoolScaling", "ResizablePool", "scaled_steps"]
 
 _T = TypeVar("_T")
 
 
+@runtime_checkable
 class ResizablePool(Protocol):
     clock: BusyClock
     threads: int
@@ -113,3 +115,23 @@ class PoolScaling:
                 yield step
         finally:
             self.controller.close()
+
+
+def scaled_steps(
+    job: JobSpec, pool: object, steps: Iterator[_T], rows_of: Callable[[_T], int]
+) -> Iterator[_T]:
+    """``steps`` under the scaling manager when ``runtime.scaling.enabled`` and
+    ``pool`` resizes (Ray data executors); else ``steps`` as they are. Executor
+    bounds: ``runtime.roles.data_executor.min``/``max``; the timeline goes to
+    the run folder."""
+    spec = job.runtime.scaling
+    if not spec.enabled or not isinstance(pool, ResizablePool):
+        return steps
+    role = job.runtime.resolved_roles()["data_executor"]
+    bounds = Bounds(
+        min_executors=max(1, role.min),
+        max_executors=max(1, role.max),
+        max_threads=spec.max_executor_threads,
+    )
+    out = job.resolve(job.output.dir) if spec.timeline else None
+    return PoolScaling(pool, spec, bounds, out=out).wrap(steps, rows_of)
