@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import shutil
 import tempfile
 import time
@@ -64,7 +63,7 @@ from estuary.runtime.scaling import Bounds, DLRoverRules, EstuaryPolicy, Policy
 from estuary.runtime.scaling.pool import PoolScaling
 
 COLUMNS = ["label", "I1", "I2", "C1", "C2"]
-HOURS, FILES, ROWS = 24, 50, 200  # 1,200 splits of 200 rows: more than any run reads
+HOURS, FILES, ROWS = 24, 20, 1000  # 480 splits of 1,000 rows: more than any run reads
 BATCH = 256
 EXECUTOR_CPUS = 0.25  # logical: executors wait on the source, they need little CPU
 
@@ -144,7 +143,7 @@ class Trainer:
         for table, ids, emb in zip(self.tables, idss, embs, strict=True):
             assert emb.grad is not None
             table.apply_gradients(ids, emb.grad.numpy())
-        return float(loss)
+        return float(loss.detach())
 
 
 def fake_batches(n: int) -> list[Batch]:
@@ -225,6 +224,8 @@ class Run:
         trainer = Trainer(self.hidden)
         trainer.step(fake_batches(1)[0])  # warm-up outside the clock
         pool, group = self.pool()
+        # The starting executors are up before the clock starts (a running job's).
+        ray.get([actor.pid.remote() for actor in pool.actors.values()])
         per_second: list[int] = []
         began = time.monotonic()
         manager = None
@@ -300,7 +301,7 @@ def main() -> None:
     parser.add_argument("--grid", default="1,2,4,6,8", help="static executor counts")
     parser.add_argument("--need", type=float, default=5.0, help="executors the trainer needs")
     parser.add_argument("--max-executors", type=int, default=MAX_EXECUTORS)
-    parser.add_argument("--hidden", type=int, default=512, help="trainer MLP width")
+    parser.add_argument("--hidden", type=int, default=1024, help="trainer MLP width")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)

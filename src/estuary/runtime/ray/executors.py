@@ -25,6 +25,7 @@ an error naming the executor and its cause.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue
@@ -120,6 +121,7 @@ class RayExecutorPool:
         self._inflight: dict[int, int] = {}
         self._retired: set[int] = set()
         self._excess: dict[int, int] = {}  # slots to drop per executor (threads lowered)
+        self._starting: set[int] = set()  # added, process not up yet
         self._handles: dict[int, Any] = {}  # every executor started and not stopped
         self.actors: dict[int, Any] = {}  # those taking splits
         self._next = 0
@@ -141,13 +143,40 @@ class RayExecutorPool:
         with self._lock:
             return len(self._handles)
 
-    def _add(self) -> None:
+    @property
+    def starting(self) -> int:
+        """Executors added by ``resize`` that are not up yet (they take no split)."""
+        with self._lock:
+            return len(self._starting)
+
+    def _add(self, *, when_up: bool = False) -> None:
+        """Start an executor; its read slots open at once, or (``when_up``) once
+        its process is up, so no split waits behind an executor's start."""
         executor = self._next
         self._next += 1
-        self._handles[executor] = self.actors[executor] = self._start(executor)
+        handle = self._start(executor)
+        self._handles[executor] = self.actors[executor] = handle
         self._inflight[executor] = 0
+        if not when_up:
+            self._open(executor)
+            return
+        self._starting.add(executor)
+        threading.Thread(target=self._open_when_up, args=(executor, handle), daemon=True).start()
+
+    def _open(self, executor: int) -> None:
         for _ in range(self.threads):
             self._idle.put(executor)
+
+    def _open_when_up(self, executor: int, handle: Any) -> None:
+        # Blocking wait: the executor's process starts. If it died, its first
+        # read finds it dead and replaces it.
+        with contextlib.suppress(RayActorError):
+            ray.get(handle.pid.remote())
+        with self._lock:
+            self._starting.discard(executor)
+            if executor in self._retired or executor not in self.actors:
+                return
+            self._open(executor)
 
     def _start(self, executor: int) -> Any:
         res = self.spec.resources
@@ -173,7 +202,7 @@ class RayExecutorPool:
         with self._lock:
             before = len(self.actors)
             while len(self.actors) < count:
-                self._add()
+                self._add(when_up=True)
             for executor in sorted(self.actors, reverse=True)[: max(0, len(self.actors) - count)]:
                 self._retired.add(executor)
                 del self.actors[executor]

@@ -57,6 +57,7 @@ class Snapshot:
         queue_depth: splits waiting for an idle executor now.
         rows_per_s: rows trained per second.
         executor_threads: threads (CPUs) of each executor.
+        executors_starting: executors added and not up yet (counted in ``executors``).
         cpu: role -> CPU use as a fraction of its cores.
         shards: the PS shards.
     """
@@ -68,6 +69,7 @@ class Snapshot:
     queue_depth: int
     rows_per_s: float
     executor_threads: int = 1
+    executors_starting: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
     shards: tuple[ShardMetrics, ...] = ()
 
@@ -76,6 +78,7 @@ class Snapshot:
             "t": round(self.t, 3),
             "executors": self.executors,
             "executor_threads": self.executor_threads,
+            "executors_starting": self.executors_starting,
             "trainer_wait": None if self.trainer_wait is None else round(self.trainer_wait, 4),
             "executor_busy": round(self.executor_busy, 4),
             "queue_depth": self.queue_depth,

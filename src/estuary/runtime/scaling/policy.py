@@ -17,9 +17,9 @@ return ``Decision``s; the controller applies them (``estuary.runtime.scaling.con
   ``memory_target`` already), cap its rows so it stays at ``memory_target``.
 - hot shard: a shard with ``hot_ratio`` x the mean load is reported.
 
-A knob is decided again only after a whole interval at its current value (the
-first interval after a change holds the change's start-up, so its figures say
-nothing yet). ``Hysteresis`` (the controller's) then drops any decision that
+A knob is decided again only after a whole interval at its current value, with
+every executor up (an interval that held a change or an executor's start-up
+says nothing yet about the new size). ``Hysteresis`` (the controller's) then drops any decision that
 would move a knob back within ``hold_intervals`` intervals.
 
 ``DLRoverRules`` re-implements DLRover's public threshold rules as the baseline:
@@ -116,6 +116,11 @@ def _settled(history: Sequence[Snapshot], attr: str) -> bool:
     return bool(getattr(history[-1], attr) == getattr(history[-2], attr))
 
 
+def _starting(history: Sequence[Snapshot]) -> bool:
+    """Executors came up during the newest interval (it ran partly without them)."""
+    return len(history) >= 2 and history[-2].executors_starting > 0
+
+
 def forecast_crossing(
     series: Sequence[tuple[float, int, int]], horizon_s: float, cap_rows: int | None = None
 ) -> tuple[float, float]:
@@ -163,7 +168,8 @@ class EstuaryPolicy:
 
     def _executors(self, history: Sequence[Snapshot]) -> list[Decision]:
         s, spec, b = history[-1], self.spec, self.bounds
-        if not (_settled(history, "executors") and _settled(history, "executor_threads")):
+        settled = _settled(history, "executors") and _settled(history, "executor_threads")
+        if not settled or s.executors_starting or _starting(history):
             return []
         wait = s.trainer_wait
         # Unmeasured trainer wait: splits queued for a busy pool stand in for it.

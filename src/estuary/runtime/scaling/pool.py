@@ -37,6 +37,9 @@ class ResizablePool(Protocol):
     @property
     def count(self) -> int: ...
 
+    @property
+    def starting(self) -> int: ...
+
     def resize(self, count: int) -> None: ...
 
     def set_threads(self, threads: int) -> None: ...
@@ -94,6 +97,7 @@ class PoolScaling:
             queue_depth=self.pool.clock.waiting,
             rows_per_s=(rows - r0) / dt,
             executor_threads=self.pool.threads,
+            executors_starting=self.pool.starting,
             cpu={"trainer": 1.0 - wait, "ps": 1.0 - wait},
         )
 
