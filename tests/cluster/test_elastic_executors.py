@@ -6,6 +6,7 @@ mid-run, with splits in flight."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,40 @@ def test_executors_added_and_removed_mid_run_train_every_row_exactly_once(
             trained.setdefault(split, []).extend(r for a, b in ranges for r in range(a, b))
     assert {split: sorted(rows) for split, rows in trained.items()} == written.good
     assert progress.tasks_committed == HOURS
+
+
+def test_a_ray_job_with_scaling_on_trains_every_row_once_and_logs_its_timeline(
+    ray_instance: Any, tmp_path: Path
+) -> None:
+    """``runtime.scaling.enabled`` on a ``data.dataset`` job on Ray: the manager
+    runs on rank 0 beside the executors for the whole run; whatever it decides
+    (timing decides, so not asserted), every row is trained once and the run
+    folder holds the timeline: a snapshot per interval, each decision with its
+    trigger, none reversed, and the plot."""
+    from estuary.runtime.ray import RayRuntime
+
+    from ..graph.conftest import assert_every_row_once
+
+    written = write_hours(tmp_path, HOURS, 400, files=2)
+    path = write_job(tmp_path, HOURS, mode="sync")
+    raw = yaml.safe_load(path.read_text())
+    raw["data"]["dataset"]["executor"].update(workers=4, lookahead_splits=4)
+    raw["runtime"] = {
+        "backend": "ray",
+        "roles": {"data_executor": {"count": 1, "min": 1, "max": 3, "cpus": 0.25}},
+        "scaling": {"enabled": True, "interval_s": 0.5},
+    }
+    path.write_text(yaml.safe_dump(raw))
+    result = RayRuntime().run(load_job(path), progress=False)
+    assert_every_row_once(path, written, HOURS)
+    folder = tmp_path / "out"
+    timeline = json.loads((folder / "scaling.json").read_text())
+    assert timeline["policy"] == "estuary" and timeline["snapshots"]
+    assert timeline["snapshots"][0]["executors"] == 1
+    assert all(1 <= s["executors"] <= 3 for s in timeline["snapshots"])
+    assert all(d["trigger"] and "metrics" in d for d in timeline["decisions"])
+    assert timeline["reversed_actions"] == 0
+    assert (folder / "scaling.png").stat().st_size > 0
+    resizes = result.extra.get("data_executor_resizes", [])
+    applied = [d for d in timeline["decisions"] if d["applied"]]
+    assert [r["to"] for r in resizes] == [d["new"] for d in applied]

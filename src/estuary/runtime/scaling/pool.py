@@ -112,6 +112,7 @@ class PoolScaling:
 
     def wrap(self, steps: Iterator[_T], rows_of: Callable[[_T], int]) -> Iterator[_T]:
         """``steps``, timed; the manager runs while they last."""
+        self._last = (*self.wait.read(), *self.pool.clock.read())  # the first interval's start
         self.controller.start()
         try:
             for step in self.wait.wrap(steps):
