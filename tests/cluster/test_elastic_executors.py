@@ -113,3 +113,47 @@ def test_a_ray_job_with_scaling_on_trains_every_row_once_and_logs_its_timeline(
     resizes = result.extra.get("data_executor_resizes", [])
     applied = [d for d in timeline["decisions"] if d["applied"]]
     assert [r["to"] for r in resizes] == [d["new"] for d in applied]
+
+
+def test_on_ray_the_manager_caps_a_growing_ps_shard_before_its_budget(
+    ray_instance: Any, tmp_path: Path
+) -> None:
+    """Every row brings a new id, so each PS shard's table grows all run long
+    (~2 MiB each unbounded, measured in-process). With a 1 MiB budget per shard
+    and the manager on, the driver caps the shards' rows on the forecast: no
+    snapshot of a shard's memory is over the budget, and the final tables hold
+    fewer ids than the run saw (the cap evicted cold rows)."""
+    from estuary.runtime.ray import RayRuntime
+
+    from ..graph.conftest import hour_dir
+
+    hours, rows = 8, 6000
+    for hour in range(hours):
+        folder = hour_dir(tmp_path, hour)
+        folder.mkdir(parents=True)
+        lines = [
+            f"{i % 2}\t{i % 9}\t{i % 4}\t{hour * rows + i:06x}\t{i % 7:04x}" for i in range(rows)
+        ]
+        (folder / "part-00000.tsv").write_text("\n".join(lines) + "\n")
+        (folder / "_SUCCESS").write_text("")
+    path = write_job(tmp_path, hours, mode="sync")
+    raw = yaml.safe_load(path.read_text())
+    raw["train"]["batch_size"] = 256
+    raw["output"]["checkpoint_every_steps"] = None
+    raw["model"]["embedding"]["default"]["eviction"] = {"capacity_rows": 10**7}
+    raw["runtime"] = {
+        "backend": "ray",
+        "roles": {"ps": {"count": 2, "memory_mb": 1}},
+        "scaling": {"enabled": True, "interval_s": 0.5, "memory_horizon_s": 10},
+    }
+    path.write_text(yaml.safe_dump(raw))
+    RayRuntime().run(load_job(path), progress=False)
+    timeline = json.loads((tmp_path / "out" / "scaling_ps.json").read_text())
+    budget = 2**20
+    memory = [sh["memory_bytes"] for s in timeline["snapshots"] for sh in s["shards"]]
+    assert memory and max(memory) <= budget, max(memory)
+    caps = [d for d in timeline["decisions"] if d["knob"].startswith("shard_rows") and d["applied"]]
+    assert caps and all(d["metrics"]["memory_bytes"] < budget for d in caps)
+    final = timeline["snapshots"][-1]["shards"]
+    assert sum(sh["rows"] for sh in final) < hours * rows
+    assert timeline["reversed_actions"] == 0

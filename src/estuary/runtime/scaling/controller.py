@@ -50,6 +50,7 @@ class Controller:
         hold_intervals: see ``Hysteresis``.
         out: folder for ``scaling.json`` and ``scaling.png`` at ``close``; ``None``: none.
         clock: seconds, monotonic (tests pass a simulated one).
+        name: the timeline's file names (``NAME.json``, ``NAME.png``).
     """
 
     def __init__(
@@ -62,7 +63,9 @@ class Controller:
         hold_intervals: int = 2,
         out: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        name: str = "scaling",
     ) -> None:
+        self.name = name
         self.clock = clock
         self.policy = policy
         self.sample = sample
@@ -119,5 +122,5 @@ class Controller:
         if self._thread is not None:
             self._thread.join(timeout=self.interval_s + 10)
         if self.out is not None:
-            self.timeline.write(self.out)
+            self.timeline.write(self.out, self.name)
         return self.timeline

@@ -100,29 +100,32 @@ class Snapshot:
 
 class WaitClock:
     """Time a consumer spends waiting for the next item of an iterator, and the
-    rows it took (thread-safe reads; one consumer)."""
+    rows it took (one consumer; ``read`` from any thread). A wait in progress
+    counts up to the moment it is read, so an interval spent wholly waiting
+    reads as waiting."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waited = 0.0
         self._rows = 0
+        self._since: float | None = None  # a wait in progress: since (or last read)
         self._started = time.monotonic()
 
     def wrap(self, items: Iterator[_T]) -> Iterator[_T]:
         """``items``, timing each ``next`` (rows are counted by ``add_rows``)."""
         while True:
-            began = time.monotonic()
+            with self._lock:
+                self._since = time.monotonic()
             try:
                 item = next(items)
             except StopIteration:
                 return
             finally:
-                self.add_wait(time.monotonic() - began)
+                with self._lock:
+                    if self._since is not None:
+                        self._waited += time.monotonic() - self._since
+                    self._since = None
             yield item
-
-    def add_wait(self, seconds: float) -> None:
-        with self._lock:
-            self._waited += seconds
 
     def add_rows(self, rows: int) -> None:
         with self._lock:
@@ -131,7 +134,11 @@ class WaitClock:
     def read(self) -> tuple[float, float, int]:
         """(seconds since start, seconds waited, rows): cumulative."""
         with self._lock:
-            return time.monotonic() - self._started, self._waited, self._rows
+            now = time.monotonic()
+            if self._since is not None:
+                self._waited += now - self._since
+                self._since = now
+            return now - self._started, self._waited, self._rows
 
 
 class BusyClock:
