@@ -96,7 +96,13 @@ def test_dlrover_rules_grow_by_ps_cpu_headroom_at_most_twice_and_double_memory_o
     ],
 )
 def test_scaling_config_errors_name_the_field(key: str, value: object, path: str) -> None:
-    raw = {"data": DATA, "runtime": {"scaling": {"enabled": True, key: value}}}
+    raw = {"data": DATA, "runtime": {"backend": "ray", "scaling": {"enabled": True, key: value}}}
     with pytest.raises(ConfigError) as err:
         job_from_dict(raw)
     assert path in str(err.value)
+
+
+def test_scaling_needs_the_ray_runtime() -> None:
+    with pytest.raises(ConfigError) as err:
+        job_from_dict({"data": DATA, "runtime": {"scaling": {"enabled": True}}})
+    assert "runtime.scaling.enabled" in str(err.value) and "ray" in str(err.value)

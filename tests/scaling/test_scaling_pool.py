@@ -49,7 +49,7 @@ def test_steps_pass_through_untouched_when_scaling_is_off() -> None:
     job = job_from_dict({"data": DATA})
     steps = iter([1, 2, 3])
     assert scaled_steps(job, StandInPool(), steps, lambda s: s) is steps
-    on = job_from_dict({"data": DATA, "runtime": {"scaling": {"enabled": True}}})
+    on = job_from_dict({"data": DATA, "runtime": {"backend": "ray", "scaling": {"enabled": True}}})
     plain = iter([1, 2])
     assert scaled_steps(on, object(), plain, lambda s: s) is plain  # not a resizable pool
 

@@ -425,6 +425,12 @@ class RuntimeSpec:
             raise ConfigError(f"{path}.max_restarts", "must be >= 0")
         if self.data_executors < 0:
             raise ConfigError(f"{path}.data_executors", "must be >= 0")
+        if self.scaling.enabled and self.backend != "ray":
+            raise ConfigError(
+                f"{path}.scaling.enabled",
+                f"needs runtime.backend: ray (got {self.backend!r}): the scaling manager "
+                "resizes Ray data executors and PS shards",
+            )
         # Ray-only roles; their errors also name the runtime.roles key that sets them.
         if self.embedding_workers and self.backend != "ray":
             raise ConfigError(
