@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import queue
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +38,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from estuary.config.spec import RoleResources
 from estuary.data.errors import DataError
+from estuary.data.graph.executor_actor import DataExecutorActor
 from estuary.data.graph.executors import SplitReader
-from estuary.data.graph.routing import BlockRows, RemoteBlock
 from estuary.runtime.scaling.metrics import BusyClock
 
 __all__ = ["DataExecutorActor", "DataExecutorLost", "RayExecutorPool", "RayExecutors"]
@@ -49,22 +47,6 @@ __all__ = ["DataExecutorActor", "DataExecutorLost", "RayExecutorPool", "RayExecu
 
 class DataExecutorLost(DataError):
     """A data executor died more often than ``runtime.max_restarts`` allows."""
-
-
-@ray.remote
-class DataExecutorActor:
-    """Reads whole splits (``read_split_whole``) for a remote driver."""
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def read(self, reader: SplitReader) -> Iterator[Any]:
-        """A streaming generator: per block its ``BlockRows`` then its
-        ``RemoteBlock`` (payload ``None``), then ``(good rows, last row)``."""
-        for block in reader.blocks():
-            yield BlockRows.of(block)
-            yield RemoteBlock.of(block, None)
-        yield reader.good_rows, reader.last_row
 
 
 @dataclass(frozen=True)
