@@ -49,22 +49,26 @@ def test_executors_added_and_removed_mid_run_train_every_row_exactly_once(
     )
     pool = spec()
     driver = Driver(job.data, job.base_dir, batch_size=16, pool=pool, seed=3)
-    # batch -> (what happens, executors after): grow, more threads, shrink, grow.
-    schedule = {3: ("resize", 3), 12: ("threads", 2), 25: ("resize", 1), 40: ("resize", 2)}
-    seen = []
+    # batch -> what happens: grow, more threads, shrink; then, once the retired
+    # executors have stopped (their splits in flight handed on), grow again.
+    schedule = {3: ("resize", 3), 12: ("threads", 2), 25: ("resize", 1)}
+    seen, regrown = [], False
     try:
         for i, batch in enumerate(driver.batches()):
             driver.progress.record(batch.row_ids)
             if i in schedule:
                 what, n = schedule[i]
                 pool.resize(n) if what == "resize" else pool.set_threads(n)
-            seen.append((pool.count, pool.running))
+            elif i > 25 and not regrown and pool.running == 1:
+                pool.resize(2)
+                regrown = True
+            seen.append((i, pool.count, pool.running))
     finally:
         driver.close()
         remove_placement_group(group)
     assert len(seen) > 40  # every change happened mid-run
-    # Retired executors stop once their split in flight is handed on.
-    assert (1, 1) in seen[26:40] and seen[-1] == (2, 2)
+    # Retired executors stopped once their splits in flight were handed on.
+    assert regrown and seen[-1][1:] == (2, 2)
     assert [r["to"] for r in pool.summary()["data_executor_resizes"]] == [3, 1, 2]
     assert pool.summary()["data_executor_restarts"] == 0
     progress = driver.progress

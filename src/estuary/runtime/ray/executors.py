@@ -25,9 +25,9 @@ an error naming the executor and its cause.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
-import queue
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -42,11 +42,15 @@ from estuary.data.graph.executor_actor import DataExecutorActor
 from estuary.data.graph.executors import SplitReader
 from estuary.runtime.scaling.metrics import BusyClock
 
-__all__ = ["DataExecutorActor", "DataExecutorLost", "RayExecutorPool", "RayExecutors"]
+__all__ = ["DataExecutorActor", "DataExecutorLost", "PoolClosed", "RayExecutorPool", "RayExecutors"]
 
 
 class DataExecutorLost(DataError):
     """A data executor died more often than ``runtime.max_restarts`` allows."""
+
+
+class PoolClosed(DataError):
+    """The pool was closed while a read waited for (or ran on) an executor."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,12 @@ class RayExecutorPool:
         self.threads = 1
         self.clock = BusyClock()
         self._lock = threading.Lock()
-        self._idle: queue.Queue[int] = queue.Queue()  # one entry per free read slot
+        # Free read slots (one entry per slot), handed out oldest request first:
+        # the driver asks in plan order, and its batches wait for the oldest split.
+        self._free: collections.deque[int] = collections.deque()
+        self._turns: collections.deque[object] = collections.deque()  # waiting requests
+        self._freed = threading.Condition(self._lock)
+        self._closed = False
         self._inflight: dict[int, int] = {}
         self._retired: set[int] = set()
         self._excess: dict[int, int] = {}  # slots to drop per executor (threads lowered)
@@ -109,8 +118,9 @@ class RayExecutorPool:
         self._next = 0
         self.restarts: list[dict[str, Any]] = []
         self.resizes: list[dict[str, Any]] = []
-        for _ in range(spec.count):
-            self._add()
+        with self._lock:
+            for _ in range(spec.count):
+                self._add()
         self.clock.set_slots(len(self.actors))
 
     @property
@@ -145,9 +155,10 @@ class RayExecutorPool:
         self._starting.add(executor)
         threading.Thread(target=self._open_when_up, args=(executor, handle), daemon=True).start()
 
-    def _open(self, executor: int) -> None:
-        for _ in range(self.threads):
-            self._idle.put(executor)
+    def _open(self, executor: int, slots: int | None = None) -> None:
+        """Free ``slots`` (default: ``threads``) read slots of ``executor``; lock held."""
+        self._free.extend([executor] * (self.threads if slots is None else slots))
+        self._freed.notify_all()
 
     def _open_when_up(self, executor: int, handle: Any) -> None:
         # Blocking wait: the executor's process starts. If it died, its first
@@ -200,21 +211,26 @@ class RayExecutorPool:
         with self._lock:
             for executor in self.actors:
                 if threads > self.threads:
-                    for _ in range(threads - self.threads):
-                        self._idle.put(executor)
+                    self._open(executor, threads - self.threads)
                 else:
                     self._excess[executor] = self._excess.get(executor, 0) + self.threads - threads
             self.threads = threads
             self.clock.set_slots(len(self.actors) * threads)
 
     def _take(self) -> int:
-        """An idle slot of a live executor (``Blocking wait``: until one frees)."""
+        """A free slot of a live executor, oldest request first (``Blocking
+        wait``: until one frees and every older request has one)."""
+        turn = object()
         with self._lock:
+            self._turns.append(turn)
             self.clock.waiting += 1
-        try:
-            while True:
-                executor = self._idle.get()  # Blocking wait: an idle executor
-                with self._lock:
+            try:
+                while True:
+                    while not (self._closed or (self._free and self._turns[0] is turn)):
+                        self._freed.wait()  # Blocking wait: a free slot, our turn
+                    if self._closed:
+                        raise PoolClosed("the data executor pool was closed")
+                    executor = self._free.popleft()
                     if executor in self._retired:
                         continue  # a retired executor's slot: dropped
                     if self._excess.get(executor, 0) > 0:
@@ -222,9 +238,10 @@ class RayExecutorPool:
                         continue
                     self._inflight[executor] += 1
                     return executor
-        finally:
-            with self._lock:
+            finally:
+                self._turns.remove(turn)
                 self.clock.waiting -= 1
+                self._freed.notify_all()  # the next request's turn
 
     def _give_back(self, executor: int) -> None:
         with self._lock:
@@ -233,7 +250,7 @@ class RayExecutorPool:
                 if self._inflight[executor] == 0:
                     self._stop(executor)
                 return
-        self._idle.put(executor)
+            self._open(executor, 1)
 
     def _stop(self, executor: int) -> None:
         handle = self._handles.pop(executor, None)
@@ -272,6 +289,8 @@ class RayExecutorPool:
 
     def _replace(self, executor: int, exc: RayActorError, reader: SplitReader) -> None:
         with self._lock:
+            if self._closed:
+                raise PoolClosed("the data executor pool was closed") from exc
             if len(self.restarts) >= self.spec.max_restarts:
                 raise DataExecutorLost(
                     f"data executor {executor} died reading split {reader.split.name} "
@@ -295,7 +314,10 @@ class RayExecutorPool:
         return out
 
     def close(self) -> None:
+        """Stop every executor; reads waiting for one raise ``PoolClosed``."""
         with self._lock:
+            self._closed = True
+            self._freed.notify_all()
             handles = list(self._handles.values())
             self._handles.clear()
         for actor in handles:
