@@ -317,9 +317,10 @@ def main() -> None:
         delay = args.need * ROWS / rate
         print(f"trainer alone: {rate:.0f} rows/s; split delay {delay:.3f} s")
 
-        static = {}
+        static, series = {}, {}
         for n in grid:
             res = Run(job, root, delay, n, args.hidden).go(args.static_s, None, None, None)
+            series[str(n)] = res["rows_per_s_each_second"]
             static[n] = steady(res["rows_per_s_each_second"])
             print(f"static {n} executors: {static[n]:.0f} rows/s")
         best = max(static, key=lambda n: static[n])
@@ -358,6 +359,7 @@ def main() -> None:
                 "executors": best,
                 "rows_per_s": round(oracle, 1),
                 "grid": {str(n): round(v, 1) for n, v in static.items()},
+                "rows_each_second": series,
             },
             "runs": runs,
             "time_to_90pct_s": est["time_to_90pct_s"],

@@ -53,9 +53,17 @@ class Timeline:
 
     def observe(self, interval: int, snapshot: Snapshot) -> None:
         row = {"interval": interval, **snapshot.as_dict()}
+        previous = self.snapshots[-1] if self.snapshots else None
         self.snapshots.append(row)
-        for decision in self._pending:  # the first interval after: the effect
-            decision["effect"] = _effect(decision["before"], row)
+        # The effect: the first interval run wholly at the new size (every
+        # executor up since the interval before it began).
+        settled = not row["executors_starting"] and not (
+            previous is not None and previous["executors_starting"]
+        )
+        if not settled:
+            return
+        for decision in self._pending:
+            decision["effect"] = {"interval": interval, **_effect(decision["before"], row)}
             del decision["before"]
         self._pending = []
 
