@@ -6,6 +6,7 @@ budget; with it off, the same run crosses the budget."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from estuary.config.scaling import ScalingSpec
 from estuary.config.tables import EvictionSpec, TableSpec
@@ -79,3 +80,16 @@ def test_with_the_manager_a_growing_table_stays_under_its_budget() -> None:
     # Each applied decision has its effect measured one interval later.
     assert all("effect" in d for d in caps if d["interval"] < len(controller.history))
     assert controller.timeline.as_dict()["reversed_actions"] == 0
+
+
+def test_cap_rows_needs_a_bounded_table_and_never_raises_the_cap() -> None:
+    unbounded = EmbeddingTable(TableSpec(dim=4), seed=0, name="free")
+    with pytest.raises(ValueError, match=r"eviction\.capacity_rows"):
+        unbounded.cap_rows(10)
+    bounded = EmbeddingTable(
+        TableSpec(dim=4, shards=2, eviction=EvictionSpec(capacity_rows=100)), seed=0, name="b"
+    )
+    assert bounded.cap_rows(40) == 40  # 20 per shard
+    assert bounded.cap_rows(1000) == 40  # a cap only goes down
+    bounded.lookup(np.arange(200, dtype=np.int64), train=True)
+    assert bounded.stats().rows <= 40
