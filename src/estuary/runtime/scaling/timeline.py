@@ -117,6 +117,8 @@ class Timeline:
         import matplotlib.pyplot as plt
 
         t = [s["t"] for s in self.snapshots]
+        shards = {sh["shard"] for s in self.snapshots for sh in s["shards"]}
+        executors = any(s["executors"] for s in self.snapshots)
         fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
         axes[0].plot(t, [s["rows_per_s"] for s in self.snapshots], label="rows/s")
         axes[0].set_ylabel("rows/s")
@@ -126,8 +128,7 @@ class Timeline:
             twin = axes[1].twinx()
             twin.plot(t, [w if w is not None else float("nan") for w in waits], "r:")
             twin.set_ylabel("trainer wait", color="r")
-        axes[1].set_ylabel("executors")
-        shards = {sh["shard"] for s in self.snapshots for sh in s["shards"]}
+        axes[1].set_ylabel("executors" if executors else "executors (none here)")
         for p in sorted(shards):
             mem = [
                 next((sh["memory_bytes"] / 2**20 for sh in s["shards"] if sh["shard"] == p), 0.0)
@@ -138,7 +139,7 @@ class Timeline:
             budget = next((b for b in budgets if b), None)
             if budget and p == min(shards):
                 axes[2].axhline(budget / 2**20, color="k", linestyle="--", linewidth=0.8)
-        axes[2].set_ylabel("PS memory (MiB)")
+        axes[2].set_ylabel("PS memory (MiB)" if shards else "PS memory (none here)")
         axes[2].set_xlabel("seconds")
         for d in self.decisions:
             if d["applied"]:
