@@ -21,6 +21,7 @@ from estuary.config.errors import ConfigError
 from estuary.config.features import FeatureSpec
 from estuary.config.mixed_buffer import MixedBufferSpec
 from estuary.config.roles import ROLES, RolePlan, RolesSpec, normalise_roles
+from estuary.config.scaling import ScalingSpec
 from estuary.config.tables import (
     AdmissionSpec,
     DiskSpec,
@@ -407,6 +408,7 @@ class RuntimeSpec:
         roles: every role's count (or ``min``/``max``), CPUs, memory and GPUs in
             one place, for every runtime and renderer (``estuary.config.roles``);
             resolved at load into the keys above, which a job may still set.
+        scaling: the scaling manager (``estuary.config.scaling``); off by default.
     """
 
     backend: str = "local"
@@ -417,6 +419,7 @@ class RuntimeSpec:
     max_restarts: int = 0
     ray: RaySpec = field(default_factory=RaySpec)
     roles: RolesSpec = field(default_factory=RolesSpec)
+    scaling: ScalingSpec = field(default_factory=ScalingSpec)
 
     @classmethod
     def normalise(cls, data: Mapping[str, Any], path: str) -> dict[str, Any]:
@@ -434,6 +437,12 @@ class RuntimeSpec:
             raise ConfigError(f"{path}.max_restarts", "must be >= 0")
         if self.data_executors < 0:
             raise ConfigError(f"{path}.data_executors", "must be >= 0")
+        if self.scaling.enabled and self.backend != "ray":
+            raise ConfigError(
+                f"{path}.scaling.enabled",
+                f"needs runtime.backend: ray (got {self.backend!r}): the scaling manager "
+                "resizes Ray data executors and PS shards",
+            )
         # Ray-only roles; their errors also name the runtime.roles key that sets them.
         if self.embedding_workers and self.backend != "ray":
             raise ConfigError(

@@ -512,6 +512,29 @@ class EmbeddingShard:
                 on_disk = gone.size
             return int(np.count_nonzero(held)) + on_disk
 
+    def cap_rows(self, rows: int) -> int:
+        """Lower this shard's row capacity to ``rows`` while it runs (the scaling
+        manager, ``estuary.runtime.scaling``): the next admissions evict down to
+        it (by the table's policy) and its arrays stop growing there. Needs
+        ``eviction.capacity_rows`` (reads stamped); never raises the capacity.
+        Returns the capacity now."""
+        with self._lock:
+            cap = self._policy.capacity_rows
+            if cap is None:
+                raise ValueError(
+                    f"table {self.name!r}: cap_rows needs eviction.capacity_rows set "
+                    "(recency is only kept for a bounded table)"
+                )
+            cap = max(1, min(cap, rows))
+            self._policy.capacity_rows = cap
+            self._storage.max_rows = cap + 1
+            return cap
+
+    @property
+    def capacity_rows(self) -> int | None:
+        """Most rows this shard holds; ``None``: unbounded."""
+        return self._policy.capacity_rows
+
     def stats(self) -> TableStats:
         """Counters since construction (``load_state_dict`` keeps them)."""
         with self._lock:

@@ -169,6 +169,18 @@ class EmbeddingTable:
             for k, shard in enumerate(self.shards)
         )
 
+    def cap_rows(self, rows: int) -> int:
+        """Lower the table's row capacity to ``rows`` (split evenly over its
+        shards; see ``EmbeddingShard.cap_rows``); returns the capacity now."""
+        each = -(-rows // len(self.shards))
+        return sum(shard.cap_rows(each) for shard in self.shards)
+
+    @property
+    def capacity_rows(self) -> int | None:
+        """Most rows the table holds (its shards' sum); ``None``: unbounded."""
+        caps = [shard.capacity_rows for shard in self.shards]
+        return None if any(c is None for c in caps) else sum(c for c in caps if c is not None)
+
     def stats(self) -> TableStats:
         """Counters summed over shards."""
         total = TableStats()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -52,6 +52,8 @@ __all__ = [
     "rank_rows",
     "stream_batches",
 ]
+
+_S = TypeVar("_S")
 
 
 @dataclass(frozen=True)
@@ -330,7 +332,9 @@ class GraphFeed:
         )
         self.driver = None
         self.mixed = self._mixed_source(job, rank, world_size, part_routes is not None)
+        pool = None
         if rank == 0:  # the only reader and planner; a step is W x B rows
+            pool = None if split_pool is None else split_pool()
             self.driver = Driver(
                 job.data,
                 job.base_dir,
@@ -339,7 +343,7 @@ class GraphFeed:
                 hash_names=dict(plan.shared),
                 progress=self.progress,
                 should_stop=should_stop,  # while idle: end the batches there
-                pool=None if split_pool is None else split_pool(),
+                pool=pool,
             )
         self.scatter: BatchScatter | RoutedBatches
         if part_routes is not None:
@@ -352,7 +356,11 @@ class GraphFeed:
                 world_size=world_size,
                 assembler=assembler,
                 routes=part_routes,
-                source=self.driver.steps(world_size) if self.driver is not None else None,
+                source=(
+                    _scaled(job, pool, self.driver.steps(world_size), lambda s: s.rows)
+                    if self.driver is not None
+                    else None
+                ),
             )
             return
         source = self.driver.batches() if self.driver is not None else None
@@ -363,7 +371,9 @@ class GraphFeed:
             world_size=world_size,
             features=list(plan.features),
             num_dense=num_dense,
-            source=source,
+            source=(
+                _scaled(job, pool, source, lambda b: b.num_rows) if source is not None else None
+            ),
             group=group,
         )
 
@@ -504,3 +514,15 @@ def feed_for(
         split_pool=split_pool,
         part_routes=part_routes,
     )
+
+
+def _scaled(
+    job: JobSpec, pool: Any, steps: Iterator[_S], rows_of: Callable[[_S], int]
+) -> Iterator[_S]:
+    """Rank 0's steps under the scaling manager (``runtime.scaling``), if on."""
+    if not job.runtime.scaling.enabled:
+        return steps
+    # Imported here: estuary.runtime imports estuary.train.
+    from estuary.runtime.scaling.pool import scaled_steps
+
+    return scaled_steps(job, pool, steps, rows_of)

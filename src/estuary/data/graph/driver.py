@@ -207,14 +207,14 @@ class Driver:
     def close(self) -> None:
         """Stop every thread (and the split pool); idempotent."""
         self._stop.set()
+        if self._pool is not None:
+            self._pool.close()  # first: wakes the threads waiting on it
         for thread in self._threads:
             thread.join(timeout=10)
         for op in self.operators:
             close = getattr(op, "close", None)  # stream sources hold a connection
             if close is not None:
                 close()
-        if self._pool is not None:
-            self._pool.close()
 
     # -- threads -----------------------------------------------------------------------
 
@@ -339,6 +339,8 @@ class Driver:
             except _Stopped:
                 raise
             except BaseException as exc:
+                if self._stop.is_set():
+                    raise _Stopped from None  # closing: the pool's error says nothing
                 decision = self.policy.decide(attempt, exc)
                 if not decision.retry:
                     self._set_state(task, TaskState.FAILED)

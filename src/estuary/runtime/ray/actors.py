@@ -60,6 +60,25 @@ class ServerActor:
         """One request of the actor data plane (``ActorPSClient``)."""
         return self.server.handle(header, arrays)
 
+    def table_stats(self) -> dict[str, tuple[int, int, int, int | None]]:
+        """Per hosted table: (rows, memory bytes, ids looked up, row cap or
+        ``None``), for the scaling manager (``estuary.runtime.ray.scaling``)."""
+        out = {}
+        for name, table in self.server.tables.items():
+            stats = table.stats()
+            out[name] = (stats.rows, stats.bytes, stats.lookups, table.capacity_rows)
+        return out
+
+    def cap_rows(self, rows: int) -> int:
+        """Cap this shard's rows at ``rows`` over its tables, each its share by
+        the rows it holds now (``EmbeddingTable.cap_rows``); returns the cap now."""
+        tables = self.server.tables
+        held = {name: max(1, t.stats().rows) for name, t in tables.items()}
+        total = sum(held.values())
+        return sum(
+            table.cap_rows(max(1, rows * held[name] // total)) for name, table in tables.items()
+        )
+
     def serve(self) -> None:
         """Return when the server stops (shutdown or a crash)."""
         self._done.wait()

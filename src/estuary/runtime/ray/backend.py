@@ -21,6 +21,7 @@ from estuary.runtime.ray.cluster import Placement, PlacementError, connect, plac
 from estuary.runtime.ray.delivery import RayPartRoutes
 from estuary.runtime.ray.embedding_workers import EmbeddingWorkerActor
 from estuary.runtime.ray.executors import RayExecutors
+from estuary.runtime.ray.scaling import ps_memory_manager
 from estuary.runtime.recovery import DistributedError, supervise
 from estuary.runtime.types import (
     FailurePolicy,
@@ -176,7 +177,12 @@ class RayRuntime:
             watches = {s.serve.remote(): p for p, s in enumerate(servers)}
             self.roles.update({key: RoleState.RUNNING for key in self.roles})
             running()
-            return self._watch(runs, watches, trainers, policy)
+            memory = ps_memory_manager(job, servers)  # runtime.scaling: PS memory
+            try:
+                return self._watch(runs, watches, trainers, policy)
+            finally:
+                if memory is not None:
+                    memory.close()
         finally:
             kill_all([*trainers, *servers, *self._extra_actors])
             self._extra_actors = []
@@ -194,6 +200,9 @@ class RayRuntime:
             max_restarts=job.runtime.max_restarts,
             name=f"estuary-data-{self._run_id}-{self._attempts}",
             direct=job.runtime.ray.data_delivery == "direct",
+            max_threads=(
+                job.runtime.scaling.max_executor_threads if job.runtime.scaling.enabled else 1
+            ),
         )
 
     def _embedding_workers(

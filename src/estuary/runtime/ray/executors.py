@@ -25,11 +25,10 @@ an error naming the executor and its cause.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
-import os
-import queue
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,30 +38,19 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from estuary.config.spec import RoleResources
 from estuary.data.errors import DataError
+from estuary.data.graph.executor_actor import DataExecutorActor
 from estuary.data.graph.executors import SplitReader
-from estuary.data.graph.routing import BlockRows, RemoteBlock
+from estuary.runtime.scaling.metrics import BusyClock
 
-__all__ = ["DataExecutorActor", "DataExecutorLost", "RayExecutorPool", "RayExecutors"]
+__all__ = ["DataExecutorActor", "DataExecutorLost", "PoolClosed", "RayExecutorPool", "RayExecutors"]
 
 
 class DataExecutorLost(DataError):
     """A data executor died more often than ``runtime.max_restarts`` allows."""
 
 
-@ray.remote
-class DataExecutorActor:
-    """Reads whole splits (``read_split_whole``) for a remote driver."""
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def read(self, reader: SplitReader) -> Iterator[Any]:
-        """A streaming generator: per block its ``BlockRows`` then its
-        ``RemoteBlock`` (payload ``None``), then ``(good rows, last row)``."""
-        for block in reader.blocks():
-            yield BlockRows.of(block)
-            yield RemoteBlock.of(block, None)
-        yield reader.good_rows, reader.last_row
+class PoolClosed(DataError):
+    """The pool was closed while a read waited for (or ran on) an executor."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +67,7 @@ class RayExecutors:
         name: prefix of the executors' actor names (``NAME-e``).
         direct: the pool hands on ``RemoteBlock``s (direct delivery); else
             rank 0 fetches the rows and hands on ``Block``s.
+        max_threads: most concurrent reads per executor (vertical scaling).
     """
 
     count: int
@@ -89,21 +78,98 @@ class RayExecutors:
     name: str
     direct: bool = True
 
+    max_threads: int = 1
+
     def __call__(self) -> RayExecutorPool:
-        return RayExecutorPool(self)
+        return RayExecutorPool(self, max_threads=self.max_threads)
 
 
 class RayExecutorPool:
-    """E data executor actors behind the driver's ``SplitPool`` interface."""
+    """E data executor actors behind the driver's ``SplitPool`` interface.
 
-    def __init__(self, spec: RayExecutors) -> None:
+    Resizable while it runs (the scaling manager, ``estuary.runtime.scaling``):
+    ``resize(n)`` starts executors at once (in the placement group's bundles
+    while there are some, then beside it) or retires the newest ones: a retired
+    executor takes no new split and is stopped once its split in flight is
+    handed on whole, so no split is lost or read twice. ``set_threads(t)`` lets
+    each executor read ``t`` splits at once (its actor takes ``max_threads``
+    concurrent calls). ``clock`` measures the executors' busy time and the
+    readers waiting for one (``metrics``).
+    """
+
+    def __init__(self, spec: RayExecutors, *, max_threads: int = 1) -> None:
         self.spec = spec
-        self.actors = [self._start(e) for e in range(spec.count)]
-        self._idle: queue.Queue[int] = queue.Queue()
-        for e in range(spec.count):
-            self._idle.put(e)
+        self.max_threads = max_threads
+        self.threads = 1
+        self.clock = BusyClock()
         self._lock = threading.Lock()
+        # Free read slots (one entry per slot), handed out oldest request first:
+        # the driver asks in plan order, and its batches wait for the oldest split.
+        self._free: collections.deque[int] = collections.deque()
+        self._turns: collections.deque[object] = collections.deque()  # waiting requests
+        self._freed = threading.Condition(self._lock)
+        self._closed = False
+        self._inflight: dict[int, int] = {}
+        self._retired: set[int] = set()
+        self._excess: dict[int, int] = {}  # slots to drop per executor (threads lowered)
+        self._starting: set[int] = set()  # added, process not up yet
+        self._handles: dict[int, Any] = {}  # every executor started and not stopped
+        self.actors: dict[int, Any] = {}  # those taking splits
+        self._next = 0
         self.restarts: list[dict[str, Any]] = []
+        self.resizes: list[dict[str, Any]] = []
+        with self._lock:
+            for _ in range(spec.count):
+                self._add()
+        self.clock.set_slots(len(self.actors))
+
+    @property
+    def count(self) -> int:
+        """Executors taking splits now."""
+        with self._lock:
+            return len(self.actors)
+
+    @property
+    def running(self) -> int:
+        """Executor processes running now (retired ones with a split in flight too)."""
+        with self._lock:
+            return len(self._handles)
+
+    @property
+    def starting(self) -> int:
+        """Executors added by ``resize`` that are not up yet (they take no split)."""
+        with self._lock:
+            return len(self._starting)
+
+    def _add(self, *, when_up: bool = False) -> None:
+        """Start an executor; its read slots open at once, or (``when_up``) once
+        its process is up, so no split waits behind an executor's start."""
+        executor = self._next
+        self._next += 1
+        handle = self._start(executor)
+        self._handles[executor] = self.actors[executor] = handle
+        self._inflight[executor] = 0
+        if not when_up:
+            self._open(executor)
+            return
+        self._starting.add(executor)
+        threading.Thread(target=self._open_when_up, args=(executor, handle), daemon=True).start()
+
+    def _open(self, executor: int, slots: int | None = None) -> None:
+        """Free ``slots`` (default: ``threads``) read slots of ``executor``; lock held."""
+        self._free.extend([executor] * (self.threads if slots is None else slots))
+        self._freed.notify_all()
+
+    def _open_when_up(self, executor: int, handle: Any) -> None:
+        # Blocking wait: the executor's process starts. If it died, its first
+        # read finds it dead and replaces it.
+        with contextlib.suppress(RayActorError):
+            ray.get(handle.pid.remote())
+        with self._lock:
+            self._starting.discard(executor)
+            if executor in self._retired or executor not in self.actors:
+                return
+            self._open(executor)
 
     def _start(self, executor: int) -> Any:
         res = self.spec.resources
@@ -111,22 +177,94 @@ class RayExecutorPool:
             "num_cpus": res.cpus,
             "num_gpus": res.gpus,
             "name": f"{self.spec.name}-{executor}",
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            "max_concurrency": self.max_threads,
+        }
+        if executor < self.spec.count:  # its bundle of the placement group
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=self.spec.group,
                 placement_group_bundle_index=self.spec.first_bundle + executor,
-            ),
-        }
+            )
         if res.memory_mb is not None:
             options["memory"] = res.memory_mb * 2**20
         return DataExecutorActor.options(**options).remote()  # type: ignore[attr-defined]
 
+    def resize(self, count: int) -> None:
+        """``count`` executors from now on (>= 1; see the class docstring)."""
+        if count < 1:
+            raise ValueError(f"a data executor pool needs >= 1 executor, got {count}")
+        with self._lock:
+            before = len(self.actors)
+            while len(self.actors) < count:
+                self._add(when_up=True)
+            for executor in sorted(self.actors, reverse=True)[: max(0, len(self.actors) - count)]:
+                self._retired.add(executor)
+                del self.actors[executor]
+                if self._inflight.get(executor, 0) == 0:
+                    self._stop(executor)
+            self.resizes.append({"from": before, "to": count})
+            self.clock.set_slots(len(self.actors) * self.threads)
+
+    def set_threads(self, threads: int) -> None:
+        """Concurrent reads per executor, 1 .. ``max_threads``."""
+        if not 1 <= threads <= self.max_threads:
+            raise ValueError(f"executor threads must be in 1..{self.max_threads}, got {threads}")
+        with self._lock:
+            for executor in self.actors:
+                if threads > self.threads:
+                    self._open(executor, threads - self.threads)
+                else:
+                    self._excess[executor] = self._excess.get(executor, 0) + self.threads - threads
+            self.threads = threads
+            self.clock.set_slots(len(self.actors) * threads)
+
+    def _take(self) -> int:
+        """A free slot of a live executor, oldest request first (``Blocking
+        wait``: until one frees and every older request has one)."""
+        turn = object()
+        with self._lock:
+            self._turns.append(turn)
+            self.clock.waiting += 1
+            try:
+                while True:
+                    while not (self._closed or (self._free and self._turns[0] is turn)):
+                        self._freed.wait()  # Blocking wait: a free slot, our turn
+                    if self._closed:
+                        raise PoolClosed("the data executor pool was closed")
+                    executor = self._free.popleft()
+                    if executor in self._retired:
+                        continue  # a retired executor's slot: dropped
+                    if self._excess.get(executor, 0) > 0:
+                        self._excess[executor] -= 1
+                        continue
+                    self._inflight[executor] += 1
+                    return executor
+            finally:
+                self._turns.remove(turn)
+                self.clock.waiting -= 1
+                self._freed.notify_all()  # the next request's turn
+
+    def _give_back(self, executor: int) -> None:
+        with self._lock:
+            self._inflight[executor] -= 1
+            if executor in self._retired:
+                if self._inflight[executor] == 0:
+                    self._stop(executor)
+                return
+            self._open(executor, 1)
+
+    def _stop(self, executor: int) -> None:
+        handle = self._handles.pop(executor, None)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)
+
     def read(self, reader: SplitReader) -> tuple[list[Any], int, int]:
         """The split's ``RemoteBlock``s (payloads: object-store references, not
         fetched here; ``Block``s unless ``direct``), its good rows and last row."""
-        executor = self._idle.get()  # Blocking wait: an idle executor
+        executor = self._take()
+        token = self.clock.start()
         try:
             while True:
-                actor = self.actors[executor]
+                actor = self._handles[executor]
                 try:
                     call = actor.read.options(num_returns="streaming").remote(reader)
                     refs = list(call)  # Blocking wait: the executor reads the whole split.
@@ -146,10 +284,13 @@ class RayExecutorPool:
                 ]
                 return blocks, good, last
         finally:
-            self._idle.put(executor)
+            self.clock.stop(token)
+            self._give_back(executor)
 
     def _replace(self, executor: int, exc: RayActorError, reader: SplitReader) -> None:
         with self._lock:
+            if self._closed:
+                raise PoolClosed("the data executor pool was closed") from exc
             if len(self.restarts) >= self.spec.max_restarts:
                 raise DataExecutorLost(
                     f"data executor {executor} died reading split {reader.split.name} "
@@ -157,18 +298,29 @@ class RayExecutorPool:
                     f"runtime.max_restarts is {self.spec.max_restarts}"
                 ) from exc
             self.restarts.append({"executor": executor, "split": reader.split.name})
-            ray.kill(self.actors[executor], no_restart=True)
-            self.actors[executor] = self._start(executor)
+            ray.kill(self._handles[executor], no_restart=True)
+            self._handles[executor] = self._start(executor)
+            if executor in self.actors:
+                self.actors[executor] = self._handles[executor]
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "data_executors": self.spec.count,
             "data_executor_restarts": len(self.restarts),
             "data_executor_restart_log": list(self.restarts),
         }
+        if self.resizes:
+            out["data_executor_resizes"] = list(self.resizes)
+        return out
 
     def close(self) -> None:
-        for actor in self.actors:
+        """Stop every executor; reads waiting for one raise ``PoolClosed``."""
+        with self._lock:
+            self._closed = True
+            self._freed.notify_all()
+            handles = list(self._handles.values())
+            self._handles.clear()
+        for actor in handles:
             try:
                 ray.kill(actor, no_restart=True)
             except ValueError:  # not an actor handle any more

@@ -1,0 +1,36 @@
+"""The scaling manager (``runtime.scaling``): a pure policy over live metrics
+(``policy``), a controller that applies its decisions while the job runs
+(``controller``), and the log of each decision with its trigger and measured
+effect (``timeline``). Knobs: the Ray data executors, added and removed live
+(``estuary.runtime.ray.executors.RayExecutorPool.resize``), their concurrent
+reads, and a PS shard's row cap (``tables``). See docs/scaling.md.
+"""
+
+from estuary.runtime.scaling.controller import Actuator, Controller
+from estuary.runtime.scaling.metrics import BusyClock, ShardMetrics, Snapshot, WaitClock
+from estuary.runtime.scaling.policy import (
+    Bounds,
+    Decision,
+    DLRoverRules,
+    EstuaryPolicy,
+    Hysteresis,
+    Policy,
+)
+from estuary.runtime.scaling.timeline import Timeline, reversed_actions
+
+__all__ = [
+    "Actuator",
+    "Bounds",
+    "BusyClock",
+    "Controller",
+    "DLRoverRules",
+    "Decision",
+    "EstuaryPolicy",
+    "Hysteresis",
+    "Policy",
+    "ShardMetrics",
+    "Snapshot",
+    "Timeline",
+    "WaitClock",
+    "reversed_actions",
+]

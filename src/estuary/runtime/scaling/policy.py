@@ -1,0 +1,323 @@
+"""Scaling policies: pure functions of the metrics history (``Snapshot``s) that
+return ``Decision``s; the controller applies them (``estuary.runtime.scaling.controller``).
+
+``EstuaryPolicy`` sizes each knob to where the job's time goes, in one move:
+
+- executors (horizontal): the trainer waits for data (``trainer_wait`` above
+  ``wait_high``) while the executors are busy: size them to the trainer's
+  demand. Demand is the rate the trainer would train at if it never waited
+  (``rows_per_s / (1 - wait)``); supply per executor is what one executor
+  delivered while reading (``rows_per_s / (executors x busy)``); the target is
+  ``headroom x demand / supply``, one step. Idle executors (idle fraction above
+  ``idle_high``) with the trainer not waiting: shrink to ``headroom x`` the busy ones.
+- executor threads (vertical): at the executor maximum and still the
+  bottleneck, double the concurrent reads of each executor (up to its maximum).
+- memory: fit each PS shard's rows to a line over the last intervals; when the
+  forecast crosses its budget within ``memory_horizon_s`` (or it is past
+  ``memory_target`` already), cap its rows so it stays at ``memory_target``.
+- hot shard: a shard with ``hot_ratio`` x the mean load is reported.
+
+A knob is decided again only after a whole interval at its current value, with
+every executor up (an interval that held a change or an executor's start-up
+says nothing yet about the new size). ``Hysteresis`` (the controller's) then drops any decision that
+would move a knob back within ``hold_intervals`` intervals.
+
+``DLRoverRules`` re-implements DLRover's public threshold rules as the baseline:
+every re-plan, with PS CPU below its target, grow the workers in proportion to
+the PS CPU headroom (at most x2 a plan); after a shard exceeds its memory
+(DLRover: an OOM), double its memory budget. It never shrinks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from estuary.config.scaling import ScalingSpec
+from estuary.runtime.scaling.metrics import ShardMetrics, Snapshot
+
+__all__ = [
+    "ROW_SLACK",
+    "Bounds",
+    "DLRoverRules",
+    "Decision",
+    "EstuaryPolicy",
+    "Hysteresis",
+    "Policy",
+    "forecast_crossing",
+]
+
+ROW_SLACK = 1.5  # a table's arrays grow by up to 1.5x (hash index) ahead of its rows
+MIN_BUSY = 0.05  # below this the executors' supply rate is not measurable
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the policy may set.
+
+    Args:
+        min_executors: fewest data executors.
+        max_executors: most data executors.
+        max_threads: most concurrent reads per executor (1: no vertical scaling).
+    """
+
+    min_executors: int = 1
+    max_executors: int = 8
+    max_threads: int = 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Set ``knob`` from ``old`` to ``new`` because of ``trigger``.
+
+    Knobs: ``executors``, ``executor_threads``, ``shard_rows:P`` (row cap of
+    shard P), ``shard_memory:P`` (memory budget of shard P), ``hot_shard:P``
+    (report only: ``new`` is the mean load).
+    """
+
+    knob: str
+    old: float
+    new: float
+    trigger: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def direction(self) -> int:
+        return (self.new > self.old) - (self.new < self.old)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "knob": self.knob,
+            "old": self.old,
+            "new": self.new,
+            "trigger": self.trigger,
+            "metrics": {k: round(v, 4) for k, v in self.metrics.items()},
+        }
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, history: Sequence[Snapshot]) -> list[Decision]:
+        """Decisions after the newest snapshot (``history[-1]``)."""
+        ...
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+def _settled(history: Sequence[Snapshot], attr: str) -> bool:
+    """The newest interval ran wholly at the knob's current value."""
+    if len(history) < 2:
+        return True
+    return bool(getattr(history[-1], attr) == getattr(history[-2], attr))
+
+
+def _starting(history: Sequence[Snapshot]) -> bool:
+    """Executors came up during the newest interval (it ran partly without them)."""
+    return len(history) >= 2 and history[-2].executors_starting > 0
+
+
+def forecast_crossing(
+    series: Sequence[tuple[float, int, int]], horizon_s: float, cap_rows: int | None = None
+) -> tuple[float, float]:
+    """(rows per second, bytes forecast ``horizon_s`` ahead) of a shard from its
+    ``(t, rows, bytes)`` series: rows on a least-squares line (never past
+    ``cap_rows``), each new one at the newest bytes per row times ``ROW_SLACK``
+    (arrays grow ahead of their rows)."""
+    _, rows_last, bytes_last = series[-1]
+    if len(series) < 2 or rows_last <= 0:
+        return 0.0, float(bytes_last)
+    ts = [s[0] for s in series]
+    rs = [float(s[1]) for s in series]
+    t_mean, r_mean = sum(ts) / len(ts), sum(rs) / len(rs)
+    var = sum((t - t_mean) ** 2 for t in ts)
+    slope = (
+        sum((t - t_mean) * (r - r_mean) for t, r in zip(ts, rs, strict=True)) / var
+        if var > 0
+        else 0.0
+    )
+    per_row = bytes_last / rows_last
+    new_rows = max(0.0, slope) * horizon_s
+    if cap_rows is not None:
+        new_rows = min(new_rows, max(0, cap_rows - rows_last))
+    ahead = new_rows * per_row * ROW_SLACK
+    return slope, float(bytes_last) + ahead
+
+
+class EstuaryPolicy:
+    """See the module docstring."""
+
+    name = "estuary"
+
+    def __init__(self, spec: ScalingSpec, bounds: Bounds, *, window: int = 4) -> None:
+        self.spec = spec
+        self.bounds = bounds
+        self.window = window  # intervals the memory forecast fits
+
+    def decide(self, history: Sequence[Snapshot]) -> list[Decision]:
+        if not history:
+            return []
+        out = self._executors(history)
+        out += self._memory(history)
+        out += self._hot(history[-1])
+        return out
+
+    def _executors(self, history: Sequence[Snapshot]) -> list[Decision]:
+        s, spec, b = history[-1], self.spec, self.bounds
+        settled = _settled(history, "executors") and _settled(history, "executor_threads")
+        if not settled or s.executors_starting or _starting(history):
+            return []
+        wait = s.trainer_wait
+        # Unmeasured trainer wait: splits queued for a busy pool stand in for it.
+        starved = wait > spec.wait_high if wait is not None else s.queue_depth > 0
+        metrics = {
+            "trainer_wait": -1.0 if wait is None else wait,
+            "executor_busy": s.executor_busy,
+            "rows_per_s": s.rows_per_s,
+            "queue_depth": float(s.queue_depth),
+        }
+        slots = s.executors * s.executor_threads
+        if starved and s.executor_busy > 1.0 - spec.idle_high and s.rows_per_s > 0:
+            if s.executors < b.max_executors:
+                supply = s.rows_per_s / (slots * max(s.executor_busy, MIN_BUSY))
+                demand = s.rows_per_s / max(1.0 - (wait or 0.5), 0.05)
+                need = math.ceil(spec.headroom * demand / supply / s.executor_threads)
+                target = _clamp(max(need, s.executors + 1), b.min_executors, b.max_executors)
+                trigger = "trainer waits for data; executors busy"
+                return [Decision("executors", s.executors, target, trigger, metrics)]
+            if s.executor_threads < b.max_threads:
+                threads = min(b.max_threads, 2 * s.executor_threads)
+                trigger = "executors at max; trainer waits for data"
+                return [Decision("executor_threads", s.executor_threads, threads, trigger, metrics)]
+            return []
+        idle = 1.0 - s.executor_busy
+        calm = wait is None or wait < spec.wait_high / 2
+        if calm and idle > spec.idle_high and s.executors > b.min_executors:
+            need = math.ceil(spec.headroom * s.executors * s.executor_busy)
+            target = _clamp(need, b.min_executors, b.max_executors)
+            if target < s.executors:
+                trigger = "executors idle; trainer not waiting"
+                return [Decision("executors", s.executors, target, trigger, metrics)]
+        return []
+
+    def _memory(self, history: Sequence[Snapshot]) -> list[Decision]:
+        out: list[Decision] = []
+        recent = history[-self.window :]
+        for shard in history[-1].shards:
+            if shard.budget_bytes is None or shard.rows <= 0:
+                continue
+            series = [
+                (s.t, m.rows, m.memory_bytes)
+                for s in recent
+                for m in s.shards
+                if m.shard == shard.shard
+            ]
+            slope, ahead = forecast_crossing(
+                series, self.spec.memory_horizon_s, shard.capacity_rows
+            )
+            target_bytes = self.spec.memory_target * shard.budget_bytes
+            if ahead <= shard.budget_bytes and shard.memory_bytes <= target_bytes:
+                continue
+            per_row = shard.memory_bytes / shard.rows
+            cap = int(target_bytes / (per_row * ROW_SLACK))
+            if shard.capacity_rows is not None and cap >= shard.capacity_rows:
+                continue  # capped at or below this already
+            metrics = {
+                "memory_bytes": float(shard.memory_bytes),
+                "budget_bytes": float(shard.budget_bytes),
+                "forecast_bytes": ahead,
+                "rows_per_s": slope,
+            }
+            old = float(shard.capacity_rows if shard.capacity_rows is not None else shard.rows)
+            trigger = f"memory forecast crosses the budget within {self.spec.memory_horizon_s:g} s"
+            out.append(Decision(f"shard_rows:{shard.shard}", old, cap, trigger, metrics))
+        return out
+
+    def _hot(self, s: Snapshot) -> list[Decision]:
+        return hot_shards(s.shards, self.spec.hot_ratio)
+
+
+def hot_shards(shards: Sequence[ShardMetrics], ratio: float) -> list[Decision]:
+    """``hot_shard:P`` for each shard with ``ratio`` x the mean load or more."""
+    if len(shards) < 2:
+        return []
+    mean = sum(s.load for s in shards) / len(shards)
+    if mean <= 0:
+        return []
+    return [
+        Decision(
+            f"hot_shard:{s.shard}",
+            s.load,
+            mean,
+            f"load {s.load / mean:.1f}x the mean shard load",
+            {"load": s.load, "mean_load": mean},
+        )
+        for s in shards
+        if s.load >= ratio * mean
+    ]
+
+
+class DLRoverRules:
+    """DLRover's public threshold rules (see the module docstring).
+
+    Args:
+        bounds: the same bounds as the policy compared.
+        ps_cpu_target: PS CPU use the workers are grown to.
+        replan_intervals: intervals between two re-plans (DLRover: 300 s).
+    """
+
+    name = "dlrover_rules"
+
+    def __init__(self, bounds: Bounds, *, ps_cpu_target: float = 0.8, replan_intervals: int = 1):
+        self.bounds = bounds
+        self.ps_cpu_target = ps_cpu_target
+        self.replan_intervals = replan_intervals
+
+    def decide(self, history: Sequence[Snapshot]) -> list[Decision]:
+        if not history or len(history) % self.replan_intervals:
+            return []
+        s, b = history[-1], self.bounds
+        out: list[Decision] = []
+        ps_cpu = s.cpu.get("ps")
+        if ps_cpu is not None and ps_cpu < self.ps_cpu_target and s.executors < b.max_executors:
+            grow = min(2.0, self.ps_cpu_target / max(ps_cpu, 1e-3))
+            target = _clamp(math.ceil(s.executors * grow), b.min_executors, b.max_executors)
+            if target > s.executors:
+                trigger = "PS CPU below target: workers grown by its headroom"
+                metrics = {"ps_cpu": ps_cpu, "target": self.ps_cpu_target}
+                out.append(Decision("executors", s.executors, target, trigger, metrics))
+        for shard in s.shards:
+            if shard.budget_bytes is not None and shard.memory_bytes > shard.budget_bytes:
+                metrics = {"memory_bytes": float(shard.memory_bytes)}
+                out.append(
+                    Decision(
+                        f"shard_memory:{shard.shard}",
+                        shard.budget_bytes,
+                        2 * shard.budget_bytes,
+                        "shard over its memory (OOM): memory doubled",
+                        metrics,
+                    )
+                )
+        return out
+
+
+class Hysteresis:
+    """Drops a decision that moves a knob back the other way within ``hold``
+    intervals of its last move (and report-only knobs repeated within ``hold``)."""
+
+    def __init__(self, hold: int) -> None:
+        self.hold = hold
+        self._last: dict[str, tuple[int, int]] = {}  # knob -> (interval, direction)
+
+    def allow(self, decision: Decision, interval: int) -> bool:
+        last = self._last.get(decision.knob)
+        if last is not None and interval - last[0] <= self.hold:
+            back = decision.direction != last[1]
+            if back or decision.knob.startswith("hot_shard"):
+                return False
+        self._last[decision.knob] = (interval, decision.direction)
+        return True

@@ -1,0 +1,108 @@
+"""The scaling policies are pure: snapshots in, decisions out."""
+
+from __future__ import annotations
+
+import pytest
+
+from estuary.config import job_from_dict
+from estuary.config.errors import ConfigError
+from estuary.config.scaling import ScalingSpec
+from estuary.runtime.scaling import (
+    Bounds,
+    Decision,
+    DLRoverRules,
+    EstuaryPolicy,
+    Hysteresis,
+    ShardMetrics,
+    Snapshot,
+    reversed_actions,
+)
+
+DATA = {"sources": [{"path": "x.tsv"}], "schema": {"sparse": ["C1"], "dense": ["I1"]}}
+SPEC = ScalingSpec(enabled=True)
+BOUNDS = Bounds(min_executors=1, max_executors=8, max_threads=2)
+
+
+def snap(
+    t: float, executors: int, wait: float | None, busy: float, rows: float, **kw: object
+) -> Snapshot:
+    return Snapshot(t, executors, wait, busy, 0, rows, **kw)  # type: ignore[arg-type]
+
+
+def test_a_starved_trainer_gets_the_executors_its_demand_needs_in_one_move() -> None:
+    # 1 executor, always busy, delivers 100 rows/s; the trainer waits 80% of the
+    # time, so it would take 500 rows/s: 5 executors, x1.15 headroom -> 6.
+    history = [snap(5, 1, 0.8, 1.0, 100.0), snap(10, 1, 0.8, 1.0, 100.0)]
+    (d,) = EstuaryPolicy(SPEC, BOUNDS).decide(history)
+    assert (d.knob, d.old, d.new) == ("executors", 1, 6)
+    assert d.metrics["trainer_wait"] == 0.8
+
+
+def test_no_decision_on_an_interval_that_held_a_change() -> None:
+    history = [snap(5, 1, 0.8, 1.0, 100.0), snap(10, 6, 0.8, 1.0, 100.0)]
+    assert EstuaryPolicy(SPEC, BOUNDS).decide(history) == []
+
+
+def test_idle_executors_shrink_and_a_busy_fed_job_is_left_alone() -> None:
+    idle = [snap(5, 8, 0.01, 0.3, 400.0), snap(10, 8, 0.01, 0.3, 400.0)]
+    (d,) = EstuaryPolicy(SPEC, BOUNDS).decide(idle)
+    assert (d.knob, d.old, d.new) == ("executors", 8, 3)  # ceil(1.15 x 8 x 0.3)
+    fed = [snap(5, 4, 0.01, 0.9, 400.0), snap(10, 4, 0.01, 0.9, 400.0)]
+    assert EstuaryPolicy(SPEC, BOUNDS).decide(fed) == []
+
+
+def test_at_max_executors_the_policy_scales_threads() -> None:
+    history = [snap(5, 8, 0.5, 1.0, 100.0), snap(10, 8, 0.5, 1.0, 100.0)]
+    (d,) = EstuaryPolicy(SPEC, BOUNDS).decide(history)
+    assert (d.knob, d.old, d.new) == ("executor_threads", 1, 2)
+
+
+def test_a_hot_shard_is_reported() -> None:
+    shards = tuple(ShardMetrics(p, load, 10, 100) for p, load in enumerate([10.0, 10.0, 100.0]))
+    history = [snap(5, 2, 0.0, 0.8, 10.0, shards=shards)]
+    decisions = EstuaryPolicy(SPEC, BOUNDS).decide(history)
+    assert [d.knob for d in decisions] == ["hot_shard:2"]
+
+
+def test_hysteresis_refuses_a_reversal_within_the_hold() -> None:
+    h = Hysteresis(2)
+    assert h.allow(Decision("executors", 1, 6, "up"), 3)
+    assert not h.allow(Decision("executors", 6, 3, "down"), 5)
+    assert h.allow(Decision("executors", 6, 3, "down"), 6)
+    rows = [
+        {"interval": 3, "knob": "executors", "old": 1, "new": 6, "applied": True},
+        {"interval": 4, "knob": "executors", "old": 6, "new": 3, "applied": True},
+    ]
+    assert reversed_actions(rows, 2) == 1
+
+
+def test_dlrover_rules_grow_by_ps_cpu_headroom_at_most_twice_and_double_memory_on_oom() -> None:
+    rules = DLRoverRules(BOUNDS)
+    over = (ShardMetrics(0, 1.0, 10, 200, budget_bytes=100),)
+    history = [snap(5, 2, 0.9, 1.0, 100.0, cpu={"ps": 0.1}, shards=over)]
+    grow, oom = rules.decide(history)
+    assert (grow.knob, grow.new) == ("executors", 4)
+    assert (oom.knob, oom.new) == ("shard_memory:0", 200)
+    assert rules.decide([snap(5, 2, 0.9, 1.0, 100.0, cpu={"ps": 0.7})])[0].new == 3
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "path"),
+    [
+        ("interval_s", 0, "runtime.scaling.interval_s"),
+        ("wait_high", 1.5, "runtime.scaling.wait_high"),
+        ("hot_ratio", 1.0, "runtime.scaling.hot_ratio"),
+        ("bogus", 1, "runtime.scaling.bogus"),
+    ],
+)
+def test_scaling_config_errors_name_the_field(key: str, value: object, path: str) -> None:
+    raw = {"data": DATA, "runtime": {"backend": "ray", "scaling": {"enabled": True, key: value}}}
+    with pytest.raises(ConfigError) as err:
+        job_from_dict(raw)
+    assert path in str(err.value)
+
+
+def test_scaling_needs_the_ray_runtime() -> None:
+    with pytest.raises(ConfigError) as err:
+        job_from_dict({"data": DATA, "runtime": {"scaling": {"enabled": True}}})
+    assert "runtime.scaling.enabled" in str(err.value) and "ray" in str(err.value)
