@@ -28,6 +28,7 @@ import platform
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -237,7 +238,7 @@ def _trainer_costs(
 
 def _proc_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of process ``pid`` so far (Linux /proc)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

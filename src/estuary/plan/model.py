@@ -12,8 +12,8 @@ A trainer step of ``b`` rows (``b`` = the per-trainer batch) costs:
           ``n * (2 * 4D + 16)`` bytes each way at the connection's bandwidth, plus
           the CPU to copy them and the RPC's own CPU (``2S`` requests of
           ``rpc_s_per_request`` and ``n * rpc_s_per_id``), half in the trainer,
-          half in the shards, all of it in the step; with ``W > 1`` trainers an all-reduce of the dense
-          gradients (``ceil(log2 W)`` round trips).
+          half in the shards, all of it in the step; with ``W > 1`` trainers
+          an all-reduce of the dense gradients (``ceil(log2 W)`` round trips).
 
 In sync mode the step is these in series; the job's rate is the least of
 
