@@ -19,9 +19,12 @@
    over- and under-provision, node failures, stragglers, hot shards, growing
    tables (``estuary.plan.trace``), run under the static user specs, DLRover's
    public rules and Estuary's policy (``estuary.plan.policies``), same trace and
-   same failure draws. Ratios are mean job completion times (JCT), Estuary over
-   each baseline (lower is better); per policy CPU utilisation (cores doing work
-   over cores allocated), cluster CPU utilisation and PS memory utilisation.
+   same failure draws; and ``static_balanced``: every job with the balanced
+   counts its user's were drawn around (a well-sized static spec, same memory).
+   Ratios are mean job completion times (JCT), Estuary over each baseline
+   (lower is better; ``jct_vs_static`` is over the users' specs); per policy
+   CPU utilisation (cores doing work over cores allocated), cluster CPU
+   utilisation and PS memory utilisation.
 4. Sizing: ``estuary plan``'s answer for the calibrated model with 1e10 ids on
    ``--nodes`` nodes.
 """
@@ -48,7 +51,7 @@ from estuary.plan.model import Layout, predict_shared
 from estuary.plan.policies import DLRoverRules, EstuaryPolicy, StaticPolicy
 from estuary.plan.simulator import ClusterSpec, simulate
 from estuary.plan.sizing import size_job
-from estuary.plan.trace import make_trace
+from estuary.plan.trace import balanced_specs, make_trace
 
 CLUSTER_LATENCY_S = 100e-6
 CLUSTER_BYTES_PER_S = 10e9 / 8
@@ -107,6 +110,22 @@ def main() -> None:
         save_costs(costs, args.save_costs)
     if args.real:
         real = json.loads(args.real.read_text())
+        if isinstance(real, dict):  # an earlier bench/simulate.py JSON: its validation runs
+            real = [
+                {
+                    "trainers": v["trainers"],
+                    "ps_shards": v["ps_shards"],
+                    "batch_rows": simulate_real.BATCH_ROWS,
+                    "rows_per_s": v["measured_rows_per_s"],
+                    "rounds": [
+                        {"rows_per_s": r, "cores_1": c1, "cores_n": cn}
+                        for r, c1, cn in zip(
+                            v["measured_rounds"], v["cores_1"], v["cores_n"], strict=True
+                        )
+                    ],
+                }
+                for v in real["validation"]
+            ]
     else:
         configs = simulate_real.parse_configs("1x0,2x1,2x2,3x1")
         real = simulate_real.measure(configs, args.repeats, args.epochs)
@@ -132,6 +151,13 @@ def main() -> None:
     results = {}
     for policy in (StaticPolicy(), DLRoverRules(), EstuaryPolicy()):
         results[policy.name] = simulate(jobs, cluster_costs, policy, cluster, seed=args.seed + 1)
+    results["static_balanced"] = simulate(
+        balanced_specs(jobs),
+        cluster_costs,
+        StaticPolicy(name="static_balanced"),
+        cluster,
+        seed=args.seed + 1,
+    )
     summaries = {name: r.summary() for name, r in results.items()}
     print(
         f"\n{'policy':>14} {'mean JCT s':>10} {'p95 JCT s':>10} {'cpu util':>8} "

@@ -19,14 +19,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from estuary.plan.costs import Costs
 from estuary.plan.model import Layout, predict
 
-__all__ = ["SimJob", "balanced_layout", "make_trace"]
+__all__ = ["SimJob", "balanced_layout", "balanced_specs", "make_trace"]
 
 GIB = float(1 << 30)
 
@@ -50,6 +50,8 @@ class SimJob:
         straggler_factor: a trainer's slowdown once straggling (1: never).
         straggler_at_frac: fraction of ``rows_total`` at which it starts.
         straggler_s: how long it lasts unless replaced.
+        balanced: (trainers, PS shards, executors) of the balanced layout the
+            user's counts were drawn around (a well-sized static spec).
     """
 
     id: int
@@ -67,6 +69,7 @@ class SimJob:
     straggler_factor: float = 1.0
     straggler_at_frac: float = 1.0
     straggler_s: float = 1800.0
+    balanced: tuple[int, int, int] = (1, 1, 1)
 
     def ids_at(self, rows: float) -> float:
         """Distinct ids in the tables after ``rows`` rows."""
@@ -136,9 +139,10 @@ def make_trace(
         def skew(n: int) -> int:
             return max(1, round(n * float(np.clip(np.exp(rng.normal(0.0, 0.8)), 0.25, 4.0))))
 
+        shards_for_memory = math.ceil(costs.bytes_per_row * ids / (max_shard_bytes / 2))
         shards = skew(ideal.ps_shards)
         # No user asks for a shard bigger than half a node: more shards instead.
-        shards = max(shards, math.ceil(costs.bytes_per_row * ids / (max_shard_bytes / 2)))
+        shards = max(shards, shards_for_memory)
         need = costs.bytes_per_row * ids / shards
         memory = min(max(GIB, need * float(np.exp(rng.normal(0.1, 0.5)))), max_shard_bytes)
         hot = rng.random() < 1 / 3
@@ -159,9 +163,19 @@ def make_trace(
                 hot_at_frac=float(rng.uniform(0.0, 0.6)) if hot else 1.0,
                 straggler_factor=float(rng.uniform(1.5, 3.0)) if slow else 1.0,
                 straggler_at_frac=float(rng.uniform(0.0, 0.7)) if slow else 1.0,
+                balanced=(width, max(ideal.ps_shards, shards_for_memory), ideal.executors),
             )
         )
     return out
+
+
+def balanced_specs(jobs: list[SimJob]) -> list[SimJob]:
+    """The same jobs with the balanced counts instead of the user's (memory kept):
+    the best a static spec does without knowing a job's incidents."""
+    return [
+        replace(j, trainers=j.balanced[0], ps_shards=j.balanced[1], executors=j.balanced[2])
+        for j in jobs
+    ]
 
 
 def scaled(costs: Costs, dense_mult: float) -> Costs:
