@@ -102,7 +102,8 @@ class EstuaryPolicy:
        proportion (``E / (1 - wait)``); executors idle behind a full queue are cut
        to what the trainers consume (``E * busy / 0.8``);
     4. PS: CPU over 0.85 adds shards in proportion; under 0.3 removes one, never
-       below the shards memory needed (forecast or OOM) and only with memory to spare;
+       below the shards memory needed (forecast or OOM) and only when the rest
+       hold the forecast for 4x the split's horizon;
     5. trainers: when trainers set the pace (busy > 0.85, no wait, PS under 0.7)
        and the cluster has free cores, 1.5x trainers; under 0.3 busy, fewer.
 
@@ -141,6 +142,8 @@ class EstuaryPolicy:
         budget = m.ps_memory_budget_bytes
         horizon = self.horizon_intervals * self.interval_s
         peak = m.ps_memory_bytes + m.ps_memory_growth_bytes_per_s * horizon
+        # A merge must hold for longer than a split's horizon: it is not undone soon.
+        far_peak = m.ps_memory_bytes + m.ps_memory_growth_bytes_per_s * 4 * horizon
         if peak > self.mem_target * budget:
             total = peak * m.ps_shards
             shards = math.ceil(total / (self.mem_target * budget))
@@ -217,7 +220,7 @@ class EstuaryPolicy:
             elif (
                 ps_busy < 0.3
                 and m.ps_shards - 1 >= self._memory_shards.get(m.job, 1)
-                and (peak * m.ps_shards < self.mem_target * budget * (m.ps_shards - 1) * 0.8)
+                and far_peak * m.ps_shards < self.mem_target * budget * (m.ps_shards - 1)
             ):
                 self._count(m, Role.PS, m.ps_shards, m.ps_shards - 1, f"ps cpu {ps_busy:.2f}", out)
         # 5. trainers

@@ -32,6 +32,7 @@ from estuary.plan.types import Action, Decision, JobMetrics, Policy, Role
 
 __all__ = ["ClusterSpec", "JobState", "SimResult", "simulate"]
 
+REBALANCED_LOAD = 1.1  # max/mean shard load after moving a hot shard's ranges
 MAX_OOMS_PER_JOB = 50  # a policy that lets a job die more often than this loops forever
 
 
@@ -388,9 +389,10 @@ class _Sim:
                     continue
                 r.ps_memory_bytes = d.value
             elif d.action is Action.REBALANCE:
-                if r.hot <= 1.1:
+                if r.hot <= REBALANCED_LOAD:
                     continue
-                old, r.hot, r.hot_fixed = r.hot, 1.1, True
+                old, r.hot, r.hot_fixed = r.hot, REBALANCED_LOAD, True
+                d = replace(d, value=REBALANCED_LOAD)
                 pause = max(pause, self.c.rebalance_s)
             else:  # REPLACE_STRAGGLER
                 if r.straggler <= 1:
