@@ -2,6 +2,7 @@
 
     python bench/simulate.py [--json PATH] [--costs PATH] [--real PATH] [--repeats 3]
                              [--epochs 3] [--jobs 200] [--nodes 100] [--seed 0]
+                             [--mean-gap-s 120]
 
 1. Calibration (``estuary.plan.calibration``): per-component costs of the real
    code on this machine with examples/criteo.yaml at batch 1024 (parse, hash,
@@ -98,6 +99,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mean-gap-s", type=float, default=120.0, help="mean arrival gap")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
