@@ -147,7 +147,7 @@ def main() -> None:
         cluster_costs,
         jobs=args.jobs,
         seed=args.seed,
-        mean_gap_s=120.0,
+        mean_gap_s=args.mean_gap_s,
         batch_rows=cluster.batch_rows,
     )
     results = {}
@@ -187,6 +187,7 @@ def main() -> None:
             "nodes": args.nodes,
             "seed": args.seed,
             "repeats": args.repeats,
+            "mean_gap_s": args.mean_gap_s,
             "epochs": args.epochs,
             "cluster": {
                 "cores_per_node": cluster.cores_per_node,
