@@ -174,6 +174,7 @@ def main() -> None:
     ratios = {
         "jct_vs_static": est / results["static"].mean_jct_s,
         "jct_vs_dlrover_rules": est / results["dlrover_rules"].mean_jct_s,
+        "jct_vs_static_balanced": est / results["static_balanced"].mean_jct_s,
     }
     print(f"\nratios: {ratios}")
 
