@@ -1,6 +1,6 @@
 """Benchmark: a calibrated cluster simulator, validated on real runs, then a 100-node trace.
 
-    python bench/simulate.py [--json PATH] [--costs PATH] [--real PATH] [--repeats 3]
+    python bench/simulate.py [--json PATH] [--costs PATH] [--real PATH...] [--repeats 3]
                              [--epochs 3] [--jobs 200] [--nodes 100] [--seed 0]
                              [--mean-gap-s 120]
 
@@ -10,9 +10,10 @@
    bandwidth); ``--costs`` loads a saved calibration instead.
 2. Validation: real ``estuary train`` runs with W trainers and S PS shards
    (bench/simulate_real.py: 1x0, 2x1, 2x2, 3x1, i.e. 1-4 processes, one torch
-   thread each, median of ``--repeats`` interleaved rounds; ``--real`` reuses a
-   saved run). Each round's prediction is ``model.predict_shared`` given the
-   cores a probe found free around that run (the machine is shared);
+   thread each, median of ``--repeats`` interleaved rounds; ``--real`` reuses
+   saved runs, pooling the rounds of several). Each round's prediction is
+   ``model.predict_shared`` given the cores a probe found free around that run
+   (the machine is shared);
    ``validation_error`` is the worst over configs of
    ``|median predicted - median measured| / median measured``.
 3. Trace: ``--jobs`` jobs on ``--nodes`` nodes (32 cores, 256 GiB each; network
@@ -88,12 +89,50 @@ def validate(costs: Costs, real: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def read_real(path: Path) -> list[dict[str, Any]]:
+    """Real runs from bench/simulate_real.py's JSON or an earlier bench/simulate.py's."""
+    real = json.loads(path.read_text())
+    if isinstance(real, list):
+        return list(real)
+    return [
+        {
+            "trainers": v["trainers"],
+            "ps_shards": v["ps_shards"],
+            "batch_rows": simulate_real.BATCH_ROWS,
+            "rounds": [
+                {"rows_per_s": r, "cores_1": c1, "cores_n": cn}
+                for r, c1, cn in zip(v["measured_rounds"], v["cores_1"], v["cores_n"], strict=True)
+            ],
+        }
+        for v in real["validation"]
+    ]
+
+
+def pool(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Every round of each (W, S) config from several sets of runs, median rows/s."""
+    merged: dict[tuple[int, int], dict[str, Any]] = {}
+    for configs in runs:
+        for c in configs:
+            key = (c["trainers"], c["ps_shards"])
+            into = merged.setdefault(key, {**c, "rounds": []})
+            into["rounds"] = into["rounds"] + list(c["rounds"])
+    for c in merged.values():
+        c["rows_per_s"] = statistics.median(r["rows_per_s"] for r in c["rounds"])
+    return list(merged.values())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path)
     ap.add_argument("--costs", type=Path, help="a saved calibration (default: calibrate now)")
     ap.add_argument("--save-costs", type=Path)
-    ap.add_argument("--real", type=Path, help="saved bench/simulate_real.py output")
+    ap.add_argument(
+        "--real",
+        type=Path,
+        nargs="+",
+        help="saved real runs (bench/simulate_real.py or bench/simulate.py JSON); "
+        "several are pooled: every round of a config counts, the median over all",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=200)
@@ -111,23 +150,7 @@ def main() -> None:
     if args.save_costs:
         save_costs(costs, args.save_costs)
     if args.real:
-        real = json.loads(args.real.read_text())
-        if isinstance(real, dict):  # an earlier bench/simulate.py JSON: its validation runs
-            real = [
-                {
-                    "trainers": v["trainers"],
-                    "ps_shards": v["ps_shards"],
-                    "batch_rows": simulate_real.BATCH_ROWS,
-                    "rows_per_s": v["measured_rows_per_s"],
-                    "rounds": [
-                        {"rows_per_s": r, "cores_1": c1, "cores_n": cn}
-                        for r, c1, cn in zip(
-                            v["measured_rounds"], v["cores_1"], v["cores_n"], strict=True
-                        )
-                    ],
-                }
-                for v in real["validation"]
-            ]
+        real = pool([read_real(p) for p in args.real])
     else:
         configs = simulate_real.parse_configs("1x0,2x1,2x2,3x1")
         real = simulate_real.measure(configs, args.repeats, args.epochs)
