@@ -100,3 +100,15 @@ def test_a_policy_that_never_gives_memory_is_an_error(costs: Costs) -> None:
     j = job(0, 0.0, rows, ids_total=1e6, ids_scale_rows=rows / 2, ps_memory_bytes=50e6)
     with pytest.raises(RuntimeError, match="job 0: 51 OOM kills"):
         simulate([j], costs, Stubborn(), CLUSTER)
+
+
+def test_the_same_trace_and_seed_give_the_same_result(costs: Costs) -> None:
+    from estuary.plan.trace import make_trace
+
+    cluster = ClusterSpec(nodes=4, node_mtbf_s=3600.0)
+    jobs = make_trace(costs, jobs=12, seed=3, mean_gap_s=60.0, median_rows=2e7)
+    first = simulate(jobs, costs, EstuaryPolicy(), cluster, seed=5)
+    again = simulate(jobs, costs, EstuaryPolicy(), cluster, seed=5)
+    assert first.jct_s == again.jct_s and first.decisions == again.decisions
+    assert len(first.jct_s) == 12 and all(v > 0 for v in first.jct_s.values())
+    assert first.failures == again.failures
