@@ -252,9 +252,10 @@ def _rpc_costs(
     """(CPU s per request, CPU s per id) a parameter server in its own process adds
     over in-process tables: a ``ServerProcess`` with the job's tables and a
     ``PSClient`` run every batch's ``lookup_many`` (train) + ``apply_gradients_many``,
-    at the batch size and with 1/8 of each batch's ids; the CPU of both processes,
-    less the tables' own work (measured in the same server: its lookups and
-    updates in process), solved into per-request and per-id parts."""
+    at the batch size and with 1/8 of each batch's ids (the per-id part, from which
+    ``calibrate`` takes the tables' own per-id work), and once more with one
+    request per table (the per-request part: the same ids and table calls in F
+    requests instead of one). CPU of both processes."""
     from estuary.ps.client import PSClient
     from estuary.ps.process import ServerProcess
     from estuary.ps.types import HostedTable, ServerConfig
@@ -272,7 +273,7 @@ def _rpc_costs(
             remote = client.tables()
             stores = [remote[f] for f in features]
 
-            def steps(batches: list[list[np.ndarray]]) -> Callable[[], None]:
+            def steps(batches: list[list[np.ndarray]], split: bool) -> Callable[[], None]:
                 grads = [
                     [
                         rng.normal(size=(a.size, remote[f].dim)).astype(np.float32)
@@ -280,34 +281,48 @@ def _rpc_costs(
                     ]
                     for b in batches
                 ]
+                # One request per table (split) or all tables in one.
+                groups = (
+                    [[i] for i in range(len(features))] if split else [list(range(len(features)))]
+                )
 
                 def go() -> None:
                     for b, g in zip(batches, grads, strict=True):
-                        client.lookup_many(stores, b, train=True)
-                        client.apply_gradients_many(stores, b, g)
+                        for grp in groups:
+                            client.lookup_many(
+                                [stores[i] for i in grp], [b[i] for i in grp], train=True
+                            )
+                            client.apply_gradients_many(
+                                [stores[i] for i in grp], [b[i] for i in grp], [g[i] for i in grp]
+                            )
 
                 return go
 
-            full = [[b[f] for f in features] for b in unique]
-            small = [[a[: max(a.size // 8, 1)] for a in b] for b in full]
-            for _ in range(2):  # admission (min_count) and first inserts
-                steps(full)()
-            points = []
-            for batches in (small, full):
-                go = steps(batches)
+            def cpu_per_step(batches: list[list[np.ndarray]], split: bool) -> float:
+                go = steps(batches, split)
                 best = float("inf")
                 for _ in range(repeats):
                     c0, s0 = time.process_time(), _proc_cpu_s(server.pid or 0)
                     go()
                     best = min(best, time.process_time() - c0 + _proc_cpu_s(server.pid or 0) - s0)
-                ids = sum(a.size for b in batches for a in b)
-                points.append((ids, best / len(batches), len(batches)))
+                return best / len(batches)
+
+            full = [[b[f] for f in features] for b in unique]
+            small = [[a[: max(a.size // 8, 1)] for a in b] for b in full]
+            for _ in range(2):  # admission (min_count) and first inserts
+                steps(full, False)()
+            t_small, t_full = cpu_per_step(small, False), cpu_per_step(full, False)
+            t_split = cpu_per_step(full, True)
         finally:
             client.close()
-    (n1, t1, _), (n2, t2, steps_n) = points
-    per_step_ids = (n1 / steps_n, n2 / steps_n)
-    fixed, per_id = _affine((per_step_ids[0], t1), (per_step_ids[1], t2))
-    return fixed / 2, per_id  # two requests per step
+    steps_n = len(unique)
+    n_small = sum(a.size for b in small for a in b) / steps_n
+    n_full = sum(a.size for b in full for a in b) / steps_n
+    _, per_id = _affine((n_small, t_small), (n_full, t_full))
+    # The same ids and table calls in F requests instead of 1, twice a step:
+    # the difference is 2 (F - 1) requests' own cost.
+    per_request = max(t_split - t_full, 0.0) / (2 * max(len(features) - 1, 1))
+    return per_request, per_id
 
 
 def calibrate(job: Any, *, repeats: int = 3) -> Costs:
@@ -328,9 +343,8 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
     bytes_per_row, dim = _bytes_per_row(job, unique)
     t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
     rpc_request, rpc_id = _rpc_costs(job, unique, repeats, unique_ids, job.train.batch_size)
-    # The tables' own work happens in the server too: what remains is the RPC's.
+    # The tables' own per-id work happens in the server too: what remains is the RPC's.
     rpc_id = max(rpc_id - t["lookup_s_per_id"] - t["update_s_per_id"], 0.0)
-    rpc_request = max(rpc_request - (t["lookup_s_per_step"] + t["update_s_per_step"]) / 2, 0.0)
     latency, bw, cpu_per_byte = measure_network(repeats)
     return Costs(
         rpc_s_per_request=rpc_request,
