@@ -242,38 +242,38 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _rpc_costs(
-    job: Any,
-    unique: list[dict[str, np.ndarray]],
-    repeats: int,
-    unique_ids: Callable[[float], float],
-    batch_rows: int,
-) -> tuple[float, float]:
-    """(CPU s per request, CPU s per id) a parameter server in its own process adds
-    over in-process tables: a ``ServerProcess`` with the job's tables and a
-    ``PSClient`` run every batch's ``lookup_many`` (train) + ``apply_gradients_many``,
-    at the batch size and with 1/8 of each batch's ids (the per-id part, from which
-    ``calibrate`` takes the tables' own per-id work), and once more with one
-    request per table (the per-request part: the same ids and table calls in F
-    requests instead of one). CPU of both processes."""
-    from estuary.ps.client import PSClient
+def _rpc_costs(job: Any, unique: list[dict[str, np.ndarray]], repeats: int) -> tuple[float, float]:
+    """(CPU s per request, CPU s per id) a parameter server in other processes adds
+    over in-process tables, through the real client (``connect_servers``: a
+    ``PSClient`` for one ``ServerProcess``, a ``ShardedPSClient`` for two, which
+    routes every table's ids and calls both servers at once). Every batch's
+    ``lookup_many`` (train) + ``apply_gradients_many``, CPU of all the processes:
+    on one server at the batch size and with 1/8 of each batch's ids (the per-id
+    part, from which ``calibrate`` takes the tables' own per-id work), and on two
+    servers (2 requests more a step, and the routing: the per-request part)."""
     from estuary.ps.process import ServerProcess
+    from estuary.ps.sharded import connect_servers, server_share
     from estuary.ps.types import HostedTable, ServerConfig
 
     features = list(unique[0])
-    config = ServerConfig(
-        tables={f: HostedTable(job.table_spec(f), seed=i) for i, f in enumerate(features)},
-        world_size=1,
-        staleness=0,
-    )
+    full = [[b[f] for f in features] for b in unique]
+    small = [[a[: max(a.size // 8, 1)] for a in b] for b in full]
     rng = np.random.default_rng(0)
-    with ServerProcess(config) as server:
-        client = PSClient(server.address, server.authkey)
+
+    def measure(servers: int, sets: list[list[list[np.ndarray]]]) -> list[float]:
+        tables = {f: HostedTable(job.table_spec(f), seed=i) for i, f in enumerate(features)}
+        config = ServerConfig(
+            tables={f: server_share(t, servers) for f, t in tables.items()},
+            world_size=1,
+            staleness=0,
+        )
+        procs = [ServerProcess(config) for _ in range(servers)]
+        client = connect_servers([p.address for p in procs], [p.authkey for p in procs])
         try:
             remote = client.tables()
             stores = [remote[f] for f in features]
 
-            def steps(batches: list[list[np.ndarray]], split: bool) -> Callable[[], None]:
+            def steps(batches: list[list[np.ndarray]]) -> Callable[[], None]:
                 grads = [
                     [
                         rng.normal(size=(a.size, remote[f].dim)).astype(np.float32)
@@ -281,47 +281,41 @@ def _rpc_costs(
                     ]
                     for b in batches
                 ]
-                # One request per table (split) or all tables in one.
-                groups = (
-                    [[i] for i in range(len(features))] if split else [list(range(len(features)))]
-                )
 
                 def go() -> None:
                     for b, g in zip(batches, grads, strict=True):
-                        for grp in groups:
-                            client.lookup_many(
-                                [stores[i] for i in grp], [b[i] for i in grp], train=True
-                            )
-                            client.apply_gradients_many(
-                                [stores[i] for i in grp], [b[i] for i in grp], [g[i] for i in grp]
-                            )
+                        client.lookup_many(stores, b, train=True)
+                        client.apply_gradients_many(stores, b, g)
 
                 return go
 
-            def cpu_per_step(batches: list[list[np.ndarray]], split: bool) -> float:
-                go = steps(batches, split)
+            for _ in range(2):  # admission (min_count) and first inserts
+                steps(full)()
+            out = []
+            for batches in sets:
+                go = steps(batches)
                 best = float("inf")
                 for _ in range(repeats):
-                    c0, s0 = time.process_time(), _proc_cpu_s(server.pid or 0)
+                    c0 = time.process_time()
+                    s0 = sum(_proc_cpu_s(p.pid or 0) for p in procs)
                     go()
-                    best = min(best, time.process_time() - c0 + _proc_cpu_s(server.pid or 0) - s0)
-                return best / len(batches)
-
-            full = [[b[f] for f in features] for b in unique]
-            small = [[a[: max(a.size // 8, 1)] for a in b] for b in full]
-            for _ in range(2):  # admission (min_count) and first inserts
-                steps(full, False)()
-            t_small, t_full = cpu_per_step(small, False), cpu_per_step(full, False)
-            t_split = cpu_per_step(full, True)
+                    server_s = sum(_proc_cpu_s(p.pid or 0) for p in procs) - s0
+                    best = min(best, time.process_time() - c0 + server_s)
+                out.append(best / len(batches))
+            return out
         finally:
             client.close()
+            for p in procs:
+                p.stop()
+
+    t_small, t_full = measure(1, [small, full])
+    (t_two,) = measure(2, [full])
     steps_n = len(unique)
     n_small = sum(a.size for b in small for a in b) / steps_n
     n_full = sum(a.size for b in full for a in b) / steps_n
     _, per_id = _affine((n_small, t_small), (n_full, t_full))
-    # The same ids and table calls in F requests instead of 1, twice a step:
-    # the difference is 2 (F - 1) requests' own cost.
-    per_request = max(t_split - t_full, 0.0) / (2 * max(len(features) - 1, 1))
+    # Two servers: the same ids and table work, 2 requests more a step (+ routing).
+    per_request = max(t_two - t_full, 0.0) / 2
     return per_request, per_id
 
 
@@ -342,7 +336,7 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
 
     bytes_per_row, dim = _bytes_per_row(job, unique)
     t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
-    rpc_request, rpc_id = _rpc_costs(job, unique, repeats, unique_ids, job.train.batch_size)
+    rpc_request, rpc_id = _rpc_costs(job, unique, repeats)
     # The tables' own per-id work happens in the server too: what remains is the RPC's.
     rpc_id = max(rpc_id - t["lookup_s_per_id"] - t["update_s_per_id"], 0.0)
     latency, bw, cpu_per_byte = measure_network(repeats)
