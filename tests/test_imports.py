@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "runtime": 7,
     "deploy": 4,  # renders job files for cluster managers: reads config only
     "serve": 7,
+    "plan": 7,  # sizing and simulation: calibrates with train, data, nn
     "cli": 8,
     "testing": 8,
 }

@@ -1,5 +1,5 @@
 """Command line: ``estuary train``, ``eval``, ``report``, ``render``, ``synth``,
-``replay``, ``export`` and ``serve``.
+``replay``, ``export``, ``serve`` and ``plan``.
 
     estuary train  JOB.yaml [--set dotted.key=value]... [--output DIR] [--profile] [--nproc W]
                    [--resume]
@@ -11,6 +11,7 @@
                    [--env-archive PATH] [--queue QUEUE]                  (yarn)
     estuary export CHECKPOINT --output DIR [--rows float32|float16|bfloat16|int8] [--onnx]
     estuary serve  DIR | --follow RUN_DIR [--host H] [--port P] [--ray --replicas N]
+    estuary plan   JOB.yaml --nodes N [--ids 1e10] [--costs PATH] [--save-costs PATH]
     estuary --version
 
 Every command takes ``--log-level [COMPONENT=]LEVEL`` (repeatable), ``--quiet`` /
@@ -208,6 +209,9 @@ def _parser() -> argparse.ArgumentParser:
     play.add_argument("--format", default="criteo_tsv", help="criteo_tsv, csv, tsv or jsonl")
     play.add_argument("--limit", type=int, help="stop after N rows")
     _serving_parsers(sub, logs)
+    from estuary.plan.cli import add_parser as add_plan_parser
+
+    add_plan_parser(sub, [logs])
     return parser
 
 
@@ -563,6 +567,12 @@ def _show_warning(
     print(f"warning: {message}", file=sys.stderr if file is None else file)
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from estuary.plan.cli import run
+
+    return run(args)
+
+
 COMMANDS = {
     "train": _cmd_train,
     "eval": _cmd_eval,
@@ -572,6 +582,7 @@ COMMANDS = {
     "replay": _cmd_replay,
     "export": _cmd_export,
     "serve": _cmd_serve,
+    "plan": _cmd_plan,
 }
 
 

@@ -1,0 +1,248 @@
+"""Benchmark: a calibrated cluster simulator, validated on real runs, then a 100-node trace.
+
+    python bench/simulate.py [--json PATH] [--costs PATH] [--real PATH...] [--repeats 3]
+                             [--epochs 3] [--jobs 200] [--nodes 100] [--seed 0]
+                             [--mean-gap-s 120]
+
+1. Calibration (``estuary.plan.calibration``): per-component costs of the real
+   code on this machine with examples/criteo.yaml at batch 1024 (parse, hash,
+   table lookup/update, dense step, bytes per row, an IPC round trip and
+   bandwidth); ``--costs`` loads a saved calibration instead.
+2. Validation: real ``estuary train`` runs with W trainers and S PS shards
+   (bench/simulate_real.py: 1x0, 2x1, 2x2, 3x1, i.e. 1-4 processes, one torch
+   thread each, median of ``--repeats`` interleaved rounds; ``--real`` reuses
+   saved runs, pooling the rounds of several). Each round's prediction is
+   ``model.predict_shared`` given the cores a probe found free around that run
+   (the machine is shared);
+   ``validation_error`` is the worst over configs of
+   ``|median predicted - median measured| / median measured``.
+3. Trace: ``--jobs`` jobs on ``--nodes`` nodes (32 cores, 256 GiB each; network
+   100 us, 10 Gbit/s): Poisson arrivals, heavy-tailed sizes, user specs that
+   over- and under-provision, node failures, stragglers, hot shards, growing
+   tables (``estuary.plan.trace``), run under the static user specs, DLRover's
+   public rules and Estuary's policy (``estuary.plan.policies``), same trace and
+   same failure draws; and ``static_balanced``: every job with the balanced
+   counts its user's were drawn around (a well-sized static spec, same memory).
+   Ratios are mean job completion times (JCT), Estuary over each baseline
+   (lower is better; ``jct_vs_static`` is over the users' specs); per policy
+   CPU utilisation (cores doing work over cores allocated), cluster CPU
+   utilisation and PS memory utilisation.
+4. Sizing: ``estuary plan``'s answer for the calibrated model with 1e10 ids on
+   ``--nodes`` nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import simulate_real
+
+from estuary.config import load_job
+from estuary.plan.calibration import calibrate
+from estuary.plan.costs import Costs, load_costs, save_costs
+from estuary.plan.model import Layout, predict_shared
+from estuary.plan.policies import DLRoverRules, EstuaryPolicy, StaticPolicy
+from estuary.plan.simulator import ClusterSpec, simulate
+from estuary.plan.sizing import size_job
+from estuary.plan.trace import balanced_specs, make_trace
+
+CLUSTER_LATENCY_S = 100e-6
+CLUSTER_BYTES_PER_S = 10e9 / 8
+
+
+def validate(costs: Costs, real: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Predicted vs measured rows/s of every real config."""
+    out = []
+    for cfg in real:
+        w, s = cfg["trainers"], cfg["ps_shards"]
+        layout = Layout(w, s, 0, cfg["batch_rows"], trainer_cpus=1.0, ps_cpus=1.0, preloaded=True)
+        predicted = [
+            predict_shared(costs, layout, cores_1=r["cores_1"], cores_n=r["cores_n"])
+            for r in cfg["rounds"]
+        ]
+        pred = statistics.median(p.rows_per_s for p in predicted)
+        out.append(
+            {
+                "config": f"{w}x{s}",
+                "trainers": w,
+                "ps_shards": s,
+                "processes": w + s,
+                "measured_rows_per_s": cfg["rows_per_s"],
+                "predicted_rows_per_s": pred,
+                "relative_error": abs(pred - cfg["rows_per_s"]) / cfg["rows_per_s"],
+                "measured_rounds": [r["rows_per_s"] for r in cfg["rounds"]],
+                "predicted_rounds": [p.rows_per_s for p in predicted],
+                "cores_1": [r["cores_1"] for r in cfg["rounds"]],
+                "cores_n": [r["cores_n"] for r in cfg["rounds"]],
+                "bottlenecks": [p.bottleneck for p in predicted],
+            }
+        )
+    return out
+
+
+def read_real(path: Path) -> list[dict[str, Any]]:
+    """Real runs from bench/simulate_real.py's JSON or an earlier bench/simulate.py's."""
+    real = json.loads(path.read_text())
+    if isinstance(real, list):
+        return list(real)
+    return [
+        {
+            "trainers": v["trainers"],
+            "ps_shards": v["ps_shards"],
+            "batch_rows": simulate_real.BATCH_ROWS,
+            "rounds": [
+                {"rows_per_s": r, "cores_1": c1, "cores_n": cn}
+                for r, c1, cn in zip(v["measured_rounds"], v["cores_1"], v["cores_n"], strict=True)
+            ],
+        }
+        for v in real["validation"]
+    ]
+
+
+def pool(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Every round of each (W, S) config from several sets of runs, median rows/s."""
+    merged: dict[tuple[int, int], dict[str, Any]] = {}
+    for configs in runs:
+        for c in configs:
+            key = (c["trainers"], c["ps_shards"])
+            into = merged.setdefault(key, {**c, "rounds": []})
+            into["rounds"] = into["rounds"] + list(c["rounds"])
+    for c in merged.values():
+        c["rows_per_s"] = statistics.median(r["rows_per_s"] for r in c["rounds"])
+    return list(merged.values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--costs", type=Path, help="a saved calibration (default: calibrate now)")
+    ap.add_argument("--save-costs", type=Path)
+    ap.add_argument(
+        "--real",
+        type=Path,
+        nargs="+",
+        help="saved real runs (bench/simulate_real.py or bench/simulate.py JSON); "
+        "several are pooled: every round of a config counts, the median over all",
+    )
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mean-gap-s", type=float, default=120.0, help="mean arrival gap")
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    if args.costs:
+        costs = load_costs(args.costs)
+    else:
+        job = load_job(simulate_real.JOB, [f"train.batch_size={simulate_real.BATCH_ROWS}"])
+        costs = calibrate(job)
+    if args.save_costs:
+        save_costs(costs, args.save_costs)
+    if args.real:
+        real = pool([read_real(p) for p in args.real])
+    else:
+        configs = simulate_real.parse_configs("1x0,2x1,2x2,3x1")
+        real = simulate_real.measure(configs, args.repeats, args.epochs)
+    validation = validate(costs, real)
+    print(f"{'config':>6} {'measured':>10} {'predicted':>10} {'error':>6}")
+    for v in validation:
+        print(
+            f"{v['config']:>6} {v['measured_rows_per_s']:>10,.0f} "
+            f"{v['predicted_rows_per_s']:>10,.0f} {v['relative_error']:>6.1%}"
+        )
+
+    cluster_costs = replace(
+        costs, net_latency_s=CLUSTER_LATENCY_S, net_bytes_per_s=CLUSTER_BYTES_PER_S
+    )
+    cluster = ClusterSpec(nodes=args.nodes)
+    jobs = make_trace(
+        cluster_costs,
+        jobs=args.jobs,
+        seed=args.seed,
+        mean_gap_s=args.mean_gap_s,
+        batch_rows=cluster.batch_rows,
+    )
+    results = {}
+    for policy in (StaticPolicy(), DLRoverRules(), EstuaryPolicy()):
+        results[policy.name] = simulate(jobs, cluster_costs, policy, cluster, seed=args.seed + 1)
+    results["static_balanced"] = simulate(
+        balanced_specs(jobs),
+        cluster_costs,
+        StaticPolicy(name="static_balanced"),
+        cluster,
+        seed=args.seed + 1,
+    )
+    summaries = {name: r.summary() for name, r in results.items()}
+    print(
+        f"\n{'policy':>14} {'mean JCT s':>10} {'p95 JCT s':>10} {'cpu util':>8} "
+        f"{'mem util':>8} {'OOMs':>5} {'actions':>7}"
+    )
+    for name, s in summaries.items():
+        print(
+            f"{name:>14} {s['mean_jct_s']:>10,.0f} {s['p95_jct_s']:>10,.0f} "
+            f"{s['cpu_util']:>8.2f} {s['memory_util']:>8.2f} {s['ooms']:>5} {s['decisions']:>7}"
+        )
+    est = results["estuary"].mean_jct_s
+    ratios = {
+        "jct_vs_static": est / results["static"].mean_jct_s,
+        "jct_vs_dlrover_rules": est / results["dlrover_rules"].mean_jct_s,
+        "jct_vs_static_balanced": est / results["static_balanced"].mean_jct_s,
+    }
+    print(f"\nratios: {ratios}")
+
+    sizing = size_job(cluster_costs, 1e10, cluster)
+    print(f"\nsizing: 1e10 ids on {args.nodes} nodes")
+    for label, value in sizing.rows():
+        print(f"  {label:22s} {value}")
+    result = {
+        "config": {
+            "jobs": args.jobs,
+            "nodes": args.nodes,
+            "seed": args.seed,
+            "repeats": args.repeats,
+            "mean_gap_s": args.mean_gap_s,
+            "epochs": args.epochs,
+            "cluster": {
+                "cores_per_node": cluster.cores_per_node,
+                "memory_per_node_bytes": cluster.memory_per_node_bytes,
+                "latency_s": CLUSTER_LATENCY_S,
+                "bytes_per_s": CLUSTER_BYTES_PER_S,
+            },
+        },
+        "costs": costs.to_dict(),
+        "validation_error": max(v["relative_error"] for v in validation),
+        "validation": validation,
+        "policies": summaries,
+        "ratios": ratios,
+        "estuary_reversed_actions": results["estuary"].reversed_actions,
+        "estuary_decisions_sample": results["estuary"].decisions[:20],
+        "sizing": {
+            "ids": 1e10,
+            "nodes": args.nodes,
+            "ps_shards": sizing.layout.ps_shards,
+            "trainers": sizing.layout.trainers,
+            "executors": sizing.layout.executors,
+            "rows_per_s": sizing.prediction.rows_per_s,
+            "shard_bytes": sizing.shard_bytes,
+            "ps_memory_bytes": sizing.ps_memory_bytes,
+        },
+        "wall_s": time.perf_counter() - t0,
+    }
+    print(f"\nvalidation_error {result['validation_error']:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Real ``estuary train`` runs for bench/simulate.py's validation (importable and runnable).
+
+    python bench/simulate_real.py [--json PATH] [--repeats 3] [--epochs 4]
+                                  [--configs 1x0,2x1,2x2,3x1]
+
+Each config ``WxS`` is ``estuary train examples/criteo.yaml --nproc W --set
+runtime.ps_shards=S`` (``1x0``: one process, in-process tables) with one torch
+thread per trainer (``train.threads=1``: on a shared 2-core machine two threads
+per trainer slow the step 3-5x whenever another process holds a core), batch
+1024 rows per trainer, ``--epochs`` passes over the 31k training rows. The figure
+is the run's ``samples_per_s`` (rows over rank 0's training-loop wall time; start-up
+and data loading excluded); rounds interleave the configs and the median over
+``--repeats`` rounds is kept, with every round's value and the load average.
+Around each run a probe measures the CPU the machine has free (busy loops for
+1 s, before and after; their mean): ``cores_1`` for one process, ``cores_n`` for
+as many as the run has. The simulator is given those cores, since on a shared
+machine they, not the nominal 2, are what the run had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "examples" / "criteo.yaml"
+BATCH_ROWS = 1024
+
+
+_PROBE = (
+    "import time\n"
+    "t0, c0 = time.perf_counter(), time.process_time()\n"
+    "while time.perf_counter() - t0 < {s}: pass\n"
+    "print(time.process_time() - c0)\n"
+)
+
+
+def probe_cores(processes: int, seconds: float = 1.0) -> float:
+    """Cores ``processes`` busy processes get right now: their CPU seconds over
+    ``seconds`` of wall time (2.0 on an idle 2-core machine with 2 or more)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PROBE.format(s=seconds)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(processes)
+    ]
+    cpu = 0.0
+    for p in procs:
+        out, _ = p.communicate()  # Blocking wait: each probe runs `seconds`
+        cpu += float(out.strip())
+    return cpu / seconds
+
+
+def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
+    """One ``estuary train`` run; its summary's rows/s and profile, and the cores
+    a probe got just before and just after it (``cores_1``: one process;
+    ``cores_n``: as many processes as the run has)."""
+    processes = trainers + shards
+    before_1, before_n = probe_cores(1), probe_cores(processes)
+    with tempfile.TemporaryDirectory(prefix="estuary-sim-") as out:
+        cmd = [
+            sys.executable,
+            "-m",
+            "estuary.cli",
+            "train",
+            str(JOB),
+            "--output",
+            out,
+            "--no-progress",
+            "-q",
+            "--set",
+            f"train.batch_size={BATCH_ROWS}",
+            "--set",
+            "train.threads=1",
+            "--set",
+            f"train.epochs={epochs}",
+        ]
+        if trainers > 1 or shards > 0:
+            cmd += ["--nproc", str(trainers), "--set", f"runtime.ps_shards={shards}"]
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        load = os.getloadavg()[0]
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        summary = json.loads((Path(out) / "summary.json").read_text())
+    after_1, after_n = probe_cores(1), probe_cores(processes)
+    return {
+        "rows_per_s": summary["samples_per_s"],
+        "load_avg_1m": load,
+        "cores_1": (before_1 + after_1) / 2,
+        "cores_n": (before_n + after_n) / 2,
+        "train_wall_s": summary["train_wall_s"],
+        "profile": summary.get("profile", {}),
+    }
+
+
+def measure(configs: list[tuple[int, int]], repeats: int, epochs: int) -> list[dict[str, Any]]:
+    """Median rows/s of each (W, S) config over ``repeats`` interleaved rounds."""
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in configs}
+    for r in range(repeats):
+        for w, s in configs:
+            runs[(w, s)].append(run_once(w, s, epochs))
+            x = runs[(w, s)][-1]
+            print(
+                f"round {r}: {w}x{s} {x['rows_per_s']:,.0f} rows/s (load "
+                f"{x['load_avg_1m']:.1f}, probed cores {x['cores_1']:.2f} / {x['cores_n']:.2f})",
+                flush=True,
+            )
+    return [
+        {
+            "trainers": w,
+            "ps_shards": s,
+            "batch_rows": BATCH_ROWS,
+            "epochs": epochs,
+            "rows_per_s": statistics.median(x["rows_per_s"] for x in runs[(w, s)]),
+            "rounds": runs[(w, s)],
+            "load_avg_1m": [x["load_avg_1m"] for x in runs[(w, s)]],
+        }
+        for w, s in configs
+    ]
+
+
+def parse_configs(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        w, s = item.lower().split("x")
+        out.append((int(w), int(s)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--configs", default="1x0,2x1,2x2,3x1")
+    args = ap.parse_args()
+    result = measure(parse_configs(args.configs), args.repeats, args.epochs)
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,376 @@
+"""Short calibration runs of the real code, one thread each, into ``Costs``.
+
+Each component is timed on the job's own data and model (~10-30 s in all):
+
+  parse / hash   ``TabularDataset`` loads the job's sources on one thread; the
+                 hashing share is timed apart with ``hash_feature`` on as many
+                 string values, and subtracted.
+  lookup/update  an ``EmbeddingShard`` with the job's table settings, fed the
+                 data's per-feature batches: ``lookup(train=True)`` and
+                 ``apply_gradients`` at two batch sizes, solved for the per-call
+                 and per-id terms.
+  dense          the job's model, forward + backward + dense optimizer step, at
+                 two batch sizes (one thread), and on two threads for the speed-up.
+  network        a spawned echo process over a ``multiprocessing`` connection (the
+                 parameter server's transport): a small message's round trip
+                 (latency) and a 4 MiB one's (bytes/s).
+
+CPU time (``time.process_time``) is used where one process does all the work, so
+other jobs on a shared machine disturb the figures less; the best of
+``repeats`` is kept.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import platform
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from estuary.plan.costs import Costs
+
+__all__ = ["calibrate"]
+
+
+def _best(fn: Callable[[], object], repeats: int, *, cpu: bool = True) -> float:
+    """Least (CPU or wall) seconds of ``fn`` over ``repeats`` runs."""
+    clock = time.process_time if cpu else time.perf_counter
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = clock()
+        fn()
+        best = min(best, clock() - t0)
+    return best
+
+
+def _affine(small: tuple[float, float], large: tuple[float, float]) -> tuple[float, float]:
+    """(fixed, per_unit) from two (units, seconds) points; both clamped at >= 0."""
+    (n1, t1), (n2, t2) = small, large
+    per = max((t2 - t1) / (n2 - n1), 0.0) if n2 != n1 else t2 / max(n2, 1.0)
+    return max(t1 - per * n1, 0.0), per
+
+
+def _echo(conn: Connection) -> None:
+    # Blocking loop: answers every message with its own bytes until b"".
+    while True:
+        data = conn.recv_bytes()
+        if not data:
+            return
+        conn.send_bytes(data)
+
+
+def measure_network(repeats: int = 5) -> tuple[float, float, float]:
+    """(latency_s, bytes_per_s, cpu_s_per_byte) of a connection to a spawned process."""
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_echo, args=(theirs,), daemon=True)
+    child.start()
+    try:
+        small, big = b"x" * 64, b"x" * (4 << 20)
+
+        def rtt(payload: bytes, n: int) -> Callable[[], None]:
+            def go() -> None:
+                for _ in range(n):
+                    ours.send_bytes(payload)
+                    ours.recv_bytes()  # Blocking wait: the echo
+
+            return go
+
+        rtt(small, 20)()  # warm the child up
+        latency = _best(rtt(small, 200), repeats, cpu=False) / 200
+        wall = _best(rtt(big, 4), repeats, cpu=False) / 4
+        moved = 2 * len(big)  # there and back
+        bytes_per_s = moved / max(wall - 2 * latency, 1e-9)
+        cpu = _best(rtt(big, 4), repeats) / 4  # this side's copies only
+        cpu_per_byte = 2 * cpu / moved  # both ends copy alike
+    finally:
+        ours.send_bytes(b"")
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+    return latency, bytes_per_s, cpu_per_byte
+
+
+def _data_costs(
+    job: Any, repeats: int
+) -> tuple[float, float, list[dict[str, np.ndarray]], float, Any]:
+    """(parse_s_per_row, hash_s_per_id, per-batch unique ids by feature, row_bytes,
+    the loaded dataset)."""
+    import pyarrow as pa
+
+    from estuary.data import TabularDataset
+    from estuary.data.hashing import hash_feature
+    from estuary.train.plan import shared_names
+
+    holder: dict[str, TabularDataset] = {}
+
+    def load() -> None:
+        holder["ds"] = TabularDataset(
+            job.data, job.base_dir, hash_names=shared_names(job), threads=1
+        )
+
+    load_s = _best(load, max(1, repeats // 2))
+    ds = holder["ds"]
+    rows = ds.num_rows
+    batches = list(ds.batches("all", job.train.batch_size))
+    ids_total = sum(j.values.shape[0] for b in batches for j in b.sparse.values())
+    values = pa.array([f"{v:x}" for v in np.random.default_rng(0).integers(0, 1 << 40, ids_total)])
+    hash_s = _best(lambda: hash_feature(values, "calibration"), repeats)
+    parse_s_per_row = max(load_s - hash_s, 0.0) / rows
+    first = batches[0]
+    row_bytes = (
+        first.dense.nbytes
+        + first.labels.nbytes
+        + sum(j.values.nbytes + j.offsets.nbytes for j in first.sparse.values())
+    ) / first.labels.shape[0]
+    unique = [{f: np.unique(j.values) for f, j in b.sparse.items()} for b in batches]
+    return parse_s_per_row, hash_s / ids_total, unique, row_bytes, ds
+
+
+def _fit_unique(ds_batches: list[dict[str, np.ndarray]], batch_rows: int) -> tuple[float, float]:
+    """(coef, exp) of unique ids per feature per batch ~ coef * b ** exp, from the
+    data's batches at ``batch_rows`` and merged into 4x larger ones."""
+
+    def mean_unique(groups: list[list[dict[str, np.ndarray]]]) -> float:
+        counts = [np.unique(np.concatenate([b[f] for b in g])).size for g in groups for f in g[0]]
+        return float(np.mean(counts))
+
+    small = mean_unique([[b] for b in ds_batches[:-1]])
+    big_groups = [ds_batches[i : i + 4] for i in range(0, len(ds_batches) - 4, 4)]
+    if not big_groups:
+        return small / batch_rows, 1.0
+    big = mean_unique(big_groups)
+    exp = float(np.clip(np.log(max(big, 1.0) / max(small, 1.0)) / np.log(4.0), 0.05, 1.0))
+    return small / batch_rows**exp, exp
+
+
+def _bytes_per_row(job: Any, unique: list[dict[str, np.ndarray]]) -> tuple[float, int]:
+    """(bytes per row, D) of an ``EmbeddingShard`` with the job's table settings
+    holding the data's ids (index, rows, optimizer state, admission)."""
+    from estuary.embedding import EmbeddingShard
+
+    feature = next(iter(unique[0]))
+    shard = EmbeddingShard(job.table_spec(feature), seed=0, name="calibration")
+    for _ in range(3):  # admission (min_count) needs repeated sightings
+        for b in unique:
+            for ids in b.values():
+                shard.lookup(ids, train=True)
+    return shard.stats().bytes / max(len(shard), 1), shard.dim
+
+
+def _trainer_costs(
+    job: Any, dataset: Any, batch_rows: int, repeats: int, unique_ids: Callable[[float], float]
+) -> dict[str, float]:
+    """The real training loop (``Trainer.fit``, sync, in-process tables, one torch
+    thread) at ``batch_rows`` and a quarter of it: its profile (wall seconds times
+    the CPU share the process had over the fit, i.e. CPU seconds) split into the
+    trainer's dense work (forward + backward through the embedding collection, dense
+    optimizer) and the tables' (lookups, sparse updates), each solved into a fixed
+    per-step part and a per-row (per-id for the tables) part. The 2-thread
+    speed-up of the dense part is the wall time of one more fit on two threads."""
+    from dataclasses import replace
+
+    from estuary.train import Trainer
+
+    def fit(rows: int, threads: int) -> dict[str, float]:
+        train = replace(
+            job.train,
+            batch_size=rows,
+            threads=threads,
+            mode="sync",
+            epochs=1,
+            progressive_eval=False,
+        )
+        run = replace(job, train=train)
+        best: dict[str, float] = {}
+        for _ in range(repeats):
+            trainer = Trainer(run, dataset=dataset)
+            t0, c0 = time.perf_counter(), time.process_time()
+            profile = dict(trainer.fit(progress=False).profile)
+            # The profile is wall time; on a shared machine the process ran
+            # `share` of the time, so CPU seconds = wall x share.
+            share = min((time.process_time() - c0) / (time.perf_counter() - t0), float(threads))
+            profile = {k: v * share if k != "steps" else v for k, v in profile.items()}
+            if not best or profile["forward_backward_s"] < best["forward_backward_s"]:
+                best = profile
+        return best
+
+    rows = dataset.part("train").num_rows
+    small_b = max(batch_rows // 4, 8)
+    points = {}
+    for b in (small_b, batch_rows):
+        p = fit(b, 1)
+        steps = p["steps"]
+        points[b] = (
+            steps,
+            (p["forward_backward_s"] + p["dense_step_s"]) / steps,
+            p["lookup_s"] / steps,
+            p["sparse_submit_s"] / steps,
+        )
+    (_, d1, l1, u1), (s2, d2, l2, u2) = points[small_b], points[batch_rows]
+    dense_fixed, dense_row = _affine((small_b, d1), (batch_rows, d2))
+    n1, n2 = unique_ids(small_b), unique_ids(batch_rows)
+    look_fixed, look_id = _affine((n1, l1), (n2, l2))
+    upd_fixed, upd_id = _affine((n1, u1), (n2, u2))
+    speedup = 1.0
+    if (os.cpu_count() or 1) >= 2:
+        two = fit(batch_rows, 2)
+        one_s = d2 * s2
+        two_s = two["forward_backward_s"] + two["dense_step_s"]
+        speedup = float(np.clip(one_s / max(two_s, 1e-9), 1.0, 2.0))
+    del rows
+    return {
+        "dense_s_per_row": dense_row,
+        "dense_s_per_step": dense_fixed,
+        "dense_speedup_2": speedup,
+        "lookup_s_per_id": look_id,
+        "lookup_s_per_step": look_fixed,
+        "update_s_per_id": upd_id,
+        "update_s_per_step": upd_fixed,
+    }
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rpc_costs(job: Any, unique: list[dict[str, np.ndarray]], repeats: int) -> tuple[float, float]:
+    """(CPU s per request, CPU s per id) a parameter server in other processes adds
+    over in-process tables, through the real client (``connect_servers``: a
+    ``PSClient`` for one ``ServerProcess``, a ``ShardedPSClient`` for two, which
+    routes every table's ids and calls both servers at once). Every batch's
+    ``lookup_many`` (train) + ``apply_gradients_many``, CPU of all the processes:
+    on one server at the batch size and with 1/8 of each batch's ids (the per-id
+    part, from which ``calibrate`` takes the tables' own per-id work), and on two
+    servers (2 requests more a step, and the routing: the per-request part)."""
+    from estuary.ps.process import ServerProcess
+    from estuary.ps.sharded import connect_servers, server_share
+    from estuary.ps.types import HostedTable, ServerConfig
+
+    features = list(unique[0])
+    full = [[b[f] for f in features] for b in unique]
+    small = [[a[: max(a.size // 8, 1)] for a in b] for b in full]
+    rng = np.random.default_rng(0)
+
+    def measure(servers: int, sets: list[list[list[np.ndarray]]]) -> list[float]:
+        tables = {f: HostedTable(job.table_spec(f), seed=i) for i, f in enumerate(features)}
+        config = ServerConfig(
+            tables={f: server_share(t, servers) for f, t in tables.items()},
+            world_size=1,
+            staleness=0,
+        )
+        procs = [ServerProcess(config) for _ in range(servers)]
+        client = connect_servers([p.address for p in procs], [p.authkey for p in procs])
+        try:
+            remote = client.tables()
+            stores = [remote[f] for f in features]
+
+            def steps(batches: list[list[np.ndarray]]) -> Callable[[], None]:
+                grads = [
+                    [
+                        rng.normal(size=(a.size, remote[f].dim)).astype(np.float32)
+                        for f, a in zip(features, b, strict=True)
+                    ]
+                    for b in batches
+                ]
+
+                def go() -> None:
+                    for b, g in zip(batches, grads, strict=True):
+                        client.lookup_many(stores, b, train=True)
+                        client.apply_gradients_many(stores, b, g)
+
+                return go
+
+            for _ in range(2):  # admission (min_count) and first inserts
+                steps(full)()
+            out = []
+            for batches in sets:
+                go = steps(batches)
+                best = float("inf")
+                for _ in range(repeats):
+                    c0 = time.process_time()
+                    s0 = sum(_proc_cpu_s(p.pid or 0) for p in procs)
+                    go()
+                    server_s = sum(_proc_cpu_s(p.pid or 0) for p in procs) - s0
+                    best = min(best, time.process_time() - c0 + server_s)
+                out.append(best / len(batches))
+            return out
+        finally:
+            client.close()
+            for p in procs:
+                p.stop()
+
+    t_small, t_full = measure(1, [small, full])
+    (t_two,) = measure(2, [full])
+    steps_n = len(unique)
+    n_small = sum(a.size for b in small for a in b) / steps_n
+    n_full = sum(a.size for b in full for a in b) / steps_n
+    _, per_id = _affine((n_small, t_small), (n_full, t_full))
+    # Two servers: the same ids and table work, 2 requests more a step (+ routing).
+    per_request = max(t_two - t_full, 0.0) / 2
+    return per_request, per_id
+
+
+def calibrate(job: Any, *, repeats: int = 3) -> Costs:
+    """Measure ``Costs`` on this machine with ``job``'s data, tables and model.
+
+    Args:
+        job: a loaded ``JobSpec`` with ``data.sources`` (its files are read).
+        repeats: timings per figure; the best is kept.
+    """
+    parse, hash_per_id, unique, row_bytes, dataset = _data_costs(job, repeats)
+    features = list(unique[0])
+    f = len(features)
+    coef, exp = _fit_unique(unique, job.train.batch_size)
+
+    def unique_ids(b: float) -> float:
+        return f * min(b, coef * b**exp)
+
+    bytes_per_row, dim = _bytes_per_row(job, unique)
+    t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
+    rpc_request, rpc_id = _rpc_costs(job, unique, repeats)
+    # The tables' own per-id work happens in the server too: what remains is the RPC's.
+    rpc_id = max(rpc_id - t["lookup_s_per_id"] - t["update_s_per_id"], 0.0)
+    latency, bw, cpu_per_byte = measure_network(repeats)
+    return Costs(
+        rpc_s_per_request=rpc_request,
+        rpc_s_per_id=rpc_id,
+        parse_s_per_row=parse,
+        hash_s_per_id=hash_per_id,
+        lookup_s_per_id=t["lookup_s_per_id"],
+        lookup_s_per_call=t["lookup_s_per_step"] / f,
+        update_s_per_id=t["update_s_per_id"],
+        update_s_per_call=t["update_s_per_step"] / f,
+        dense_s_per_row=t["dense_s_per_row"],
+        dense_s_per_step=t["dense_s_per_step"],
+        dense_speedup_2=t["dense_speedup_2"],
+        bytes_per_row=bytes_per_row,
+        row_bytes=row_bytes,
+        embedding_dim=dim,
+        sparse_features=f,
+        ids_per_row=float(f),  # one id per feature
+        unique_coef=coef,
+        unique_exp=exp,
+        net_latency_s=latency,
+        net_bytes_per_s=bw,
+        net_cpu_s_per_byte=cpu_per_byte,
+        cores=os.cpu_count() or 1,
+        machine={
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "load_avg_1m": os.getloadavg()[0],
+            "job": job.name,
+            "batch_size": job.train.batch_size,
+            "distinct_ids": float(
+                sum(np.unique(np.concatenate([b[f] for b in unique])).size for f in features)
+            ),
+        },
+    )

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from estuary.config import load_job
+from estuary.plan.calibration import calibrate
+from estuary.plan.costs import load_costs, save_costs
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "criteo.yaml"
+
+
+@pytest.mark.slow
+def test_calibration_of_the_real_code_round_trips(tmp_path: Path) -> None:
+    """One repeat of every timed run on the Criteo sample (~1 minute): every
+    figure is positive where the code does work, and the file reads back equal."""
+    job = load_job(EXAMPLE, ["train.batch_size=512"])
+    costs = calibrate(job, repeats=1)
+    assert costs.sparse_features == 26 and costs.embedding_dim == 16
+    for name in ("parse_s_per_row", "dense_s_per_row", "bytes_per_row", "net_bytes_per_s"):
+        assert getattr(costs, name) > 0, name
+    assert costs.lookup_s_per_id + costs.lookup_s_per_call > 0
+    assert 0 < costs.unique_exp <= 1
+    assert costs.machine["distinct_ids"] > 1000
+    path = tmp_path / "costs.json"
+    save_costs(costs, path)
+    assert load_costs(path) == costs

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from estuary.config import ConfigError
+from estuary.plan.costs import Costs, load_costs, save_costs
+
+
+def test_calibration_file_round_trips(tmp_path: Path, costs: Costs) -> None:
+    path = tmp_path / "costs.json"
+    save_costs(costs, path)
+    assert load_costs(path) == costs
+    assert not list(tmp_path.glob(".costs.json.*"))  # the temp file was renamed
+
+
+def test_unknown_key_names_file_and_key(tmp_path: Path, costs: Costs) -> None:
+    data = costs.to_dict() | {"dense_s_per_rwo": 1.0}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"c\.json\.dense_s_per_rwo: unknown key"):
+        load_costs(path)
+
+
+def test_missing_and_negative_values_name_the_field(tmp_path: Path, costs: Costs) -> None:
+    data = costs.to_dict()
+    del data["bytes_per_row"]
+    with pytest.raises(ConfigError, match=r"costs\.bytes_per_row: missing"):
+        Costs.from_dict(data)
+    with pytest.raises(ConfigError, match=r"costs\.lookup_s_per_id: must be >= 0"):
+        Costs.from_dict(costs.to_dict() | {"lookup_s_per_id": -1.0})
+
+
+def test_unique_ids_follow_the_fitted_power_law(costs: Costs) -> None:
+    from dataclasses import replace
+
+    c = replace(costs, sparse_features=2, ids_per_row=2.0, unique_coef=4.0, unique_exp=0.5)
+    assert c.unique_ids(100) == pytest.approx(2 * 4.0 * 10)  # F * coef * b ** exp
+    assert c.unique_ids(4) == pytest.approx(2 * 4)  # never more ids than the batch has
+
+
+def test_speedup_extends_the_two_thread_figure(costs: Costs) -> None:
+    from dataclasses import replace
+
+    c = replace(costs, dense_speedup_2=1.5)  # Amdahl p = 2/3
+    assert c.speedup(2) == pytest.approx(1.5)
+    assert c.speedup(4) == pytest.approx(1 / (1 / 3 + (2 / 3) / 4))
+    assert replace(costs, dense_speedup_2=1.0).speedup(8) == pytest.approx(1.0)

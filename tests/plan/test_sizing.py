@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from estuary.cli import main
+from estuary.plan.costs import Costs, save_costs
+from estuary.plan.simulator import ClusterSpec
+from estuary.plan.sizing import size_job
+from estuary.plan.trace import GIB
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "criteo.yaml"
+
+
+def test_shards_hold_the_tables_and_the_layout_fits(costs: Costs) -> None:
+    cluster = ClusterSpec(nodes=10)
+    s = size_job(costs, 1e9, cluster, ps_memory_bytes=16 * GIB)
+    # 1e9 ids x 100 B = 100 GB over 80% of 16 GiB shards.
+    assert s.shards_for_memory == math.ceil(1e11 / (0.8 * 16 * GIB))
+    assert s.layout.ps_shards >= s.shards_for_memory
+    assert s.cores_used <= cluster.cores
+    assert s.memory_used_bytes <= cluster.memory_bytes
+    assert s.shard_bytes * s.layout.ps_shards == pytest.approx(1e11)
+    # Neither PS nor executors set the pace: the trainers do.
+    assert s.prediction.bottleneck == "trainers"
+
+
+def test_more_nodes_more_trainers_more_rows(costs: Costs) -> None:
+    small = size_job(costs, 1e8, ClusterSpec(nodes=4))
+    big = size_job(costs, 1e8, ClusterSpec(nodes=40))
+    assert big.layout.trainers > small.layout.trainers
+    assert big.prediction.rows_per_s > small.prediction.rows_per_s
+
+
+def test_tables_too_big_for_the_cluster_are_an_error(costs: Costs) -> None:
+    with pytest.raises(ValueError, match="ids need"):
+        size_job(costs, 1e13, ClusterSpec(nodes=2))
+
+
+def test_estuary_plan_prints_the_sizing(
+    tmp_path: Path, costs: Costs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "costs.json"
+    save_costs(costs, saved)
+    out_json = tmp_path / "plan.json"
+    rc = main(
+        [
+            "plan",
+            str(EXAMPLE),
+            "--nodes",
+            "100",
+            "--ids",
+            "1e10",
+            "--costs",
+            str(saved),
+            "--json",
+            str(out_json),
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "PS shards" in text and "predicted throughput" in text
+    answer = json.loads(out_json.read_text())
+    assert answer["ps_shards"] >= math.ceil(1e10 * 100 / (0.8 * 64 * GIB))
+    assert answer["trainers"] >= 1 and answer["executors"] >= 1
+
+
+def test_estuary_plan_names_a_bad_calibration_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "costs.json"
+    bad.write_text(json.dumps({"parse_s_per_row": 1.0}))
+    rc = main(["plan", str(EXAMPLE), "--nodes", "4", "--costs", str(bad)])
+    assert rc == 2
+    assert f"error: {bad}.bytes_per_row: missing" in capsys.readouterr().err  # sorted first
