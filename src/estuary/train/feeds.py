@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -516,13 +516,22 @@ def feed_for(
     )
 
 
+@runtime_checkable
+class ScaledPool(Protocol):
+    """A split pool that scales itself while rank 0's steps run: a cluster
+    runtime's data executors under ``runtime.scaling`` (the runtime layer
+    implements it; this layer only hands it the steps)."""
+
+    def scaled(
+        self, job: JobSpec, steps: Iterator[_S], rows_of: Callable[[_S], int]
+    ) -> Iterator[_S]: ...
+
+
 def _scaled(
     job: JobSpec, pool: Any, steps: Iterator[_S], rows_of: Callable[[_S], int]
 ) -> Iterator[_S]:
-    """Rank 0's steps under the scaling manager (``runtime.scaling``), if on."""
-    if not job.runtime.scaling.enabled:
+    """Rank 0's steps under the scaling manager (``runtime.scaling``), if on and
+    the pool scales."""
+    if not job.runtime.scaling.enabled or not isinstance(pool, ScaledPool):
         return steps
-    # Imported here: estuary.runtime imports estuary.train.
-    from estuary.runtime.scaling.pool import scaled_steps
-
-    return scaled_steps(job, pool, steps, rows_of)
+    return pool.scaled(job, steps, rows_of)

@@ -29,20 +29,23 @@ import collections
 import contextlib
 import dataclasses
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from estuary.config.spec import RoleResources
+from estuary.config.spec import JobSpec, RoleResources
 from estuary.data.errors import DataError
 from estuary.data.graph.executor_actor import DataExecutorActor
 from estuary.data.graph.executors import SplitReader
 from estuary.runtime.scaling.metrics import BusyClock
 
 __all__ = ["DataExecutorActor", "DataExecutorLost", "PoolClosed", "RayExecutorPool", "RayExecutors"]
+
+_T = TypeVar("_T")
 
 
 class DataExecutorLost(DataError):
@@ -302,6 +305,15 @@ class RayExecutorPool:
             self._handles[executor] = self._start(executor)
             if executor in self.actors:
                 self.actors[executor] = self._handles[executor]
+
+    def scaled(
+        self, job: JobSpec, steps: Iterator[_T], rows_of: Callable[[_T], int]
+    ) -> Iterator[_T]:
+        """``steps`` (rank 0's) with the scaling manager resizing this pool
+        while they last (``runtime.scaling``; ``estuary.train.feeds.ScaledPool``)."""
+        from estuary.runtime.scaling.pool import scaled_steps  # only where scaling is on
+
+        return scaled_steps(job, self, steps, rows_of)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
