@@ -199,6 +199,7 @@ def job(data: Data, seed: int, mixture: bool, args: argparse.Namespace) -> JobSp
                 "embeddings": "split",
                 "memory_dim": 8,
                 "adapt_reads": args.adapt_reads,
+                "evidence_rows": args.evidence_rows,
                 "update": {
                     "history_streams": ["history"],
                     "history": {"memory": 1, "adapt": 0, "gate": 0, "embeddings": 1},
@@ -450,6 +451,7 @@ def main() -> None:
     parser.add_argument("--adapt-dim", type=int, default=8)
     parser.add_argument("--combine", default="gate")
     parser.add_argument("--adapt-reads", default="own")
+    parser.add_argument("--evidence-rows", type=int, default=100)
     parser.add_argument("--gate-lr-scale", type=float, default=2.0)
     parser.add_argument("--surge-buffer-rows", type=int, default=2000)
     parser.add_argument("--no-surge", action="store_true")

@@ -98,9 +98,15 @@ class MixtureModel(nn.Module):
         gate: nn.Module | None,
         rules: MixtureRules,
         adapt_reads: AdaptReads = "own",
+        evidence_rows: int = 0,
     ) -> None:
         super().__init__()
         self.adapt_reads = adapt_reads
+        self.evidence_rows = evidence_rows
+        # Decayed sums of the log loss of the two experts (memory alone; memory +
+        # gated adapt) over the last ~evidence_rows stream training rows.
+        self.register_buffer("evidence", torch.zeros(2, dtype=torch.float64))
+        self._labels: torch.Tensor | None = None
         self.memory, self.adapt, self.gate = memory, adapt, gate
         self.combine, self.memory_dim, self.rules = combine, memory_dim, rules
         self.rule: Rule = rules.history  # the rule of the step in progress
@@ -114,9 +120,35 @@ class MixtureModel(nn.Module):
         ``None``: with the whole mixture (training always uses the whole)."""
         self.scoring = kind
 
-    def use_rule(self, rule: Rule) -> None:
-        """The rule of the next training step (frozen towers' slices detached)."""
+    def use_rule(self, rule: Rule, labels: torch.Tensor | None = None) -> None:
+        """The rule of the next training step (frozen towers' slices detached),
+        and its rows' labels: with ``evidence_rows``, a stream step adds its
+        rows' losses to the evidence *after* its forward (the step's own logits
+        never see its labels)."""
         self.rule = rule
+        self._labels = labels
+
+    def adapt_weight(self) -> float:
+        """The posterior weight of the expert with the adapt tower (1 without
+        ``evidence_rows``): ``sigmoid(L_memory - L_mixture)``, the decayed sums
+        of each expert's log loss over the last ~``evidence_rows`` stream rows."""
+        if self.evidence_rows <= 0:
+            return 1.0
+        return float(torch.sigmoid(self.evidence[0] - self.evidence[1]))
+
+    def _observe(self, m: torch.Tensor, full: torch.Tensor) -> None:
+        labels = self._labels
+        self._labels = None
+        if labels is None or self.evidence_rows <= 0 or self.rule.adapt == 0:
+            return
+        y = labels.to(torch.float64).reshape(-1)
+        with torch.no_grad():
+            logits = torch.stack([m.detach(), full.detach()]).to(torch.float64)
+            loss = nn.functional.binary_cross_entropy_with_logits(
+                logits, y.expand_as(logits), reduction="none"
+            ).sum(dim=1)
+            decay = (1.0 - 1.0 / self.evidence_rows) ** len(y)
+            self.evidence.mul_(decay).add_(loss)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         if self.memory_dim is None:
@@ -135,11 +167,18 @@ class MixtureModel(nn.Module):
         a = self.adapt(dense, adapt_in)  # (B,)
         if self.gate is None:
             self.last_gate = None
-            return m + a
-        norms = sparse.detach().norm(dim=2)  # (B, F): small for fresh ids
-        g = self.gate(torch.cat([dense, norms], dim=1)).squeeze(1)  # (B,)
-        self.last_gate = g.detach()
-        return m + g * a
+            ga = a
+        else:
+            norms = sparse.detach().norm(dim=2)  # (B, F): small for fresh ids
+            g = self.gate(torch.cat([dense, norms], dim=1)).squeeze(1)  # (B,)
+            self.last_gate = g.detach()
+            ga = g * a
+        if self.evidence_rows <= 0:
+            return m + ga
+        pi = self.adapt_weight()  # from the rows before this step's
+        if self.training:
+            self._observe(m, m + ga)
+        return m + pi * ga
 
 
 def mixture(
@@ -154,6 +193,7 @@ def mixture(
     gate_hidden: int = 0,
     update: Mapping[str, Any] | None = None,
     adapt_reads: str = "own",
+    evidence_rows: int = 0,
 ) -> MixtureModel:
     """``model.type: mixture`` (see the module docstring and docs/mixture.md).
 
@@ -169,6 +209,9 @@ def mixture(
             columns) or ``all`` (the memory columns, detached, and its own).
         gate_hidden: hidden units of the gate (0: a linear gate).
         update: the update rules (``MixtureRules``).
+        evidence_rows: > 0: the adapt tower's term is weighted by the posterior
+            of the expert with it against the memory tower alone, from their
+            log losses over the last ~``evidence_rows`` stream rows (0: off).
     """
     path = "model.params"
     if memory is None or adapt is None:
@@ -197,6 +240,8 @@ def mixture(
         mem_dim = adapt_dim = embedding_dim
     if gate_hidden < 0:
         raise ConfigError(f"{path}.gate_hidden", f"expected >= 0, got {gate_hidden}")
+    if isinstance(evidence_rows, bool) or not isinstance(evidence_rows, int) or evidence_rows < 0:
+        raise ConfigError(f"{path}.evidence_rows", f"expected an int >= 0, got {evidence_rows!r}")
     rules = MixtureRules.parse(update, f"{path}.update")
     # The memory tower is built first: it draws its initial weights as the same
     # model built alone would (same seed), so it can be compared with one.
@@ -222,4 +267,5 @@ def mixture(
         gate=gate,
         rules=rules,
         adapt_reads=adapt_reads,  # type: ignore[arg-type]
+        evidence_rows=evidence_rows,
     )

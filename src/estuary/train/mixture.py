@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import torch
 from torch import nn
 
 from estuary.data.types import Batch
@@ -62,7 +63,7 @@ def mixture_plan_for(
 
     def plan_for(batch: Batch) -> UpdatePlan:
         kind = rules.kind(batch.origin)
-        mixture.use_rule(rules.rule(kind))
+        mixture.use_rule(rules.rule(kind), torch.from_numpy(batch.labels))
         return plans[kind]
 
     return plan_for
