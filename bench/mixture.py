@@ -200,6 +200,7 @@ def job(data: Data, seed: int, mixture: bool, args: argparse.Namespace) -> JobSp
                 "memory_dim": 8,
                 "adapt_reads": args.adapt_reads,
                 "evidence_rows": args.evidence_rows,
+                "memory_learns_new_ids": not args.memory_new_ids_frozen,
                 "update": {
                     "history_streams": ["history"],
                     "history": {"memory": 1, "adapt": 0, "gate": 0, "embeddings": 1},
@@ -259,7 +260,7 @@ def build(data: Data, seed: int, mixture: bool, args: argparse.Namespace) -> Run
         spec, plan, tables, external=False, num_dense=data.num_dense, jagged=(), model=None
     )
     updater = engine.sparse_updater()
-    plan_for = mixture_plan_for(engine.model, plan.tables)
+    plan_for = mixture_plan_for(engine.model, plan.tables, engine.embeddings.features)
 
     def step(batch: Batch) -> np.ndarray:
         looked_up = engine.lookup(batch)
@@ -452,6 +453,7 @@ def main() -> None:
     parser.add_argument("--combine", default="gate")
     parser.add_argument("--adapt-reads", default="own")
     parser.add_argument("--evidence-rows", type=int, default=100)
+    parser.add_argument("--memory-new-ids-frozen", action="store_true")
     parser.add_argument("--gate-lr-scale", type=float, default=2.0)
     parser.add_argument("--surge-buffer-rows", type=int, default=2000)
     parser.add_argument("--no-surge", action="store_true")

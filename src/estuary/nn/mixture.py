@@ -99,12 +99,16 @@ class MixtureModel(nn.Module):
         rules: MixtureRules,
         adapt_reads: AdaptReads = "own",
         evidence_rows: int = 0,
+        memory_learns_new_ids: bool = False,
     ) -> None:
         super().__init__()
+        self.memory_learns_new_ids = memory_learns_new_ids
+        self._new: torch.Tensor | None = None  # (B, F) bool of the next step
         self.adapt_reads = adapt_reads
         self.evidence_rows = evidence_rows
         # Decayed sums of the log loss of the two experts (memory alone; memory +
         # gated adapt) over the last ~evidence_rows stream training rows.
+        self.evidence: torch.Tensor
         self.register_buffer("evidence", torch.zeros(2, dtype=torch.float64))
         self._labels: torch.Tensor | None = None
         self.memory, self.adapt, self.gate = memory, adapt, gate
@@ -120,13 +124,22 @@ class MixtureModel(nn.Module):
         ``None``: with the whole mixture (training always uses the whole)."""
         self.scoring = kind
 
-    def use_rule(self, rule: Rule, labels: torch.Tensor | None = None) -> None:
+    def use_rule(
+        self,
+        rule: Rule,
+        labels: torch.Tensor | None = None,
+        new_ids: torch.Tensor | None = None,
+    ) -> None:
         """The rule of the next training step (frozen towers' slices detached),
-        and its rows' labels: with ``evidence_rows``, a stream step adds its
-        rows' losses to the evidence *after* its forward (the step's own logits
-        never see its labels)."""
+        its rows' labels (with ``evidence_rows``, a stream step adds its rows'
+        losses to the evidence *after* its forward: the step's own logits never
+        see its labels) and ``new_ids`` (B, F): True where a row's ids of a
+        feature were never in a history row (with ``memory_learns_new_ids`` and
+        split tables, those memory columns are not detached on a frozen memory
+        step: they learn through the frozen memory tower)."""
         self.rule = rule
         self._labels = labels
+        self._new = new_ids
 
     def adapt_weight(self) -> float:
         """The posterior weight of the expert with the adapt tower (1 without
@@ -155,8 +168,12 @@ class MixtureModel(nn.Module):
             mem_in = adapt_in = sparse
         else:
             mem_in, adapt_in = sparse[..., : self.memory_dim], sparse[..., self.memory_dim :]
+            new, self._new = self._new, None
             if self.training and self.rule.memory == 0:
-                mem_in = mem_in.detach()
+                if self.memory_learns_new_ids and new is not None:
+                    mem_in = torch.where(new.unsqueeze(-1), mem_in, mem_in.detach())
+                else:
+                    mem_in = mem_in.detach()
             if self.training and self.rule.adapt == 0:
                 adapt_in = adapt_in.detach()
             if self.adapt_reads == "all":  # the memory columns as read-only features
@@ -194,6 +211,7 @@ def mixture(
     update: Mapping[str, Any] | None = None,
     adapt_reads: str = "own",
     evidence_rows: int = 0,
+    memory_learns_new_ids: bool = False,
 ) -> MixtureModel:
     """``model.type: mixture`` (see the module docstring and docs/mixture.md).
 
@@ -212,6 +230,9 @@ def mixture(
         evidence_rows: > 0: the adapt tower's term is weighted by the posterior
             of the expert with it against the memory tower alone, from their
             log losses over the last ~``evidence_rows`` stream rows (0: off).
+        memory_learns_new_ids: with split tables, stream rows train the memory
+            columns of ids no history row had (through the frozen memory tower);
+            the columns of history ids stay frozen.
     """
     path = "model.params"
     if memory is None or adapt is None:
@@ -242,6 +263,10 @@ def mixture(
         raise ConfigError(f"{path}.gate_hidden", f"expected >= 0, got {gate_hidden}")
     if isinstance(evidence_rows, bool) or not isinstance(evidence_rows, int) or evidence_rows < 0:
         raise ConfigError(f"{path}.evidence_rows", f"expected an int >= 0, got {evidence_rows!r}")
+    if not isinstance(memory_learns_new_ids, bool):
+        raise ConfigError(f"{path}.memory_learns_new_ids", "expected true or false")
+    if memory_learns_new_ids and embeddings != "split":
+        raise ConfigError(f"{path}.memory_learns_new_ids", "only with embeddings: split")
     rules = MixtureRules.parse(update, f"{path}.update")
     # The memory tower is built first: it draws its initial weights as the same
     # model built alone would (same seed), so it can be compared with one.
@@ -268,4 +293,5 @@ def mixture(
         rules=rules,
         adapt_reads=adapt_reads,  # type: ignore[arg-type]
         evidence_rows=evidence_rows,
+        memory_learns_new_ids=memory_learns_new_ids,
     )
