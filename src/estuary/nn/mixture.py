@@ -131,12 +131,13 @@ class MixtureModel(nn.Module):
         new_ids: torch.Tensor | None = None,
     ) -> None:
         """The rule of the next training step (frozen towers' slices detached),
-        its rows' labels (with ``evidence_rows``, a stream step adds its rows'
-        losses to the evidence *after* its forward: the step's own logits never
-        see its labels) and ``new_ids`` (B, F): True where a row's ids of a
-        feature were never in a history row (with ``memory_learns_new_ids`` and
-        split tables, those memory columns are not detached on a frozen memory
-        step: they learn through the frozen memory tower)."""
+        the labels of a *stream* step's rows (with ``evidence_rows``, the step
+        adds its rows' losses to the evidence *after* its forward: the step's
+        own logits never see its labels; ``None`` for history) and ``new_ids``
+        (B, F): True where a row's ids of a feature were never in a history row
+        (with ``memory_learns_new_ids`` and split tables, those memory columns
+        are not detached on a frozen memory step: they learn through the frozen
+        memory tower)."""
         self.rule = rule
         self._labels = labels
         self._new = new_ids
@@ -152,7 +153,7 @@ class MixtureModel(nn.Module):
     def _observe(self, m: torch.Tensor, full: torch.Tensor) -> None:
         labels = self._labels
         self._labels = None
-        if labels is None or self.evidence_rows <= 0 or self.rule.adapt == 0:
+        if labels is None or self.evidence_rows <= 0:
             return
         y = labels.to(torch.float64).reshape(-1)
         with torch.no_grad():

@@ -105,7 +105,8 @@ def mixture_plan_for(
                 history_ids.add(batch)
             else:
                 new = history_ids.new(batch, list(features or batch.sparse))
-        mixture.use_rule(rules.rule(kind), torch.from_numpy(batch.labels), new)
+        labels = torch.from_numpy(batch.labels) if kind == "stream" else None
+        mixture.use_rule(rules.rule(kind), labels, new)
         return plans[kind]
 
     return plan_for
