@@ -452,7 +452,7 @@ def main() -> None:
     parser.add_argument("--adapt-dim", type=int, default=8)
     parser.add_argument("--combine", default="gate")
     parser.add_argument("--adapt-reads", default="own")
-    parser.add_argument("--evidence-rows", type=int, default=100)
+    parser.add_argument("--evidence-rows", type=int, default=200)
     parser.add_argument("--memory-new-ids-frozen", action="store_true")
     parser.add_argument("--gate-lr-scale", type=float, default=2.0)
     parser.add_argument("--surge-buffer-rows", type=int, default=2000)
