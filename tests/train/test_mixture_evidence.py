@@ -173,3 +173,19 @@ def test_bad_evidence_and_new_id_settings_name_their_field() -> None:
         build(evidence_rows=-1)
     with pytest.raises(ConfigError, match=r"model\.params\.memory_learns_new_ids"):
         mixture(2, F, D, memory=TOWER, adapt=TOWER, memory_learns_new_ids=True)
+
+
+def test_the_evidence_is_checkpointed_and_older_states_without_it_load() -> None:
+    model = build(evidence_rows=50)
+    model.train()
+    dense, sparse, labels = inputs()
+    model.use_rule(model.rules.stream, labels)
+    model(dense, sparse)
+    state = model.state_dict()
+    restored = build(evidence_rows=50)
+    restored.load_state_dict(state)
+    assert torch.equal(restored.evidence, model.evidence)
+    older = {k: v for k, v in state.items() if k != "evidence"}
+    fresh = build(evidence_rows=50)
+    fresh.load_state_dict(older)  # strict: no missing-key error
+    assert fresh.evidence.tolist() == [0.0, 0.0]

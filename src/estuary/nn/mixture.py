@@ -119,6 +119,11 @@ class MixtureModel(nn.Module):
         self.last_gate: torch.Tensor | None = None
         self.scoring: RowKind | None = None
 
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        # A checkpoint from before ``evidence`` existed: start with no evidence.
+        state_dict.setdefault(prefix + "evidence", torch.zeros_like(self.evidence))
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def score_as(self, kind: RowKind | None) -> None:
         """``"history"``: evaluation answers with the memory tower alone;
         ``None``: with the whole mixture (training always uses the whole)."""
