@@ -16,7 +16,14 @@ over the stream's windows, AUC per window):
   mixture      ``model.type: mixture`` (estuary.nn.mixture) with its update
                rules from the batch origin: history rows train the memory tower
                (and its embedding columns); stream rows train the adapt tower and
-               the gate, memory tower and its columns frozen
+               the gate, memory tower and the memory columns of history ids
+               frozen. One configuration for all four datasets: split tables
+               8 + 8, gate, ``evidence_rows: 200`` (the adapt term weighted by
+               the posterior of "memory + adapt" against "memory alone" from
+               their log losses over the last ~200 stream rows) and
+               ``memory_learns_new_ids: true`` (stream rows train the memory
+               columns of ids no history row had); ``--evidence-rows 0`` and
+               ``--memory-new-ids-frozen`` turn them off
   river_fm     river's ``facto.FMClassifier`` (an online factorization machine),
                learnt row by row over the history, then scored on each stream
                window with ``river.evaluate.progressive_val_score``
