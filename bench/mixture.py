@@ -2,7 +2,8 @@
 
     python bench/mixture.py [--json PATH] [--seeds 3] [--rows-per-hour 3000]
                             [--hours 8] [--datasets abrupt,gradual,recurring,avazu]
-                            [--batch-size 100] [--no-river]
+                            [--batch-size 100] [--no-river] [--no-surge]
+                            [--evidence-rows 200] [--memory-new-ids-frozen]
 
 Each dataset is a **history** followed by a **stream**, cut into event-time
 windows; every stream row is scored before it is trained on (progressive

@@ -10,6 +10,10 @@ taught, and an **adapt** tower that follows the live stream (docs/mixture.md).
 
     combine: sum   logit = m + a
              gate  logit = m + g * a,  g = gate([dense, |e_1|, ..., |e_F|])  (B,)
+    evidence_rows: N > 0   the adapt term times pi = sigmoid(L_m - L_full), the
+             posterior of "memory + adapt" against "memory alone" from their log
+             losses over the last ~N stream rows (decayed; labels of a step are
+             added after its forward)
 
 The gate is a per-row weight of the adapt tower, zero at the start (its last
 layer starts at zero): until stream rows teach it, the mixture is its memory
@@ -28,7 +32,9 @@ default, scores every row with the whole mixture.
 Which rows train which part is ``update`` (``MixtureRules``); the training loop
 calls ``use_rule`` before each step. With split tables, a tower frozen for a
 step (scale 0) reads its slice detached, so its slice of the rows gets no
-gradient: stream rows never move the memory tower's vectors.
+gradient: stream rows never move the memory tower's vectors, except, with
+``memory_learns_new_ids``, those of ids no history row had (``new_ids`` of
+``use_rule``), which learn through the frozen memory tower.
 """
 
 from __future__ import annotations
