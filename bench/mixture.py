@@ -2,7 +2,8 @@
 
     python bench/mixture.py [--json PATH] [--seeds 3] [--rows-per-hour 3000]
                             [--hours 8] [--datasets abrupt,gradual,recurring,avazu]
-                            [--batch-size 100] [--no-river]
+                            [--batch-size 100] [--no-river] [--no-surge]
+                            [--evidence-rows 200] [--memory-new-ids-frozen]
 
 Each dataset is a **history** followed by a **stream**, cut into event-time
 windows; every stream row is scored before it is trained on (progressive
@@ -16,7 +17,14 @@ over the stream's windows, AUC per window):
   mixture      ``model.type: mixture`` (estuary.nn.mixture) with its update
                rules from the batch origin: history rows train the memory tower
                (and its embedding columns); stream rows train the adapt tower and
-               the gate, memory tower and its columns frozen
+               the gate, memory tower and the memory columns of history ids
+               frozen. One configuration for all four datasets: split tables
+               8 + 8, gate, ``evidence_rows: 200`` (the adapt term weighted by
+               the posterior of "memory + adapt" against "memory alone" from
+               their log losses over the last ~200 stream rows) and
+               ``memory_learns_new_ids: true`` (stream rows train the memory
+               columns of ids no history row had); ``--evidence-rows 0`` and
+               ``--memory-new-ids-frozen`` turn them off
   river_fm     river's ``facto.FMClassifier`` (an online factorization machine),
                learnt row by row over the history, then scored on each stream
                window with ``river.evaluate.progressive_val_score``
@@ -199,6 +207,8 @@ def job(data: Data, seed: int, mixture: bool, args: argparse.Namespace) -> JobSp
                 "embeddings": "split",
                 "memory_dim": 8,
                 "adapt_reads": args.adapt_reads,
+                "evidence_rows": args.evidence_rows,
+                "memory_learns_new_ids": not args.memory_new_ids_frozen,
                 "update": {
                     "history_streams": ["history"],
                     "history": {"memory": 1, "adapt": 0, "gate": 0, "embeddings": 1},
@@ -258,7 +268,7 @@ def build(data: Data, seed: int, mixture: bool, args: argparse.Namespace) -> Run
         spec, plan, tables, external=False, num_dense=data.num_dense, jagged=(), model=None
     )
     updater = engine.sparse_updater()
-    plan_for = mixture_plan_for(engine.model, plan.tables)
+    plan_for = mixture_plan_for(engine.model, plan.tables, engine.embeddings.features)
 
     def step(batch: Batch) -> np.ndarray:
         looked_up = engine.lookup(batch)
@@ -450,6 +460,8 @@ def main() -> None:
     parser.add_argument("--adapt-dim", type=int, default=8)
     parser.add_argument("--combine", default="gate")
     parser.add_argument("--adapt-reads", default="own")
+    parser.add_argument("--evidence-rows", type=int, default=200)
+    parser.add_argument("--memory-new-ids-frozen", action="store_true")
     parser.add_argument("--gate-lr-scale", type=float, default=2.0)
     parser.add_argument("--surge-buffer-rows", type=int, default=2000)
     parser.add_argument("--no-surge", action="store_true")

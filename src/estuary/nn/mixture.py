@@ -10,6 +10,10 @@ taught, and an **adapt** tower that follows the live stream (docs/mixture.md).
 
     combine: sum   logit = m + a
              gate  logit = m + g * a,  g = gate([dense, |e_1|, ..., |e_F|])  (B,)
+    evidence_rows: N > 0   the adapt term times pi = sigmoid(L_m - L_full), the
+             posterior of "memory + adapt" against "memory alone" from their log
+             losses over the last ~N stream rows (decayed; labels of a step are
+             added after its forward)
 
 The gate is a per-row weight of the adapt tower, zero at the start (its last
 layer starts at zero): until stream rows teach it, the mixture is its memory
@@ -28,7 +32,9 @@ default, scores every row with the whole mixture.
 Which rows train which part is ``update`` (``MixtureRules``); the training loop
 calls ``use_rule`` before each step. With split tables, a tower frozen for a
 step (scale 0) reads its slice detached, so its slice of the rows gets no
-gradient: stream rows never move the memory tower's vectors.
+gradient: stream rows never move the memory tower's vectors, except, with
+``memory_learns_new_ids``, those of ids no history row had (``new_ids`` of
+``use_rule``), which learn through the frozen memory tower.
 """
 
 from __future__ import annotations
@@ -98,9 +104,19 @@ class MixtureModel(nn.Module):
         gate: nn.Module | None,
         rules: MixtureRules,
         adapt_reads: AdaptReads = "own",
+        evidence_rows: int = 0,
+        memory_learns_new_ids: bool = False,
     ) -> None:
         super().__init__()
+        self.memory_learns_new_ids = memory_learns_new_ids
+        self._new: torch.Tensor | None = None  # (B, F) bool of the next step
         self.adapt_reads = adapt_reads
+        self.evidence_rows = evidence_rows
+        # Decayed sums of the log loss of the two experts (memory alone; memory +
+        # gated adapt) over the last ~evidence_rows stream training rows.
+        self.evidence: torch.Tensor
+        self.register_buffer("evidence", torch.zeros(2, dtype=torch.float64))
+        self._labels: torch.Tensor | None = None
         self.memory, self.adapt, self.gate = memory, adapt, gate
         self.combine, self.memory_dim, self.rules = combine, memory_dim, rules
         self.rule: Rule = rules.history  # the rule of the step in progress
@@ -109,22 +125,67 @@ class MixtureModel(nn.Module):
         self.last_gate: torch.Tensor | None = None
         self.scoring: RowKind | None = None
 
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        # A checkpoint from before ``evidence`` existed: start with no evidence.
+        state_dict.setdefault(prefix + "evidence", torch.zeros_like(self.evidence))
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def score_as(self, kind: RowKind | None) -> None:
         """``"history"``: evaluation answers with the memory tower alone;
         ``None``: with the whole mixture (training always uses the whole)."""
         self.scoring = kind
 
-    def use_rule(self, rule: Rule) -> None:
-        """The rule of the next training step (frozen towers' slices detached)."""
+    def use_rule(
+        self,
+        rule: Rule,
+        labels: torch.Tensor | None = None,
+        new_ids: torch.Tensor | None = None,
+    ) -> None:
+        """The rule of the next training step (frozen towers' slices detached),
+        the labels of a *stream* step's rows (with ``evidence_rows``, the step
+        adds its rows' losses to the evidence *after* its forward: the step's
+        own logits never see its labels; ``None`` for history) and ``new_ids``
+        (B, F): True where a row's ids of a feature were never in a history row
+        (with ``memory_learns_new_ids`` and split tables, those memory columns
+        are not detached on a frozen memory step: they learn through the frozen
+        memory tower)."""
         self.rule = rule
+        self._labels = labels
+        self._new = new_ids
+
+    def adapt_weight(self) -> float:
+        """The posterior weight of the expert with the adapt tower (1 without
+        ``evidence_rows``): ``sigmoid(L_memory - L_mixture)``, the decayed sums
+        of each expert's log loss over the last ~``evidence_rows`` stream rows."""
+        if self.evidence_rows <= 0:
+            return 1.0
+        return float(torch.sigmoid(self.evidence[0] - self.evidence[1]))
+
+    def _observe(self, m: torch.Tensor, full: torch.Tensor) -> None:
+        labels = self._labels
+        self._labels = None
+        if labels is None or self.evidence_rows <= 0:
+            return
+        y = labels.to(torch.float64).reshape(-1)
+        with torch.no_grad():
+            logits = torch.stack([m.detach(), full.detach()]).to(torch.float64)
+            loss = nn.functional.binary_cross_entropy_with_logits(
+                logits, y.expand_as(logits), reduction="none"
+            ).sum(dim=1)
+            decay = (1.0 - 1.0 / self.evidence_rows) ** len(y)
+            self.evidence.mul_(decay).add_(loss)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         if self.memory_dim is None:
             mem_in = adapt_in = sparse
         else:
             mem_in, adapt_in = sparse[..., : self.memory_dim], sparse[..., self.memory_dim :]
+            new, self._new = self._new, None
             if self.training and self.rule.memory == 0:
-                mem_in = mem_in.detach()
+                if self.memory_learns_new_ids and new is not None:
+                    mem_in = torch.where(new.unsqueeze(-1), mem_in, mem_in.detach())
+                else:
+                    mem_in = mem_in.detach()
             if self.training and self.rule.adapt == 0:
                 adapt_in = adapt_in.detach()
             if self.adapt_reads == "all":  # the memory columns as read-only features
@@ -135,11 +196,18 @@ class MixtureModel(nn.Module):
         a = self.adapt(dense, adapt_in)  # (B,)
         if self.gate is None:
             self.last_gate = None
-            return m + a
-        norms = sparse.detach().norm(dim=2)  # (B, F): small for fresh ids
-        g = self.gate(torch.cat([dense, norms], dim=1)).squeeze(1)  # (B,)
-        self.last_gate = g.detach()
-        return m + g * a
+            ga = a
+        else:
+            norms = sparse.detach().norm(dim=2)  # (B, F): small for fresh ids
+            g = self.gate(torch.cat([dense, norms], dim=1)).squeeze(1)  # (B,)
+            self.last_gate = g.detach()
+            ga = g * a
+        if self.evidence_rows <= 0:
+            return m + ga
+        pi = self.adapt_weight()  # from the rows before this step's
+        if self.training:
+            self._observe(m, m + ga)
+        return m + pi * ga
 
 
 def mixture(
@@ -154,6 +222,8 @@ def mixture(
     gate_hidden: int = 0,
     update: Mapping[str, Any] | None = None,
     adapt_reads: str = "own",
+    evidence_rows: int = 0,
+    memory_learns_new_ids: bool = False,
 ) -> MixtureModel:
     """``model.type: mixture`` (see the module docstring and docs/mixture.md).
 
@@ -169,6 +239,12 @@ def mixture(
             columns) or ``all`` (the memory columns, detached, and its own).
         gate_hidden: hidden units of the gate (0: a linear gate).
         update: the update rules (``MixtureRules``).
+        evidence_rows: > 0: the adapt tower's term is weighted by the posterior
+            of the expert with it against the memory tower alone, from their
+            log losses over the last ~``evidence_rows`` stream rows (0: off).
+        memory_learns_new_ids: with split tables, stream rows train the memory
+            columns of ids no history row had (through the frozen memory tower);
+            the columns of history ids stay frozen.
     """
     path = "model.params"
     if memory is None or adapt is None:
@@ -197,6 +273,12 @@ def mixture(
         mem_dim = adapt_dim = embedding_dim
     if gate_hidden < 0:
         raise ConfigError(f"{path}.gate_hidden", f"expected >= 0, got {gate_hidden}")
+    if isinstance(evidence_rows, bool) or not isinstance(evidence_rows, int) or evidence_rows < 0:
+        raise ConfigError(f"{path}.evidence_rows", f"expected an int >= 0, got {evidence_rows!r}")
+    if not isinstance(memory_learns_new_ids, bool):
+        raise ConfigError(f"{path}.memory_learns_new_ids", "expected true or false")
+    if memory_learns_new_ids and embeddings != "split":
+        raise ConfigError(f"{path}.memory_learns_new_ids", "only with embeddings: split")
     rules = MixtureRules.parse(update, f"{path}.update")
     # The memory tower is built first: it draws its initial weights as the same
     # model built alone would (same seed), so it can be compared with one.
@@ -222,4 +304,6 @@ def mixture(
         gate=gate,
         rules=rules,
         adapt_reads=adapt_reads,  # type: ignore[arg-type]
+        evidence_rows=evidence_rows,
+        memory_learns_new_ids=memory_learns_new_ids,
     )

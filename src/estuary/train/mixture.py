@@ -15,8 +15,10 @@ table the same scale, as the parameter server requires.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
+import torch
 from torch import nn
 
 from estuary.data.types import Batch
@@ -24,7 +26,7 @@ from estuary.nn.mixture import MixtureModel
 from estuary.nn.mixture_rules import RowKind, Rule
 from estuary.train.engine import UpdatePlan
 
-__all__ = ["find_mixture", "mixture_plan_for", "plan_of"]
+__all__ = ["HistoryIds", "find_mixture", "mixture_plan_for", "plan_of"]
 
 
 def find_mixture(model: nn.Module) -> MixtureModel | None:
@@ -46,10 +48,44 @@ def plan_of(rule: Rule, tables: Iterable[str]) -> UpdatePlan:
     return UpdatePlan(dense=dense, tables=sparse)
 
 
+class HistoryIds:
+    """The ids history rows had, per feature, to mark a stream row's new ones.
+
+    An exact set per feature, in memory (grows with the history's vocabulary;
+    rebuilt from nothing on a restart: see docs/mixture.md)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[int]] = {}
+
+    def add(self, batch: Batch) -> None:
+        for name, ids in batch.sparse.items():
+            self.seen.setdefault(name, set()).update(ids.values.tolist())
+
+    def new(self, batch: Batch, features: Sequence[str]) -> torch.Tensor:
+        """(B, F) bool: True where none of the row's ids of that feature was
+        ever in a history row (an empty bag: False)."""
+        out = np.zeros((batch.num_rows, len(features)), np.bool_)
+        for j, name in enumerate(features):
+            ids = batch.sparse.get(name)
+            if ids is None or ids.values.size == 0:
+                continue
+            seen = self.seen.get(name, set())
+            fresh = np.fromiter((v not in seen for v in ids.values.tolist()), np.bool_)
+            lengths = np.diff(ids.offsets)
+            rows = np.repeat(np.arange(batch.num_rows), lengths)
+            stale = np.zeros(batch.num_rows, np.bool_)
+            np.logical_or.at(stale, rows, ~fresh)
+            out[:, j] = (lengths > 0) & ~stale
+        return torch.from_numpy(out)
+
+
 def mixture_plan_for(
-    model: nn.Module, tables: Iterable[str]
+    model: nn.Module, tables: Iterable[str], features: Sequence[str] | None = None
 ) -> Callable[[Batch], UpdatePlan] | None:
-    """The batch -> plan function of a mixture ``model`` (``None`` for any other)."""
+    """The batch -> plan function of a mixture ``model`` (``None`` for any other).
+
+    ``features``: the model's sparse features in its (B, F, D) order (default:
+    the batch's ``sparse`` order), for ``memory_learns_new_ids``."""
     mixture = find_mixture(model)
     if mixture is None:
         return None
@@ -59,10 +95,18 @@ def mixture_plan_for(
         "history": plan_of(rules.history, names),
         "stream": plan_of(rules.stream, names),
     }
+    history_ids = HistoryIds() if mixture.memory_learns_new_ids else None
 
     def plan_for(batch: Batch) -> UpdatePlan:
         kind = rules.kind(batch.origin)
-        mixture.use_rule(rules.rule(kind))
+        new = None
+        if history_ids is not None:
+            if kind == "history":
+                history_ids.add(batch)
+            else:
+                new = history_ids.new(batch, list(features or batch.sparse))
+        labels = torch.from_numpy(batch.labels) if kind == "stream" else None
+        mixture.use_rule(rules.rule(kind), labels, new)
         return plans[kind]
 
     return plan_for
