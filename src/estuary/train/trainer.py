@@ -124,7 +124,7 @@ class Trainer:
         # Each batch's UpdatePlan (e.g. by ``batch.origin``); None: the plain step.
         # A mixture model's update rules give one (``estuary.train.mixture``).
         self.plan_for: Callable[[Batch], UpdatePlan | None] | None = mixture_plan_for(
-            self.engine.model, self.plan.tables
+            self.engine.model, self.plan.tables, self.engine.embeddings.features
         )
         # data.dataset: makes the pool rank 0 reads whole splits with (a cluster
         # runtime's data executors); None: the driver's own threads.
