@@ -15,6 +15,7 @@ def test_bench_ps_writes_every_ratio(tmp_path: Path) -> None:
     out = tmp_path / "ps.json"
     argv = ["--rows", "20000", "--dims", "8", "--batch", "4096", "--batches", "2"]
     argv += ["--optimizer", "adagrad", "rowwise_adagrad", "--dtypes", "fp32", "bf16"]
+    argv += ["--tiered-rows", "20000"]  # the disk tier: a table 4x its memory budget
     subprocess.run(
         [
             sys.executable,
@@ -37,6 +38,7 @@ def test_bench_ps_writes_every_ratio(tmp_path: Path) -> None:
         "bytes_per_row_over_ideal",
         "bytes_per_row_over_budget",
         "bf16_rowwise_vs_fp32_ids_per_s",
+        "tiered_vs_memory_ids_per_s",
     }
     assert all(v > 0 for v in payload["ratios"].values())
     figures = payload["figures"]
