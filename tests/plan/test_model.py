@@ -36,15 +36,48 @@ def test_a_shared_machine_caps_by_cores_and_per_process_share(costs: Costs) -> N
     free = predict(costs, lay).rows_per_s
     assert predict_shared(costs, lay, cores_1=0.5, cores_n=2).rows_per_s == pytest.approx(free / 2)
     capped = predict_shared(costs, lay, cores_1=1.0, cores_n=0.25)
-    assert capped.bottleneck == "cores"
+    # A quarter core: the step stretches 4x, and the cores' limit says the same.
+    assert capped.limits["cores"] == pytest.approx(0.25 / (0.011024 / 1024))
     assert capped.rows_per_s == pytest.approx(0.25 / (0.011024 / 1024))
 
 
 def test_network_latency_lengthens_the_step() -> None:
     c = simple_costs(net_latency_s=1e-3)
     p = predict(c, Layout(2, 1, batch_rows=1024, preloaded=True))
-    # 3 PS round trips + 1 all-reduce round trip (log2 2) on top of 10 + 1.024 ms.
-    assert p.step_s == pytest.approx(0.010 + 0.001024 + 4e-3)
+    # 3 PS round trips + 1 all-reduce round trip (log2 2) on top of 10 ms dense and
+    # the shard serving both trainers' 1.024 ms of table work.
+    assert p.step_s == pytest.approx(0.010 + 2 * 0.001024 + 4e-3)
+
+
+def test_a_shard_serves_every_trainer_of_a_sync_step_in_turn(costs: Costs) -> None:
+    # W trainers' requests reach the shard together: its phase is W x 1.024 ms.
+    for w, s in ((1, 1), (2, 1), (3, 1), (4, 2)):
+        p = predict(costs, Layout(w, s, batch_rows=1024, preloaded=True))
+        assert p.step_s == pytest.approx(0.010 + w * 0.001024 / s)
+        assert p.rows_per_s == pytest.approx(w * 1024 / p.step_s)
+
+
+def test_rpc_cpu_is_split_between_trainer_and_shard_phases() -> None:
+    # 2 ms per request, 2 requests per shard: 4 ms (S=1) or 8 ms (S=2) of RPC CPU
+    # a trainer step, half in the trainer phase, half over the shards' phases.
+    c = simple_costs(rpc_s_per_request=2e-3)
+    one = predict(c, Layout(2, 1, batch_rows=1024, preloaded=True))
+    assert one.step_s == pytest.approx((0.010 + 0.002) + 2 * (0.001024 + 0.002))
+    two = predict(c, Layout(2, 2, batch_rows=1024, preloaded=True))
+    assert two.step_s == pytest.approx((0.010 + 0.004) + 2 * (0.001024 + 0.004) / 2)
+
+
+def test_trainers_and_shards_contend_for_a_shared_machines_cores(costs: Costs) -> None:
+    # 3 trainers' 10 ms dense phases on 2 cores take 15 ms; the one shard's phase
+    # (3 x 1.024 ms, one process) is not shortened by the second core.
+    lay = Layout(3, 1, batch_rows=1024, preloaded=True)
+    p = predict(costs, lay, cores=2.0)
+    assert p.step_s == pytest.approx(0.015 + 3 * 0.001024)
+    # On 4 cores each trainer has its own: the free-machine step.
+    assert predict(costs, lay, cores=4.0).step_s == pytest.approx(0.010 + 3 * 0.001024)
+    # Two shards' phases (2 x 0.512 ms each, 2.048 ms of CPU) on half a core: 4.096 ms.
+    q = predict(costs, Layout(2, 2, batch_rows=1024, preloaded=True), cores=0.5)
+    assert q.step_s == pytest.approx(2 * 0.010 / 0.5 + 2 * 0.001024 / 0.5)
 
 
 def test_invalid_layouts_are_refused() -> None:

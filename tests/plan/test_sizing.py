@@ -2,14 +2,16 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from estuary.cli import main
 from estuary.plan.costs import Costs, save_costs
+from estuary.plan.model import predict
 from estuary.plan.simulator import ClusterSpec
-from estuary.plan.sizing import size_job
+from estuary.plan.sizing import _grid, _layout_for, size_job
 from estuary.plan.trace import GIB
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "criteo.yaml"
@@ -76,3 +78,24 @@ def test_estuary_plan_names_a_bad_calibration_file(
     rc = main(["plan", str(EXAMPLE), "--nodes", "4", "--costs", str(bad)])
     assert rc == 2
     assert f"error: {bad}.bytes_per_row: missing" in capsys.readouterr().err  # sorted first
+
+
+def test_the_grid_is_geometric_and_covers_both_ends() -> None:
+    assert _grid(1, 5) == [1, 2, 3, 4, 5]
+    g = _grid(3, 1000, step=2.0)
+    assert g == [3, 6, 12, 24, 48, 96, 192, 384, 768]
+
+
+def test_costly_requests_make_sizing_choose_fewer_shards(costs: Costs) -> None:
+    # Every trainer sends 2 requests to every shard: at 5 ms each, more shards
+    # lengthen every step, so the answer keeps them near what memory needs.
+    cluster = ClusterSpec(nodes=10)
+    cheap = size_job(costs, 1e8, cluster)
+    dear = size_job(replace(costs, rpc_s_per_request=5e-3), 1e8, cluster)
+    assert dear.layout.ps_shards < cheap.layout.ps_shards
+    assert dear.prediction.rows_per_s < cheap.prediction.rows_per_s
+    # The answer is at least as fast as the same trainers with one shard more.
+    dear_costs = replace(costs, rpc_s_per_request=5e-3)
+    lay = dear.layout
+    more = _layout_for(dear_costs, lay.trainers, lay.ps_shards + 1, cluster, 1.2)
+    assert predict(dear_costs, more).rows_per_s <= dear.prediction.rows_per_s * (1 + 0.01)

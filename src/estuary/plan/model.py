@@ -12,10 +12,18 @@ A trainer step of ``b`` rows (``b`` = the per-trainer batch) costs:
           ``n * (2 * 4D + 16)`` bytes each way at the connection's bandwidth, plus
           the CPU to copy them and the RPC's own CPU (``2S`` requests of
           ``rpc_s_per_request`` and ``n * rpc_s_per_id``), half in the trainer,
-          half in the shards, all of it in the step; with ``W > 1`` trainers
-          an all-reduce of the dense gradients (``ceil(log2 W)`` round trips).
+          half in the shards; with ``W > 1`` trainers an all-reduce of the
+          dense gradients (``ceil(log2 W)`` round trips).
 
-In sync mode the step is these in series; the job's rate is the least of
+In sync mode the step is two phases in series. The trainer phase: the dense
+work and the trainer's half of the RPC. The shard phase: all ``W`` trainers'
+requests reach every shard at once (they left the same all-reduce), so each
+shard serves ``W`` trainers' shares (its tables' work and its half of the
+RPC) before the slowest trainer's reply, and the phase lasts ``W`` times one
+trainer's share of a shard. With ``cores`` given (a shared machine) a phase
+lasts at least its CPU over all processes over ``cores`` (``W`` trainers'
+phases, or all shards' work, contend for the same cores). The job's rate is
+the least of
 
   trainers   ``W * b / step_s`` (slowed by ``straggler``: every trainer waits for
              the slowest at the all-reduce);
@@ -121,17 +129,24 @@ def predict(
         c.lookup_s_per_id + c.update_s_per_id
     )
     dense_wall = dense_cpu / c.speedup(layout.trainer_cpus)
-    net_cpu, step, wire_bytes = 0.0, dense_wall, 0.0
+    net_cpu, wire_bytes, step = 0.0, 0.0, 0.0
     if s == 0:
-        step += table_cpu
+        trainer_phase, trainer_cpu = dense_wall + table_cpu, dense_cpu + table_cpu
+        shard_phase = shard_cpu = 0.0
     else:
         wire_bytes = n * (2 * 4 * c.embedding_dim + 16)
         # Two requests (lookup, push) to each of S shards, plus every id's share.
         net_cpu = wire_bytes * c.net_cpu_s_per_byte + 2 * s * c.rpc_s_per_request
         net_cpu += n * c.rpc_s_per_id
-        shard_s = table_cpu * hot_factor / s / max(layout.ps_cpus, 1e-9)
+        trainer_phase = dense_wall + net_cpu / 2
+        trainer_cpu = dense_cpu + net_cpu / 2
+        shard_phase, shard_cpu = _shard_phase(table_cpu, net_cpu, w, s, layout.ps_cpus, hot_factor)
         step += ROUND_TRIPS_PER_STEP * c.net_latency_s + wire_bytes / c.net_bytes_per_s
-        step += net_cpu + shard_s  # both ends' RPC work and the shards' table work
+    if cores is not None:
+        # W trainers' (then the shards') work of one step shares the machine's cores.
+        trainer_phase = max(trainer_phase, w * trainer_cpu / cores)
+        shard_phase = max(shard_phase, shard_cpu / cores)
+    step += trainer_phase + shard_phase
     if w > 1:
         step += math.ceil(math.log2(w)) * c.net_latency_s
     parse_cpu = c.parse_s_per_row + c.hash_s_per_id * c.ids_per_row
@@ -158,6 +173,21 @@ def predict(
     }
     busy = {r: min(rate * cpu[r] / role_cores[r], 1.0) for r in role_cores if role_cores[r] > 0}
     return Prediction(rate, bottleneck, limits, step, cpu, busy)
+
+
+def _shard_phase(
+    table_cpu: float, net_cpu: float, w: int, s: int, ps_cpus: float, hot_factor: float
+) -> tuple[float, float]:
+    """(wall, CPU) of the PS part of one sync step of ``w`` trainers on ``s`` shards.
+
+    One trainer's tables' work and half its RPC CPU (the server's end) split over
+    the shards, the hottest ``hot_factor`` times its share; in a sync step all
+    ``w`` trainers' requests reach every shard together, so a shard serves ``w``
+    of them before the last trainer's reply leaves: its wall is ``w`` times one
+    trainer's share on ``ps_cpus`` cores. The CPU is all shards' work of the step.
+    """
+    per_trainer = (table_cpu * hot_factor + net_cpu / 2) / s
+    return w * per_trainer / max(ps_cpus, 1e-9), w * (table_cpu + net_cpu / 2)
 
 
 def ps_memory_bytes(costs: Costs, ids: float, shards: int) -> float:

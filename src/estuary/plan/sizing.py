@@ -1,12 +1,13 @@
 """The sizing answer: PS shards, trainers and executors for one job on N nodes.
 
-Shards are the larger of what the tables' memory needs (``ids * bytes_per_row``
-over ``mem_target`` of a shard's memory) and what the PS CPU needs at the
-trainers' pace; executors are what parsing needs at that pace; both with
-``headroom``. Trainers are as many as fit in the cluster with their shards and
-executors (a sync job's rate grows with its trainers; the all-reduce's
-``log2 W`` round trips are in the rate law), so the answer is the largest
-layout that fits, and its predicted rows/s.
+Shards are at least what the tables' memory needs (``ids * bytes_per_row``
+over ``mem_target`` of a shard's memory); executors are what parsing needs at
+the pace of the rest, with ``headroom``. Trainers W and shards S are searched
+on a geometric grid: in a sync step every shard serves all W trainers'
+requests while they wait, and each trainer sends requests to every shard, so
+neither the most trainers nor the most shards is best. The answer is the
+layout that fits with the most predicted rows/s (within ``NEAR_BEST`` of it,
+the one with the fewest cores), and its prediction.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from estuary.plan.simulator import ClusterSpec
 from estuary.plan.trace import GIB
 
 __all__ = ["Sizing", "size_job"]
+
+GRID_STEP = 1.15  # W and S are searched on a geometric grid of this ratio
+NEAR_BEST = 0.01  # layouts within 1% of the best rate: the one with fewest cores
 
 
 @dataclass(frozen=True)
@@ -71,16 +75,25 @@ class Sizing:
         ]
 
 
+def _grid(lo: int, hi: int, step: float = GRID_STEP) -> list[int]:
+    """Integers from ``lo`` to ``hi`` (both in), each about ``step`` times the last."""
+    out: list[int] = []
+    x = float(max(lo, 1))
+    while int(x) <= hi:
+        if not out or int(x) != out[-1]:
+            out.append(int(x))
+        x = max(x * step, x + 1)
+    return out
+
+
 def _layout_for(
-    costs: Costs, trainers: int, c: ClusterSpec, min_shards: int, headroom: float
+    costs: Costs, trainers: int, shards: int, c: ClusterSpec, headroom: float
 ) -> Layout:
-    probe = Layout(
-        trainers, max(min_shards, 1), 1, c.batch_rows, c.trainer_cpus, c.ps_cpus, c.executor_cpus
-    )
+    """W trainers, S shards and the executors parsing needs at their pace."""
+    probe = Layout(trainers, shards, 1, c.batch_rows, c.trainer_cpus, c.ps_cpus, c.executor_cpus)
     p = predict(costs, probe)
-    target = p.limits["trainers"] * headroom
-    shards = max(min_shards, math.ceil(target * p.cpu_s_per_row["ps"] / c.ps_cpus))
-    executors = max(1, math.ceil(target * p.cpu_s_per_row["executor"] / c.executor_cpus))
+    pace = min(v for k, v in p.limits.items() if k != "executors") * headroom
+    executors = max(1, math.ceil(pace * p.cpu_s_per_row["executor"] / c.executor_cpus))
     return Layout(
         trainers, shards, executors, c.batch_rows, c.trainer_cpus, c.ps_cpus, c.executor_cpus
     )
@@ -95,7 +108,7 @@ def size_job(
     mem_target: float = 0.8,
     headroom: float = 1.2,
 ) -> Sizing:
-    """The largest balanced layout of a job with ``ids`` ids that fits ``cluster``.
+    """The layout of a job with ``ids`` ids that fits ``cluster`` with the most rows/s.
 
     Raises:
         ValueError: the tables alone do not fit the cluster's memory or cores.
@@ -103,6 +116,10 @@ def size_job(
     c = cluster
     need = ids * costs.bytes_per_row
     min_shards = max(1, math.ceil(need / (mem_target * ps_memory_bytes)))
+
+    def shard_memory(shards: int) -> float:
+        # Shards added for CPU need less memory each: what they hold over mem_target.
+        return min(ps_memory_bytes, math.ceil(need / shards / mem_target / GIB) * GIB)
 
     def fits(lay: Layout) -> bool:
         cores = (
@@ -112,25 +129,31 @@ def size_job(
         )
         mem = (
             lay.trainers * c.trainer_memory_bytes
-            + lay.ps_shards * ps_memory_bytes
+            + lay.ps_shards * shard_memory(lay.ps_shards)
             + lay.executors * c.executor_memory_bytes
         )
         return cores <= c.cores and mem <= c.memory_bytes
 
-    if not fits(_layout_for(costs, 1, c, min_shards, headroom)):
+    best: tuple[float, float, Layout] | None = None
+    for w in _grid(1, int(c.cores // c.trainer_cpus)):
+        for s in _grid(min_shards, int(c.cores // c.ps_cpus)):
+            lay = _layout_for(costs, w, s, c, headroom)
+            if not fits(lay):
+                break  # more shards fit no better
+            rate = predict(costs, lay).rows_per_s
+            used = w * c.trainer_cpus + s * c.ps_cpus + lay.executors * c.executor_cpus
+            # The most rows/s; within NEAR_BEST of it, the fewest cores.
+            if best is None or rate > best[0] * (1 + NEAR_BEST):
+                best = (rate, used, lay)
+            elif rate >= best[0] / (1 + NEAR_BEST) and used < best[1]:
+                best = (max(rate, best[0]), used, lay)
+    if best is None:
         raise ValueError(
             f"{ids:.3g} ids need {min_shards} shards of {ps_memory_bytes / GIB:.0f} GiB "
             f"({need / GIB:,.0f} GiB): more than {c.nodes} nodes hold with one trainer"
         )
-    lo, hi = 1, 2
-    while fits(_layout_for(costs, hi, c, min_shards, headroom)):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:  # the largest W that fits (fitting is monotone in W)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(_layout_for(costs, mid, c, min_shards, headroom)) else (lo, mid)
-    lay = _layout_for(costs, lo, c, min_shards, headroom)
-    # Shards added for CPU need less memory each: what they hold over mem_target.
-    ps_memory_bytes = min(ps_memory_bytes, math.ceil(need / lay.ps_shards / mem_target / GIB) * GIB)
+    lay = best[2]
+    ps_memory_bytes = shard_memory(lay.ps_shards)
     return Sizing(
         layout=lay,
         prediction=predict(costs, lay),
