@@ -33,6 +33,7 @@ import numpy.typing as npt
 from numba import njit
 
 from estuary.config.spec import AdmissionSpec
+from estuary.embedding.admission_counter import AdmissionCounter
 from estuary.embedding.admission_sketch import SketchAdmissionFilter
 from estuary.embedding.hash_index import (
     GROWTH,
@@ -92,7 +93,7 @@ def _halve_counts(table: Int64Array) -> None:
         table[i, 1] >>= 1  # counts >= 1; 1 -> 0 empties the entry
 
 
-class AdmissionFilter:
+class AdmissionFilter(AdmissionCounter):
     """Decides admission of row-less ids (see module docstring for the rule).
 
     Args:
@@ -111,13 +112,7 @@ class AdmissionFilter:
         self._table = np.zeros((min(1024, self._max_entries), 2), np.int64)
         self._meta = np.zeros(1, np.int64)
         self.aged = 0  # how many times counts were halved (a sign the bound is tight)
-        # Off while a multi-epoch run re-reads rows it has already counted.
         self.counting = True
-
-    @property
-    def admits_all(self) -> bool:
-        """True when every id is admitted at first sight (nothing to count)."""
-        return self.spec.min_count <= 1 and self.spec.probability >= 1.0
 
     def __len__(self) -> int:
         """Ids seen but not admitted."""
@@ -128,22 +123,7 @@ class AdmissionFilter:
         """Memory held by the pending table."""
         return int(self._table.nbytes)
 
-    def observe(self, ids: Int64Array) -> Int64Array:
-        """Count one sighting of each of ``ids`` (N,) and decide.
-
-        Args:
-            ids: int64 (N,) ids without a row, duplicates allowed.
-
-        Returns:
-            The admitted ids, unique int64 (A,).
-        """
-        ids = as_ids(ids)
-        if self.admits_all:
-            return np.unique(ids)
-        if not self.counting:
-            return np.empty(0, np.int64)
-        uniq, counts = np.unique(ids, return_counts=True)
-        counts = counts.astype(np.int64, copy=False)
+    def _decide(self, uniq: Int64Array, counts: Int64Array) -> Int64Array:
         admitted = np.empty(uniq.size, np.bool_)
         start = 0
         s = self.spec
@@ -210,7 +190,7 @@ class AdmissionFilter:
 
 def make_admission_filter(
     spec: AdmissionSpec, seed: int, *, max_pending_ids: int
-) -> AdmissionFilter | SketchAdmissionFilter:
+) -> AdmissionCounter:
     """The filter ``spec.counter`` names: ``exact`` -> ``AdmissionFilter``,
     ``sketch`` -> ``SketchAdmissionFilter`` (both bounded by ``max_pending_ids``)."""
     if spec.counter == "exact":

@@ -56,7 +56,8 @@ import numpy.typing as npt
 from numba import njit
 
 from estuary.config.spec import AdmissionSpec
-from estuary.embedding.hashing import as_ids, id_hash, mix64, unit_float
+from estuary.embedding.admission_counter import AdmissionCounter
+from estuary.embedding.hashing import id_hash, mix64, unit_float
 from estuary.embedding.types import Int64Array
 
 BoolArray = npt.NDArray[np.bool_]
@@ -176,7 +177,7 @@ def _expanded(layer: UInt64Array, blocks: int) -> UInt64Array:
     return np.ascontiguousarray(layer.reshape(old, BLOCK_WORDS)[src].reshape(-1))
 
 
-class SketchAdmissionFilter:
+class SketchAdmissionFilter(AdmissionCounter):
     """Admission by approximate counts (module docstring); same interface as
     ``AdmissionFilter``.
 
@@ -203,11 +204,6 @@ class SketchAdmissionFilter:
         self.counting = True
 
     @property
-    def admits_all(self) -> bool:
-        """True when every id is admitted at first sight (nothing to count)."""
-        return self.spec.min_count <= 1 and self.spec.probability >= 1.0
-
-    @property
     def aged(self) -> int:
         """Rotations so far (each forgets the sightings of two generations ago)."""
         return int(self._meta[1])
@@ -222,17 +218,8 @@ class SketchAdmissionFilter:
         """Memory held by the two layers."""
         return int(self._cur.nbytes + self._prev.nbytes)
 
-    def observe(self, ids: Int64Array) -> Int64Array:
-        """Count one sighting of each of ``ids`` (N,) and decide -> admitted ids,
-        unique int64 (A,). Each distinct id is decided once per call, with all
-        its occurrences counted."""
-        ids = as_ids(ids)
-        if self.admits_all:
-            return np.unique(ids)
-        if not self.counting:
-            return np.empty(0, np.int64)
-        uniq, counts = np.unique(ids, return_counts=True)
-        return self.observe_counts(uniq, counts.astype(np.int64, copy=False))
+    def _decide(self, uniq: Int64Array, counts: Int64Array) -> Int64Array:
+        return self.observe_counts(uniq, counts)
 
     def observe_counts(
         self, uniq: Int64Array, counts: Int64Array, *, admit: bool = True

@@ -768,7 +768,7 @@ class EmbeddingShard:
             ids, counts = as_ids(state[PENDING_IDS]), np.asarray(state[PENDING_COUNTS], np.int64)
             if isinstance(filt, AdmissionFilter):
                 filt.load_state_dict({"ids": ids, "counts": counts})
-            else:
+            elif isinstance(filt, SketchAdmissionFilter):
                 filt.observe_counts(*_unique_counts(ids, counts), admit=False)
 
     def _upsert_rows(self, ids: Int64Array, state: State, *, check_new: bool) -> None:
