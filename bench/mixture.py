@@ -349,16 +349,22 @@ def surge_run(
         run.step(batch)
     size = args.batch_size
     per_row = int(row_bytes(data.windows[0][0]).max())
+    prio = policy in (None, "priority")
     buffer = MixedBuffer(
         BufferPolicy(
             capacity_bytes=args.surge_buffer_rows * per_row,
             policy=policy or "priority",
             label_weight=2.0,
             half_life_rows=args.surge_buffer_rows,
+            importance_from=args.surge_importance if prio else "none",
+            order_by_importance=args.surge_order if prio else 0.0,
+            shed=args.surge_shed if prio else "sample",
+            high_water=args.surge_high_water if prio else 0.5,
             seed=seed,
         )
     )
-    backlog: list[Batch] = []  # fifo: rows the full buffer pushed back
+    backlog: list[tuple[Batch, np.ndarray]] = []  # fifo: rows the full buffer pushed back
+    frozen_auc = float("nan")
     lags: list[np.ndarray] = []
     tick = 0
     window_aucs = []
@@ -373,6 +379,8 @@ def surge_run(
     for w, window in enumerate(data.windows):
         rows = Batch.concatenate(window)
         rate = size * 10 if (policy is not None and w == 1) else size * 4 // 5
+        if w == 1:  # the surge window scored by the model as it enters it (0 steps)
+            frozen_auc = float(evaluate_predictions(rows.labels, run.engine.predict(rows)).auc)
         probs = []
         for lo in range(0, rows.num_rows, rate):
             arriving = rows.slice(lo, lo + rate)
@@ -384,12 +392,12 @@ def surge_run(
                 "stream/synth",
             )
             probs.append(run.engine.predict(arriving))
-            backlog.append(arriving)
+            backlog.append((arriving, probs[-1]))
             while backlog:
-                taken = buffer.offer(backlog[0], "stream")
-                if taken < backlog[0].num_rows:  # fifo only: the rest waits
-                    rest = backlog[0]
-                    backlog[0] = rest.slice(taken, rest.num_rows)
+                rest, scores = backlog[0]
+                taken = buffer.offer(rest, "stream", scores)
+                if taken < rest.num_rows:  # fifo only: the rest waits
+                    backlog[0] = (rest.slice(taken, rest.num_rows), scores[taken:])
                     break
                 backlog.pop(0)
             train_one()
@@ -401,10 +409,11 @@ def surge_run(
         "windows": window_aucs,
         "mean": float(np.mean(window_aucs)),
         "kept_fraction": (stats["taken"])
-        / max(1, stats["offered"] + sum(b.num_rows for b in backlog)),
+        / max(1, stats["offered"] + sum(b.num_rows for b, _ in backlog)),
         "lag_p50_ticks": float(np.percentile(lag, 50)),
         "lag_p99_ticks": float(np.percentile(lag, 99)),
-        "backlog_rows_at_end": sum(b.num_rows for b in backlog),
+        "backlog_rows_at_end": sum(b.num_rows for b, _ in backlog),
+        "surge_window_frozen_auc": frozen_auc,
         "buffer_peak_bytes": buffer.peak_bytes,
         "buffer_capacity_bytes": buffer.policy.capacity_bytes,
         "counts": stats,
@@ -413,17 +422,32 @@ def surge_run(
 
 def surge(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {}
+    policies = [p for p in POLICIES if p in args.surge_policies.split(",")]
     for seed in range(args.seeds):
         data = synthetic("abrupt", seed, args.rows_per_hour, args.hours, args.batch_size)
-        for policy in (None, *POLICIES):
+        for policy in (None, *policies):
             runs.setdefault(policy or "no_surge", []).append(surge_run(data, seed, args, policy))
     base = float(np.mean([r["mean"] for r in runs["no_surge"]]))
-    out: dict[str, Any] = {"no_surge": {"auc": base}}
+    base_windows = np.mean([r["windows"] for r in runs["no_surge"]], axis=0)
+    out: dict[str, Any] = {"no_surge": {"auc": base, "windows": base_windows.round(4).tolist()}}
     print(
         f"\nsurge (abrupt scenario, 10x in stream window 1, {args.seeds} seeds): "
-        f"no-surge AUC {base:.4f}"
+        f"no-surge AUC {base:.4f} [{' '.join(f'{a:.4f}' for a in base_windows)}]"
     )
-    for policy in POLICIES:
+    frozen = float(np.mean([r["surge_window_frozen_auc"] for r in runs[policies[0]]]))
+    nwin = len(base_windows)
+    bound = (base_windows[1] - frozen) / nwin
+    out["surge_window"] = {
+        "no_surge_auc": float(base_windows[1]),
+        "frozen_model_auc": frozen,
+        "drop_bound_at_0_steps": float(bound),
+    }
+    print(
+        f"  the surge window scored by the model entering it (no step): {frozen:.4f} "
+        f"(no-surge {base_windows[1]:.4f}): auc_drop >= {bound:.4f} from that window alone "
+        "if it trained nothing and every other window matched the no-surge run"
+    )
+    for policy in policies:
         rs = runs[policy]
         fig = {
             "auc": float(np.mean([r["mean"] for r in rs])),
@@ -465,6 +489,11 @@ def main() -> None:
     parser.add_argument("--gate-lr-scale", type=float, default=2.0)
     parser.add_argument("--surge-buffer-rows", type=int, default=2000)
     parser.add_argument("--no-surge", action="store_true")
+    parser.add_argument("--surge-policies", default=",".join(POLICIES))
+    parser.add_argument("--surge-importance", default="none", choices=("none", "loss"))
+    parser.add_argument("--surge-order", type=float, default=0.0)
+    parser.add_argument("--surge-shed", default="sample", choices=("sample", "evict"))
+    parser.add_argument("--surge-high-water", type=float, default=0.5)
     parser.add_argument("--adapt-lr-scale", type=float, default=2.0)
     parser.add_argument("--stream-embedding-scale", type=float, default=1.0)
     args = parser.parse_args()
@@ -509,6 +538,7 @@ def main() -> None:
     if not args.no_surge:
         report["surge"] = surge(args)
         s = report["surge"]
+    if not args.no_surge and set(POLICIES) <= set(s):  # the floors need all three
         floors["surge.priority.within_0.003"] = s["priority"]["auc_drop"] <= 0.003
         floors["surge.priority_beats_uniform"] = (
             s["priority"]["auc_drop"] < s["uniform"]["auc_drop"]

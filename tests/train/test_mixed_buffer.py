@@ -144,3 +144,80 @@ def test_bad_policies_name_their_field() -> None:
         BufferPolicy(capacity_bytes=1, policy="lifo")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"source_weights\['x'\]"):
         BufferPolicy(capacity_bytes=1, source_weights={"x": 0})
+
+
+def test_loss_importance_keeps_the_rows_the_model_gets_wrong_and_stays_unbiased() -> None:
+    """``importance_from="loss"``: q_i grows with |y_i - p_i| (p_i: the row's
+    score on arrival); the kept rows' 1 / q weights keep the weighted label sum
+    unbiased, and rows scored near their label are kept less often."""
+    rng = np.random.default_rng(6)
+    per_row = int(row_bytes(make_batch(rng, 1))[0])
+    buffer = MixedBuffer(
+        BufferPolicy(
+            capacity_bytes=3000 * per_row,
+            importance_from="loss",
+            high_water=0.2,
+            normalize_weights=False,
+            seed=4,
+        )
+    )
+    offered = weighted = 0.0
+    kept_easy = kept_hard = off_easy = off_hard = 0
+    for _ in range(150):
+        batch = make_batch(rng, 1000)
+        hard = rng.random(1000) < 0.3  # the model gets these wrong
+        scores = np.where(hard, 1 - batch.labels, batch.labels) * 0.9 + 0.05
+        batch = Batch(batch.labels, hard[:, None].astype(np.float32), batch.sparse)
+        offered += float(batch.labels.sum())
+        off_hard += int(hard.sum())
+        off_easy += int((~hard).sum())
+        buffer.offer(batch, "s", scores)
+        out = buffer.take(700)
+        assert out is not None and out.weights is not None
+        weighted += float((out.weights * out.labels).sum())
+        kept_hard += int(out.dense[:, 0].sum())
+        kept_easy += int((out.dense[:, 0] == 0).sum())
+    while (out := buffer.take(1000)) is not None:
+        assert out.weights is not None
+        weighted += float((out.weights * out.labels).sum())
+    assert buffer.counts["s"]["evicted"] == 0
+    assert kept_hard / off_hard > kept_easy / off_easy + 0.2
+    assert weighted == pytest.approx(offered, rel=0.03)
+
+
+def test_loss_importance_needs_the_scores() -> None:
+    rng = np.random.default_rng(7)
+    buffer = MixedBuffer(BufferPolicy(capacity_bytes=10**6, importance_from="loss"))
+    with pytest.raises(ValueError, match=r"scores=\) of shape \(10,\), got None"):
+        buffer.offer(make_batch(rng, 10), "s")
+    with pytest.raises(ValueError, match=r"got \(3,\)"):
+        buffer.offer(make_batch(rng, 10), "s", np.zeros(3))
+
+
+def test_shed_evict_admits_every_row_and_evicts_the_oldest_over_capacity() -> None:
+    """Delay before drop: nothing is sampled out, rows weigh 1, the buffer never
+    exceeds its bytes, and what a surge overflows is the oldest rows."""
+    rng = np.random.default_rng(8)
+    per_row = int(row_bytes(make_batch(rng, 1))[0])
+    buffer = MixedBuffer(BufferPolicy(capacity_bytes=300 * per_row, shed="evict"))
+    buffer.offer(make_batch(rng, 250, start=0), "s")
+    assert buffer.counts["s"]["sampled_out"] == 0 and buffer.rows == 250
+    buffer.offer(make_batch(rng, 250, start=250), "s")  # 500 rows, room for 300
+    c = buffer.counts["s"]
+    assert c["sampled_out"] == 0 and c["evicted"] == 200
+    assert buffer.bytes <= 300 * per_row and buffer.peak_bytes <= 300 * per_row
+    rows = []
+    while (out := buffer.take(100)) is not None:
+        assert out.weights is not None and np.all(out.weights == 1)
+        rows.extend(out.dense[:, 0].tolist())
+    assert sorted(rows) == list(range(200, 500))  # the oldest 200 went
+    assert rows[:100] == list(range(400, 500))  # the newest first (priority)
+
+
+def test_bad_loss_and_shed_settings_name_their_field() -> None:
+    with pytest.raises(ValueError, match="importance_from"):
+        BufferPolicy(capacity_bytes=1, importance_from="gradient")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="loss_floor"):
+        BufferPolicy(capacity_bytes=1, loss_floor=0)
+    with pytest.raises(ValueError, match="shed"):
+        BufferPolicy(capacity_bytes=1, shed="drop")  # type: ignore[arg-type]

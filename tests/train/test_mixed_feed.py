@@ -57,6 +57,8 @@ def job_for(root: Path, buffer: dict[str, Any] | None, **over: Any) -> JobSpec:
         "progressive_eval": True,
         **({"mixed_buffer": buffer} if buffer is not None else {}),
     }
+    if "train_mode" in over:
+        train["mode"] = over.pop("train_mode")
     output = {"dir": "out", "progress": False, **over.pop("output", {})}
     return job_from_dict(
         {
@@ -144,7 +146,11 @@ def test_a_surge_through_the_buffer_trains_and_accounts_for_every_row(data_root:
         assert counts["taken"] + counts["evicted"] == counts["kept"]
     # The same counts on the Prometheus registry while training.
     assert watch.taken == taken and watch.dropped == dropped
-    assert extra["progressive"]["origins"]["live/feed"]["rows"] > 0
+    # Rows are scored on arrival, before the buffer: the dropped ones too.
+    progressive = extra["progressive"]
+    assert progressive["rows"] == total
+    assert sum(o["rows"] for n, o in progressive["origins"].items() if "/" in n) == total
+    assert progressive["lag_s"]["p50"] is not None  # filed per trained step
 
 
 def test_importance_weights_reach_the_loss(data_root: Path) -> None:
@@ -227,6 +233,9 @@ def test_a_stop_and_resume_neither_loses_nor_repeats_a_row(data_root: Path, tmp_
         ({"capacity_bytes": 10**6, "policy": "lifo"}, "train.mixed_buffer.policy", ""),
         ({"capacity_bytes": 10**6, "offer_per_take": 0.5}, "train.mixed_buffer.offer_per_take", ""),
         ({"capacity_bytes": 10**6, "min_keep": 0}, "train.mixed_buffer.min_keep", ""),
+        ({"capacity_bytes": 10**6, "importance": "grad"}, "train.mixed_buffer.importance", ""),
+        ({"capacity_bytes": 10**6, "shed": "drop"}, "train.mixed_buffer.shed", ""),
+        ({"capacity_bytes": 10**6, "loss_floor": 2}, "train.mixed_buffer.loss_floor", ""),
         ({"policy": "fifo"}, "train.mixed_buffer.capacity_bytes", "required"),
     ],
 )
@@ -258,3 +267,43 @@ def test_the_buffer_needs_a_dataset_job() -> None:
             }
         )
     assert err.value.path == "train.mixed_buffer"
+
+
+def test_loss_importance_scores_rows_on_arrival_and_keeps_the_wrong_ones(data_root: Path) -> None:
+    """``importance: loss``: each batch is scored by the model before the buffer
+    takes it; rows kept are those the model gets wrong more often."""
+    buffer = {**SURGE, "importance": "loss", "source_weights": {}}
+    trainer = Trainer(job_for(data_root, buffer))
+    predict = trainer.engine.predict
+    offered: list[tuple[Batch, np.ndarray]] = []
+
+    def scored(batch: Batch) -> np.ndarray:
+        probs = predict(batch)
+        offered.append((batch, probs))
+        return probs
+
+    trainer.engine.predict = scored  # type: ignore[method-assign]
+    trained: set[int] = set()
+    inner = trainer.engine.step
+
+    def step(batch: Batch, *args: Any, **kwargs: Any) -> float:
+        assert batch.row_ids is not None
+        trained.update(batch.row_ids.tolist())
+        return inner(batch, *args, **kwargs)
+
+    trainer.engine.step = step  # type: ignore[method-assign]
+    result = trainer.fit()
+    assert sum(b.num_rows for b, _ in offered) == HOURS * ROWS  # every row, once
+    ids = np.concatenate([b.row_ids for b, _ in offered if b.row_ids is not None])
+    loss = np.concatenate([np.abs(b.labels - p) for b, p in offered])
+    kept = np.isin(ids, np.fromiter(trained, np.int64))
+    assert 0 < kept.sum() < kept.size and result.extra["rows_dropped"] == (~kept).sum()
+    assert loss[kept].mean() > loss[~kept].mean() + 0.01  # 0.018 here; ~0 without
+    assert result.extra["progressive"]["rows"] == HOURS * ROWS
+
+
+def test_loss_importance_needs_sync_mode(data_root: Path) -> None:
+    buffer = {"capacity_bytes": 10**6, "importance": "loss"}
+    with pytest.raises(ConfigError) as err:
+        job_for(data_root, buffer, train_mode="hybrid")
+    assert err.value.path == "train.mixed_buffer.importance"

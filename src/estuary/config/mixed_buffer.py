@@ -37,6 +37,14 @@ class MixedBufferSpec:
         min_keep: the least keep probability (an importance weight is <= 1 / min_keep).
         normalize_weights: scale each step's importance weights to mean 1.
         order_by_importance: exponent of importance in the take/evict order.
+        importance: ``none``, or ``loss``: each offered row is scored by the
+            model as it arrives (sync mode, one trainer) and its importance is
+            also ``max(|y - p|, loss_floor)`` (rows the model gets wrong are
+            kept first, with 1 / q weights).
+        loss_floor: the least loss factor (in (0, 1]).
+        shed: ``sample`` (sample rows down above the high water) or ``evict``
+            (delay before drop: admit every row, evict the lowest-priority rows
+            only when over the capacity).
     """
 
     capacity_bytes: int
@@ -49,6 +57,9 @@ class MixedBufferSpec:
     min_keep: float = 0.05
     normalize_weights: bool = True
     order_by_importance: float = 0.0
+    importance: Literal["none", "loss"] = "none"
+    loss_floor: float = 0.05
+    shed: Literal["sample", "evict"] = "sample"
 
     def validate(self, path: str) -> None:
         if self.capacity_bytes < 1:
@@ -67,6 +78,14 @@ class MixedBufferSpec:
             raise ConfigError(f"{path}.min_keep", "must be in (0, 1]")
         if self.order_by_importance < 0:
             raise ConfigError(f"{path}.order_by_importance", "must be >= 0")
+        if self.importance not in ("none", "loss"):
+            raise ConfigError(
+                f"{path}.importance", f"expected none or loss, got {self.importance!r}"
+            )
+        if not 0 < self.loss_floor <= 1:
+            raise ConfigError(f"{path}.loss_floor", "must be in (0, 1]")
+        if self.shed not in ("sample", "evict"):
+            raise ConfigError(f"{path}.shed", f"expected sample or evict, got {self.shed!r}")
 
 
 def min_row_bytes(job: JobSpec) -> int:
@@ -96,6 +115,12 @@ def check_mixed_buffer(job: JobSpec) -> None:
     if job.data.dataset is None:
         raise ConfigError(
             "train.mixed_buffer", "needs a data.dataset job (history and stream streams)"
+        )
+    if spec.importance == "loss" and job.train.mode != "sync":
+        raise ConfigError(
+            "train.mixed_buffer.importance",
+            f"loss scores each row as it arrives, between steps: needs train.mode=sync "
+            f"(got {job.train.mode})",
         )
     per_row = min_row_bytes(job)
     need = STEPS_HELD * job.train.batch_size * per_row

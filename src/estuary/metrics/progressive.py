@@ -109,16 +109,24 @@ class ProgressiveStats:
         origins: Iterable[str],
         labels: npt.NDArray[np.int8],
         probs: npt.NDArray[np.float32],
-        lag_s: float,
+        lag_s: float | None,
     ) -> None:
         """Rows of one window (B,) predicted before training: counted in the window,
-        in each of ``origins``, and in the lag (``lag_s`` for each of them)."""
+        in each of ``origins``, and in the lag (``lag_s`` for each of them;
+        ``None``: not yet trained, ``record_lag`` files it when they are)."""
         with self.lock:
             self.windows.setdefault(window, _Scores()).add(labels, probs)
             for origin in origins:
                 self.origins.setdefault(origin, _Scores()).add(labels, probs)
+            if lag_s is not None:
+                self._lags.append(lag_s)
+                self._lag_rows.append(int(labels.shape[0]))
+
+    def record_lag(self, lag_s: float, rows: int) -> None:
+        """``rows`` trained rows, each ``lag_s`` after its event time."""
+        with self.lock:
             self._lags.append(lag_s)
-            self._lag_rows.append(int(labels.shape[0]))
+            self._lag_rows.append(int(rows))
 
     def record_origin(
         self, origin: str, labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]

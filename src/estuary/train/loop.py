@@ -8,6 +8,8 @@ and any number of trainers. Reads top to bottom::
         callbacks.before_step              fault injection (tests)
         engine.step(batch, plan)           lookup -> fwd/bwd -> dense step -> sparse hand-off
         progressive.record(batch, logits)  train.progressive_eval: the step's pre-update scores
+                                           (with a mixed buffer in sync mode: rows are
+                                           scored on arrival instead; the step files the lag)
         feed.commit(share)                 rows recorded as trained (graph feed)
         callbacks.after_step               progress bar, metrics, checkpoint cadence
         stop.poll(step) -> checkpoint the step, raise TrainingStopped
@@ -43,7 +45,7 @@ from estuary.train.checkpointer import Checkpointer
 from estuary.train.engine import Engine, UpdatePlan
 from estuary.train.feeds import Feed
 from estuary.train.observe import RunObserver
-from estuary.train.progressive import ProgressiveEval, progressive_for
+from estuary.train.progressive import ProgressiveEval, progressive_for, score_on_arrival
 from estuary.train.result import FitResult, TrainingStopped
 from estuary.train.sparse_updates import SparseUpdater
 
@@ -111,6 +113,7 @@ class FitLoop:
         self.plan_for = plan_for
         self._final = False  # True: checkpoints block (a stop's, the last ones)
         self._progressive: ProgressiveEval | None = None
+        self._scored_on_arrival = False
 
     def run(self) -> FitResult:
         state, feed, engine = self.state, self.feed, self.engine
@@ -123,6 +126,7 @@ class FitLoop:
         )
         job = self.checkpointer.job
         self._progressive = progressive_for(job, feed, state, self.metrics)
+        self._scored_on_arrival = score_on_arrival(feed, engine, self._progressive, state)
         observer = RunObserver(
             self.metrics,
             engine,
@@ -167,7 +171,9 @@ class FitLoop:
                     callbacks.before_step(state)
                     plan = self.plan_for(batch) if self.plan_for is not None else None
                     loss = engine.step(batch, looked_up, updater, plan, loss_scale=share.loss_scale)
-                    if progressive is not None:  # the step's logits, from before its update
+                    if progressive is not None and self._scored_on_arrival:
+                        progressive.record_lag(batch)  # its rows were scored on arrival
+                    elif progressive is not None:  # the step's logits, before its update
                         assert engine.last_logits is not None
                         progressive.record(batch, engine.last_logits)
                     state.step += 1

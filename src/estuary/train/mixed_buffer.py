@@ -4,7 +4,11 @@ Rows arrive from sources (``offer``) and leave for training (``take``). The
 buffer is bounded in bytes; each row gets an **importance** and a **priority**
 (docs/mixture.md, "Mixed scheduler")::
 
-    importance_i = w[source_i] * (label_weight if y_i = 1 else 1) * user_i
+    importance_i = w[source_i] * (label_weight if y_i = 1 else 1) * user_i * g_i
+        g_i = max(|y_i - p_i|, loss_floor) with ``importance="loss"`` (p_i: the
+              model's probability for the row when it arrived, ``offer(scores=)``;
+              |y - p| = 1 - exp(-log loss), the size of the log loss's gradient
+              in the logit), else 1
     priority_i(t) = importance_i ** gamma * 2 ** (-(t - t_i) / half_life)   t: rows offered
                                                        (gamma = order_by_importance, 0 default)
     fill f = bytes / capacity (before the offer), B = the offered rows' bytes
@@ -51,6 +55,7 @@ from estuary.data.types import Batch
 __all__ = ["BufferPolicy", "MixedBuffer", "MixedBufferCollector", "row_bytes"]
 
 Policy = Literal["priority", "uniform", "fifo"]
+Importance = Literal["none", "loss"]
 COUNTS = ("offered", "kept", "sampled_out", "evicted", "delayed", "taken")
 
 
@@ -76,6 +81,18 @@ class BufferPolicy:
         high_water: the fill level above which rows are sampled down.
         min_keep: the least keep probability (so a weight is at most 1 / min_keep).
         importance: a user function (batch, source) -> float (B,) factors.
+        importance_from: ``none``, or ``loss``: each row's importance is also
+            ``max(|y - p|, loss_floor)``, p its score at arrival (``offer``'s
+            ``scores``): rows the model gets wrong are kept (and, with
+            ``order_by_importance``, trained) first, with 1 / q weights.
+        shed: ``sample`` (the default): above the high water, rows are sampled
+            down at the offer (keep q_i, weight 1 / q_i); ``evict`` (delay
+            before drop): every offered row is admitted at weight 1, and only
+            when the bytes exceed the capacity are the lowest-priority rows
+            (the oldest, and with ``order_by_importance`` the least important)
+            dropped, so rows wait for spare steps after a surge.
+        loss_floor: the least loss factor (a row the model already gets right
+            still has a chance, and a weight of at most 1 / max(loss_floor, min_keep)).
         order_by_importance: gamma, the exponent of importance in the priority
             that orders ``take`` and eviction (0: recency alone, the default:
             ordering by label or source skews what is trained and evicted, a
@@ -96,6 +113,9 @@ class BufferPolicy:
     high_water: float = 0.5
     min_keep: float = 0.05
     importance: Callable[[Batch, str], np.ndarray] | None = None
+    importance_from: Importance = "none"
+    loss_floor: float = 0.05
+    shed: Literal["sample", "evict"] = "sample"
     normalize_weights: bool = True
     order_by_importance: float = 0.0
     seed: int = 0
@@ -109,6 +129,14 @@ class BufferPolicy:
             raise ValueError(f"high_water: expected in [0, 1), got {self.high_water}")
         if not 0 < self.min_keep <= 1:
             raise ValueError(f"min_keep: expected in (0, 1], got {self.min_keep}")
+        if self.importance_from not in ("none", "loss"):
+            raise ValueError(
+                f"importance_from: expected none or loss, got {self.importance_from!r}"
+            )
+        if self.shed not in ("sample", "evict"):
+            raise ValueError(f"shed: expected sample or evict, got {self.shed!r}")
+        if not 0 < self.loss_floor <= 1:
+            raise ValueError(f"loss_floor: expected in (0, 1], got {self.loss_floor}")
         if self.half_life_rows <= 0 or self.label_weight <= 0:
             raise ValueError("half_life_rows and label_weight must be > 0")
         for source, weight in self.source_weights.items():
@@ -164,18 +192,39 @@ class MixedBuffer:
         counts = self.counts.setdefault(source, dict.fromkeys(COUNTS, 0))
         counts[what] += int(n)
 
-    def _importance(self, batch: Batch, source: str) -> npt.NDArray[np.float64]:
+    def _importance(
+        self, batch: Batch, source: str, scores: np.ndarray | None
+    ) -> npt.NDArray[np.float64]:
         p = self.policy
         imp = np.full(batch.num_rows, p.source_weights.get(source, 1.0), np.float64)
         imp *= np.where(batch.labels > 0.5, p.label_weight, 1.0)
         if p.importance is not None:
             imp *= np.asarray(p.importance(batch, source), np.float64)
+        if p.importance_from == "loss":
+            assert scores is not None  # offer() checked
+            imp *= np.maximum(np.abs(batch.labels - scores), p.loss_floor)
         return imp
 
-    def offer(self, batch: Batch, source: str) -> int:
+    def offer(self, batch: Batch, source: str, scores: np.ndarray | None = None) -> int:
         """Admit ``batch``'s rows from ``source``; returns how many rows the call
         consumed (all of them, except under ``fifo`` when the buffer is full:
-        then the first rows that fit, and the caller offers the rest later)."""
+        then the first rows that fit, and the caller offers the rest later).
+
+        Args:
+            scores: (B,) the model's click probabilities for the rows as they
+                arrive (required by ``importance_from="loss"``, else unused).
+
+        Raises:
+            ValueError: ``importance_from="loss"`` without ``scores`` of (B,).
+        """
+        if self.policy.importance_from == "loss" and self.policy.policy != "fifo":
+            if scores is None or np.shape(scores) != (batch.num_rows,):
+                got = None if scores is None else np.shape(scores)
+                raise ValueError(
+                    f"importance_from='loss' needs offer(scores=) of shape "
+                    f"({batch.num_rows},), got {got}"
+                )
+            scores = np.asarray(scores, np.float64)
         with self._lock:
             n = batch.num_rows
             nbytes = row_bytes(batch)
@@ -190,9 +239,9 @@ class MixedBuffer:
                 self.peak_bytes = max(self.peak_bytes, self.bytes)
                 return fit
             self._count(source, "offered", n)
-            imp = self._importance(batch, source)
+            imp = self._importance(batch, source, scores)
             self._mean_importance += (imp.mean() - self._mean_importance) * min(1.0, n / 1000)
-            k = self._keep_fraction(int(nbytes.sum()))
+            k = 1.0 if p.shed == "evict" else self._keep_fraction(int(nbytes.sum()))
             if k >= 1:
                 q = np.ones(n)
             elif p.policy == "uniform":

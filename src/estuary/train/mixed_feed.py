@@ -2,7 +2,11 @@
 through a ``MixedBuffer`` before training::
 
     per batch the task graph reads (origin "stream/source"):
-      buffer.offer(batch, origin)          sampled down / evicted under pressure
+      scores = scorer(batch)               with a scorer (importance: loss, or
+                                           progressive evaluation): the model's
+                                           probabilities as the rows arrive;
+                                           on_scored(batch, scores) files them
+      buffer.offer(batch, origin, scores)  sampled down / evicted under pressure
       progress.record(dropped, dropped=True)   consumed and dropped: never read again
       fifo, buffer full: train a step from the buffer, offer the rest (backpressure)
       every offer_per_take x step rows offered: take one step (importance weights
@@ -16,8 +20,10 @@ them again: every row is trained once or counted dropped once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 from estuary.config.mixed_buffer import MixedBufferSpec
 from estuary.data import DataError
@@ -69,6 +75,9 @@ def policy_for(spec: MixedBufferSpec, seed: int) -> BufferPolicy:
         min_keep=spec.min_keep,
         normalize_weights=spec.normalize_weights,
         order_by_importance=spec.order_by_importance,
+        importance_from=spec.importance,
+        loss_floor=spec.loss_floor,
+        shed=spec.shed,
         seed=seed,
     )
 
@@ -81,6 +90,13 @@ class BufferedSource:
         step_rows: rows per step over all ranks (W x ``train.batch_size``).
         progress: where dropped rows are recorded as consumed.
         seed: the sampling's seed.
+
+    Attributes:
+        scorer: batch -> (B,) click probabilities under the model now, called
+            on each arriving batch before it is offered (set by the training
+            loop; required by ``importance: loss``).
+        on_scored: called with each scored batch and its scores (progressive
+            evaluation at arrival: a row later dropped is scored too).
     """
 
     def __init__(
@@ -89,23 +105,40 @@ class BufferedSource:
         self.spec, self.step_rows, self.progress = spec, step_rows, progress
         self.buffer = MixedBuffer(policy_for(spec, seed))
         self.rows_dropped = 0
+        self.scorer: Callable[[Batch], np.ndarray] | None = None
+        self.on_scored: Callable[[Batch, np.ndarray], None] | None = None
+
+    @property
+    def scores_on_arrival(self) -> bool:
+        """Whether the buffer needs each arriving row's score (``importance: loss``)."""
+        return self.spec.importance == "loss"
 
     def batches(self, source: Iterator[Batch]) -> Iterator[Batch]:
         """The steps to train, in order, until ``source`` ends and the buffer is empty.
 
         Raises:
             DataError: a fifo buffer cannot take one row while empty.
+            ValueError: ``importance: loss`` and no ``scorer``.
         """
+        if self.scores_on_arrival and self.scorer is None:
+            raise ValueError("train.mixed_buffer.importance=loss: the buffer has no scorer")
         credit = 0.0  # rows offered since the last step
         per_step = self.spec.offer_per_take * self.step_rows
         for batch in source:
             origin = batch.origin or UNKNOWN_SOURCE
+            scores = None
+            if self.scorer is not None:
+                scores = np.asarray(self.scorer(batch))
+                if self.on_scored is not None:
+                    self.on_scored(batch, scores)
             pending = batch
             while pending.num_rows:
-                taken = self.buffer.offer(pending, origin)
+                taken = self.buffer.offer(pending, origin, scores)
                 self._record_dropped()
                 credit += taken
                 pending = pending.slice(taken, pending.num_rows)
+                if scores is not None:
+                    scores = scores[taken:]
                 if pending.num_rows:  # fifo and full: train to make room
                     step = self._take()
                     if step is None:

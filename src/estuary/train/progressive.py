@@ -14,6 +14,11 @@ forward, no extra pass over the data) and files every row under:
   (the newest event time a row of the window can have, so the lag is a lower
   bound of each row's own, and exact to within one window).
 
+With ``train.mixed_buffer`` (sync mode, one trainer) rows are scored as they
+**arrive**, before the buffer (``score_on_arrival``): ``record_scores`` files
+every offered row, including those the buffer later drops, by the model as it
+was when the row arrived; the step then files only the lag (``record_lag``).
+
 Cost when on: a sigmoid and a device-to-host copy of the (B,) logits (a CPU-GPU
 sync point on CUDA), a pass over the B split codes, and one bitmap probe per id.
 When off, the loop does none of it. With several trainers rank 0 records its own
@@ -36,9 +41,10 @@ from estuary.data.types import Batch, Int64Array
 from estuary.metrics.progressive import NEW_IDS, ProgressiveCollector, ProgressiveStats
 from estuary.metrics.training import TrainingMetrics
 from estuary.train.callbacks import LoopState
+from estuary.train.engine import Engine
 from estuary.train.feeds import Feed, GraphFeed
 
-__all__ = ["ProgressiveEval", "SeenIds", "progressive_for"]
+__all__ = ["ProgressiveEval", "SeenIds", "progressive_for", "score_on_arrival"]
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -106,6 +112,27 @@ class ProgressiveEval:
         if batch.row_ids is None:
             raise ValueError("progressive evaluation needs Batch.row_ids (data.dataset batches)")
         probs = torch.sigmoid(logits.detach().float()).cpu().numpy()  # (B,) a sync point
+        self._record(batch, probs, lag=True)
+
+    def record_scores(self, batch: Batch, probs: np.ndarray) -> None:
+        """``probs`` (B,): the rows' scores as they arrive, before any training
+        on them (the lag is filed when they are trained: ``record_lag``)."""
+        if batch.row_ids is None:
+            raise ValueError("progressive evaluation needs Batch.row_ids (data.dataset batches)")
+        self._record(batch, np.asarray(probs, np.float32), lag=False)
+
+    def record_lag(self, batch: Batch) -> None:
+        """The event -> trained lag of a step's rows (scored on arrival)."""
+        if batch.row_ids is None:
+            raise ValueError("progressive evaluation needs Batch.row_ids (data.dataset batches)")
+        now = self.clock()
+        tasks, index = self.progress.row_tasks(batch.row_ids)
+        for t, task in enumerate(tasks):
+            rows = int((index == t).sum()) if len(tasks) > 1 else batch.num_rows
+            self.stats.record_lag(now - task.end_s, rows)
+
+    def _record(self, batch: Batch, probs: np.ndarray, lag: bool) -> None:
+        assert batch.row_ids is not None
         labels = batch.labels.astype(np.int8)  # (B,)
         now = self.clock()
         tasks, index = self.progress.row_tasks(batch.row_ids)
@@ -116,7 +143,7 @@ class ProgressiveEval:
                 [f"{task.stream}/{task.source}"],
                 labels[rows],
                 probs[rows],
-                lag_s=now - task.end_s,
+                lag_s=now - task.end_s if lag else None,
             )
         new = self.seen.new_rows(batch)
         self.stats.record_origin(NEW_IDS, labels[new], probs[new])
@@ -144,3 +171,33 @@ def progressive_for(
     stats = ProgressiveStats(scope)
     metrics.registry.register(ProgressiveCollector(stats))
     return ProgressiveEval(feed.progress, stats)
+
+
+def score_on_arrival(
+    feed: Feed, engine: Engine, progressive: ProgressiveEval | None, state: LoopState
+) -> bool:
+    """With ``train.mixed_buffer`` in sync mode on one trainer: each arriving
+    batch is scored by ``engine.predict`` before the buffer takes it (for
+    ``importance: loss``, and for ``progressive`` at arrival, dropped rows
+    included). Returns whether it is on (the loop then files only the lag of
+    trained steps).
+
+    Raises:
+        ConfigError: ``importance: loss`` in another mode or with several trainers.
+    """
+    mixed = feed.mixed if isinstance(feed, GraphFeed) else None
+    if mixed is None:
+        return False
+    possible = engine.train.mode == "sync" and state.world_size == 1
+    if mixed.scores_on_arrival and not possible:
+        raise ConfigError(
+            "train.mixed_buffer.importance",
+            "loss scores each row as it arrives, between steps: needs train.mode=sync "
+            f"and one trainer (got {engine.train.mode}, {state.world_size} trainers)",
+        )
+    if not possible or (progressive is None and not mixed.scores_on_arrival):
+        return False
+    mixed.scorer = engine.predict
+    if progressive is not None:
+        mixed.on_scored = progressive.record_scores
+    return progressive is not None
