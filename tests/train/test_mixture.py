@@ -21,7 +21,7 @@ from estuary.nn.mixture_rules import MixtureRules, Rule
 from estuary.runtime.launcher import run_distributed
 from estuary.train import Trainer
 from estuary.train.checkpoint import load_checkpoint
-from estuary.train.mixture import find_mixture
+from estuary.train.mixture import MixturePlans, find_mixture
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 HOURS, ROWS, BATCH = 4, 600, 50
@@ -406,3 +406,48 @@ def test_the_example_job_trains_history_then_stream(tmp_path: Path) -> None:
     assert report["origins"]["history/synth"]["rows"] == 4 * 200
     assert report["origins"]["stream/live"]["rows"] == 4 * 200
     assert all(t.dim == 16 for t in trainer.tables.values())
+
+
+def test_the_history_ids_are_checkpointed_and_a_resume_knows_them(
+    data_root: Path, tmp_path: Path
+) -> None:
+    """``memory_learns_new_ids``: the ids the history had are saved with the
+    checkpoint (safetensors, listed in the manifest) and restored by a resume,
+    so its stream rows are not all "new"."""
+    params = mixture_params(embeddings="split", memory_dim=4, memory_learns_new_ids=True)
+    job = job_for(data_root, params, dim=8)
+    job = replace(job, output=replace(job.output, dir=str(tmp_path / "out"), checkpoint=True))
+    trainer = Trainer(job)
+    trainer.fit()
+    plans = trainer.plan_for
+    assert isinstance(plans, MixturePlans) and plans.history_ids is not None
+    seen = plans.history_ids.seen
+    assert set(seen) == {"C1", "C2", "C3"} and all(len(ids) > 5 for ids in seen.values())
+    folder = tmp_path / "out" / "checkpoints"
+    ckpt = load_checkpoint(folder)
+    assert ckpt.manifest["extras"] == ["history_ids"]
+    assert "extra/history_ids.safetensors" in ckpt.manifest["files"]
+    saved = ckpt.extra("history_ids")
+    assert saved is not None and saved["C1"].dtype == torch.int64
+    assert set(saved["C1"].tolist()) == seen["C1"]
+    # The asynchronous path (output.checkpoint_async) carries them too.
+    trainer.state.step += 1
+    staged = trainer.checkpointer.save_async(trainer.engine.sparse_updater(), trainer.state)
+    trainer.checkpointer.wait()
+    later = load_checkpoint(staged).extra("history_ids")
+    assert later is not None and set(later["C2"].tolist()) == seen["C2"]
+
+    resumed = Trainer(job)
+    fresh = resumed.plan_for
+    assert isinstance(fresh, MixturePlans) and fresh.history_ids is not None
+    stream = Batch(
+        labels=np.zeros(2, np.float32),
+        dense=np.zeros((2, 2), np.float32),
+        sparse={f: JaggedIds.single(np.array([min(seen[f]), 10**12])) for f in seen},
+    )
+    assert fresh.history_ids.new(stream, list(seen)).tolist() == [[True] * 3, [True] * 3]
+    resumed.load_checkpoint(folder)
+    assert fresh.history_ids.seen == seen
+    assert fresh.history_ids.new(stream, list(seen)).tolist() == [[False] * 3, [True] * 3]
+    fresh.history_ids.restore_state(None)  # a checkpoint from before: none known
+    assert fresh.history_ids.seen == {}

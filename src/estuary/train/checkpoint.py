@@ -10,6 +10,8 @@ Layout of one checkpoint (a folder)::
         tables/<name>.part-<p>.safetensors   or P parts, one per parameter server that
                                wrote its own (manifest ``table_parts``: name -> P;
                                loading merges them, ``merge_server_parts``)
+        extra/<name>.safetensors    other training state (manifest ``extras``), e.g. a
+                               mixture's ``history_ids``: ``Checkpoint.extra(name)``
 
 A *full* checkpoint holds every table row (``state_dict``). A *delta* holds, per
 table, only the rows changed and the ids evicted since its parent checkpoint
@@ -116,6 +118,13 @@ class Checkpoint:
     base_tables: dict[str, State]
     chain: list[Path] = field(default_factory=list)
     deltas: list[dict[str, State]] = field(default_factory=list)
+
+    def extra(self, name: str) -> dict[str, torch.Tensor] | None:
+        """The tensors of extra state ``name`` (``StagedCheckpoint.write_extra``;
+        verified with the other files), ``None`` when this checkpoint has none."""
+        if name not in self.manifest.get("extras", []):
+            return None
+        return _read_dense(self.path, f"extra/{name}.safetensors")
 
     @functools.cached_property
     def tables(self) -> dict[str, State]:
@@ -269,19 +278,23 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     metadata: Mapping[str, Any] | None = None,
     parent: ChainLink | None = None,
+    extras: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write a checkpoint under ``root`` atomically; returns its folder.
 
     ``tables`` maps table name -> the table's ``state_dict()`` (a full checkpoint)
     or, with ``parent``, its ``delta_state_dict()`` taken since ``parent`` was
     written or loaded (a delta; ``ValueError`` otherwise). ``metadata`` (job
-    spec, data progress, metrics) goes into the manifest and must be JSON-able.
+    spec, data progress, metrics) goes into the manifest and must be JSON-able;
+    ``extras``: name -> tensors of other training state (``Checkpoint.extra``).
     """
     if parent is not None and not parent.accepts(tables):
         raise ValueError(f"tables: not delta_state_dict()s taken against {parent.path}")
     staged = stage_checkpoint(root, step=step, parent=parent)
     staged.write_dense(model.state_dict(), None if optimizer is None else optimizer.state_dict())
     staged.write_tables(tables)
+    for name, tensors in (extras or {}).items():
+        staged.write_extra(name, tensors)
     return staged.commit(versions=_table_versions(tables), metadata=metadata)
 
 
@@ -318,6 +331,7 @@ class StagedCheckpoint:
     tables: set[str] = field(default_factory=set)
     parts: dict[str, int] = field(default_factory=dict)
     optimizer_meta: dict[str, Any] | None = None
+    extras: set[str] = field(default_factory=set)
 
     def _record(self, path: Path, info: dict[str, Any]) -> None:
         self.files[str(path.relative_to(self.tmp))] = info
@@ -337,6 +351,16 @@ class StagedCheckpoint:
             save_torch(opt_tensors, str(path))
             _fsync_file(path)
             self._record(path, {"bytes": path.stat().st_size, "sha256": _sha256(path)})
+
+    def write_extra(self, name: str, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Other training state (``extra/<name>.safetensors``, always whole)."""
+        folder = self.tmp / "extra"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{name}.safetensors"
+        save_torch({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
+        _fsync_file(path)
+        self._record(path, {"bytes": path.stat().st_size, "sha256": _sha256(path)})
+        self.extras.add(name)
 
     def write_tables(self, tables: Mapping[str, Mapping[str, np.ndarray]]) -> None:
         """Whole tables (``state_dict`` or ``delta_state_dict`` arrays), one file each."""
@@ -385,6 +409,7 @@ class StagedCheckpoint:
             "table_versions": dict(versions),
             **({"table_parts": dict(sorted(self.parts.items()))} if self.parts else {}),
             "optimizer": self.optimizer_meta,
+            **({"extras": sorted(self.extras)} if self.extras else {}),
             "metadata": dict(metadata or {}),
             "files": dict(sorted(self.files.items())),
         }
@@ -392,6 +417,8 @@ class StagedCheckpoint:
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         _fsync_file(tmp / MANIFEST)
         _fsync_dir(tmp / "tables")
+        if self.extras:
+            _fsync_dir(tmp / "extra")
         _fsync_dir(tmp)
         os.replace(tmp, self.final)
         _fsync_dir(root)

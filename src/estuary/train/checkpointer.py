@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -51,7 +51,21 @@ from estuary.train.engine import Engine
 from estuary.train.plan import TrainPlan
 from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
-__all__ = ["KEEP_CHECKPOINTS", "Checkpointer"]
+__all__ = ["KEEP_CHECKPOINTS", "CheckpointExtra", "Checkpointer"]
+
+
+class CheckpointExtra(Protocol):
+    """Training state beyond model, optimizer and tables, saved with each
+    checkpoint as ``extra/<name>.safetensors`` (``Checkpointer.extras``)."""
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """A copy of the state as tensors (taken at the step)."""
+        ...
+
+    def restore_state(self, tensors: dict[str, torch.Tensor] | None) -> None:
+        """Back to ``tensors`` (``None``: the checkpoint has none: start empty)."""
+        ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +85,7 @@ class _Snapshot:
     dense: dict[str, torch.Tensor]
     optimizer: dict[str, Any] | None
     metadata: dict[str, Any]
+    extras: dict[str, dict[str, torch.Tensor]]
 
 
 def _on_top_of(parent: ChainLink, states: Mapping[str, Snapshot]) -> bool:
@@ -151,6 +166,9 @@ class Checkpointer:
         # fit's RunObserver: the time series); an asynchronous one's, on its writer.
         self.listeners: list[Callable[[int, float], None]] = []
         self._error: BaseException | None = None
+        # Other training state saved with each checkpoint and restored by
+        # ``load`` (name -> owner), e.g. a mixture's ``history_ids``.
+        self.extras: dict[str, CheckpointExtra] = {}
 
     def root(self) -> Path:
         return self.job.resolve(self.job.output.dir) / "checkpoints"
@@ -190,6 +208,7 @@ class Checkpointer:
             tables=tables,
             parent=parent,
             metadata=self._metadata(state),
+            extras={name: extra.checkpoint_state() for name, extra in self.extras.items()},
         )
         self.link = read_link(path)
         return path
@@ -292,6 +311,7 @@ class Checkpointer:
             dense={k: v.detach().clone() for k, v in self.engine.model.state_dict().items()},
             optimizer=None if optimizer is None else _cloned(optimizer.state_dict()),
             metadata=metadata,
+            extras={name: extra.checkpoint_state() for name, extra in self.extras.items()},
         )
 
     def _commit(self, snapshot: _Snapshot, started: float) -> None:
@@ -299,6 +319,8 @@ class Checkpointer:
         try:
             staged.write_dense(snapshot.dense, snapshot.optimizer)
             staged.write_tables({n: s.materialize() for n, s in snapshot.states.items()})
+            for name, tensors in snapshot.extras.items():
+                staged.write_extra(name, tensors)
             chains = {n: s.chain for n, s in snapshot.states.items()}
             if snapshot.servers is not None:
                 servers = snapshot.servers.result()  # Blocking wait: the request went out
@@ -363,3 +385,5 @@ class Checkpointer:
         state.epoch_step = int(metadata.get("epoch_step", 0))
         state.restarts = int(metadata.get("restarts", 0)) + 1  # this load resumes the run
         self.data_progress = metadata.get("data_progress")
+        for name, extra in self.extras.items():
+            extra.restore_state(ckpt.extra(name))

@@ -15,7 +15,7 @@ table the same scale, as the parameter server requires.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from estuary.nn.mixture import MixtureModel
 from estuary.nn.mixture_rules import RowKind, Rule
 from estuary.train.engine import UpdatePlan
 
-__all__ = ["HistoryIds", "find_mixture", "mixture_plan_for", "plan_of"]
+__all__ = ["HistoryIds", "MixturePlans", "find_mixture", "mixture_plan_for", "plan_of"]
 
 
 def find_mixture(model: nn.Module) -> MixtureModel | None:
@@ -51,11 +51,21 @@ def plan_of(rule: Rule, tables: Iterable[str]) -> UpdatePlan:
 class HistoryIds:
     """The ids history rows had, per feature, to mark a stream row's new ones.
 
-    An exact set per feature, in memory (grows with the history's vocabulary;
-    rebuilt from nothing on a restart: see docs/mixture.md)."""
+    An exact set per feature, in memory (grows with the history's vocabulary);
+    saved with each checkpoint (``extra/history_ids.safetensors``: feature ->
+    sorted int64 ids) and restored with it, so a resumed run knows them."""
 
     def __init__(self) -> None:
         self.seen: dict[str, set[int]] = {}
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        return {
+            name: torch.from_numpy(np.sort(np.fromiter(ids, np.int64, len(ids))))
+            for name, ids in self.seen.items()
+        }
+
+    def restore_state(self, tensors: dict[str, torch.Tensor] | None) -> None:
+        self.seen = {name: set(t.numpy().tolist()) for name, t in (tensors or {}).items()}
 
     def add(self, batch: Batch) -> None:
         for name, ids in batch.sparse.items():
@@ -79,9 +89,38 @@ class HistoryIds:
         return torch.from_numpy(out)
 
 
+class MixturePlans:
+    """The batch -> plan function of a mixture (``mixture_plan_for``); sets the
+    model's rule for the step. ``history_ids``: the ids history rows had (with
+    ``memory_learns_new_ids``, else ``None``), for the checkpoint."""
+
+    def __init__(
+        self, mixture: MixtureModel, tables: Iterable[str], features: Sequence[str] | None
+    ) -> None:
+        names = list(tables)
+        self.mixture, self.rules, self.features = mixture, mixture.rules, features
+        self.plans: dict[RowKind, UpdatePlan] = {
+            "history": plan_of(self.rules.history, names),
+            "stream": plan_of(self.rules.stream, names),
+        }
+        self.history_ids = HistoryIds() if mixture.memory_learns_new_ids else None
+
+    def __call__(self, batch: Batch) -> UpdatePlan:
+        kind = self.rules.kind(batch.origin)
+        new = None
+        if self.history_ids is not None:
+            if kind == "history":
+                self.history_ids.add(batch)
+            else:
+                new = self.history_ids.new(batch, list(self.features or batch.sparse))
+        labels = torch.from_numpy(batch.labels) if kind == "stream" else None
+        self.mixture.use_rule(self.rules.rule(kind), labels, new)
+        return self.plans[kind]
+
+
 def mixture_plan_for(
     model: nn.Module, tables: Iterable[str], features: Sequence[str] | None = None
-) -> Callable[[Batch], UpdatePlan] | None:
+) -> MixturePlans | None:
     """The batch -> plan function of a mixture ``model`` (``None`` for any other).
 
     ``features``: the model's sparse features in its (B, F, D) order (default:
@@ -89,24 +128,4 @@ def mixture_plan_for(
     mixture = find_mixture(model)
     if mixture is None:
         return None
-    names = list(tables)
-    rules = mixture.rules
-    plans: dict[RowKind, UpdatePlan] = {
-        "history": plan_of(rules.history, names),
-        "stream": plan_of(rules.stream, names),
-    }
-    history_ids = HistoryIds() if mixture.memory_learns_new_ids else None
-
-    def plan_for(batch: Batch) -> UpdatePlan:
-        kind = rules.kind(batch.origin)
-        new = None
-        if history_ids is not None:
-            if kind == "history":
-                history_ids.add(batch)
-            else:
-                new = history_ids.new(batch, list(features or batch.sparse))
-        labels = torch.from_numpy(batch.labels) if kind == "stream" else None
-        mixture.use_rule(rules.rule(kind), labels, new)
-        return plans[kind]
-
-    return plan_for
+    return MixturePlans(mixture, tables, features)

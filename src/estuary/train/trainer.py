@@ -123,9 +123,13 @@ class Trainer:
         self.data_group: Any = None  # W > 1, data.dataset: the group batches travel on
         # Each batch's UpdatePlan (e.g. by ``batch.origin``); None: the plain step.
         # A mixture model's update rules give one (``estuary.train.mixture``).
-        self.plan_for: Callable[[Batch], UpdatePlan | None] | None = mixture_plan_for(
+        mixture_plans = mixture_plan_for(
             self.engine.model, self.plan.tables, self.engine.embeddings.features
         )
+        self.plan_for: Callable[[Batch], UpdatePlan | None] | None = mixture_plans
+        if mixture_plans is not None and mixture_plans.history_ids is not None:
+            # Which ids the history had: checkpointed, so a resume knows them.
+            self.checkpointer.extras["history_ids"] = mixture_plans.history_ids
         # data.dataset: makes the pool rank 0 reads whole splits with (a cluster
         # runtime's data executors); None: the driver's own threads.
         self.split_pool: Callable[[], SplitPool] | None = None
