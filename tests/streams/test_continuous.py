@@ -1,6 +1,6 @@
-"""``train.continuous``: history files, then a live Redis stream until stopped;
-the stop ends the run with a checkpoint and the progressive table, and a resume
-trains only what arrived since, each row once."""
+"""``train.continuous``: history files, then a live Redis or NATS JetStream stream
+until stopped; the stop ends the run with a checkpoint and the progressive table,
+and a resume trains only what arrived since, each row once."""
 
 from __future__ import annotations
 
@@ -63,7 +63,26 @@ def push(url: str, key: str, minutes: range, seed: int) -> int:
     return n
 
 
-def continuous_job(root: Path, url: str, key: str) -> JobSpec:
+def publish(url: str, subject: str, count: int, seed: int) -> int:
+    """``count`` csv rows published now (the broker stamps them; NATS has no
+    client-set time); returns how many."""
+    from estuary.data.streams import open_publisher
+
+    rng = np.random.default_rng(seed)
+    publisher = open_publisher(f"{url}/{subject}")
+    try:
+        payloads = []
+        for _ in range(count):
+            label = int(rng.random() < 0.3)
+            i1, i2, c1, c2 = (int(v) for v in rng.integers(0, 20, 4))
+            payloads.append(f"{label},{i1},{i2},{c1:x},{c2:x}".encode())
+        publisher.publish(payloads)
+    finally:
+        publisher.close()
+    return count
+
+
+def continuous_job(root: Path, url: str, key: str, kind: str = "redis") -> JobSpec:
     history = {
         "name": "synth",
         "path": "data/{{YYYY}}{{MM}}{{DD}}/{{HH}}/part-*.tsv",
@@ -76,9 +95,9 @@ def continuous_job(root: Path, url: str, key: str) -> JobSpec:
         "type": "stream",
         "window_s": 60,
         "stream": {
-            "kind": "redis",
+            "kind": kind,
             "url": url,
-            "key": key,
+            ("key" if kind == "redis" else "subject"): key,
             "format": "csv",
             "columns": COLUMNS,
             "batch_max_messages": 25,
@@ -194,6 +213,50 @@ def test_history_then_a_live_stream_until_stopped_then_resume(
 
     # More rows arrive while nothing runs; the resumed run trains only them.
     more = push(redis_server.url, key, range(STREAM_MINUTES, STREAM_MINUTES + 2), seed=3)
+    resumed = Trainer(job, callbacks=[live := Live(at_step=-1, arrive=None)])
+    resumed.load_checkpoint(out)
+    again = run_until(resumed, live, more).extra
+    assert again["rows_committed_before"] == total
+    assert again["rows_committed"] == total + more
+    assert again["duplicate_rows"] == 0
+
+
+def test_history_then_a_live_nats_stream_until_stopped_then_resume(
+    nats_server: Server, tmp_path: Path
+) -> None:
+    """The same on NATS JetStream: acknowledged progress is the stream sequence
+    the checkpoint holds, so the resumed run trains the new messages only."""
+    write_history(tmp_path)
+    subject = f"continuous{time.monotonic_ns()}"
+    before = publish(nats_server.url, subject, 2 * PER_MINUTE, seed=1)
+    later: list[int] = []
+    job = continuous_job(tmp_path, nats_server.url, subject, kind="nats")
+    history_rows = HISTORY_HOURS * PER_HOUR
+
+    def arrive() -> None:
+        later.append(publish(nats_server.url, subject, PER_MINUTE, seed=2))
+
+    live = Live(at_step=3, arrive=arrive)  # during the history
+    total = history_rows + before + PER_MINUTE
+    trainer = Trainer(job, callbacks=[live])
+    result = run_until(trainer, live, total)
+    extra = result.extra
+    assert later == [PER_MINUTE]
+    assert extra["stopped"] == "SIGTERM"
+    assert result.train_rows == extra["rows_committed"] == total
+    assert extra["duplicate_rows"] == 0
+    report = extra["progressive"]
+    assert report["origins"]["history/synth"]["rows"] == history_rows
+    assert report["origins"]["live/live"]["rows"] == total - history_rows
+    assert sum(w["rows"] for w in report["windows"]) == total
+    out = job.resolve(job.output.dir)
+    assert result.checkpoint is not None
+    progress = Progress.from_json(
+        load_checkpoint(result.checkpoint).manifest["metadata"]["data_progress"]
+    )
+    assert progress.rows_trained == total and progress.duplicate_rows == 0
+
+    more = publish(nats_server.url, subject, PER_MINUTE, seed=3)
     resumed = Trainer(job, callbacks=[live := Live(at_step=-1, arrive=None)])
     resumed.load_checkpoint(out)
     again = run_until(resumed, live, more).extra

@@ -102,6 +102,7 @@ class ProgressiveStats:
         self.origins: dict[str, _Scores] = {}
         self._lags: list[float] = []  # seconds, one per (step, task) group
         self._lag_rows: list[int] = []
+        self._origin_lags: dict[str, tuple[list[float], list[int]]] = {}
 
     def record(
         self,
@@ -115,10 +116,14 @@ class ProgressiveStats:
         in each of ``origins``, and in the lag (``lag_s`` for each of them)."""
         with self.lock:
             self.windows.setdefault(window, _Scores()).add(labels, probs)
+            rows = int(labels.shape[0])
             for origin in origins:
                 self.origins.setdefault(origin, _Scores()).add(labels, probs)
+                lags, lag_rows = self._origin_lags.setdefault(origin, ([], []))
+                lags.append(lag_s)
+                lag_rows.append(rows)
             self._lags.append(lag_s)
-            self._lag_rows.append(int(labels.shape[0]))
+            self._lag_rows.append(rows)
 
     def record_origin(
         self, origin: str, labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]
@@ -132,12 +137,17 @@ class ProgressiveStats:
     def rows(self) -> int:
         return sum(s.rows for s in self.windows.values())
 
-    def lag_quantiles(self) -> list[float]:
-        """Event -> trained lag (s) at ``LAG_QUANTILES``, row-weighted; NaN when empty."""
-        if not self._lags:
+    def lag_quantiles(self, origin: str | None = None) -> list[float]:
+        """Event -> trained lag (s) at ``LAG_QUANTILES``, row-weighted, of every row
+        or of ``origin``'s; NaN when empty."""
+        lags, rows = (
+            (self._lags, self._lag_rows)
+            if origin is None
+            else self._origin_lags.get(origin, ([], []))
+        )
+        if not lags:
             return [math.nan for _ in LAG_QUANTILES]
-        lags, rows = np.array(self._lags), np.array(self._lag_rows, np.int64)
-        return weighted_quantiles(lags, rows, LAG_QUANTILES)
+        return weighted_quantiles(np.array(lags), np.array(rows, np.int64), LAG_QUANTILES)
 
     def newest_window(self) -> tuple[tuple[int, int], _Scores] | None:
         if not self.windows:
@@ -160,7 +170,17 @@ class ProgressiveStats:
                 for (start, end), scores in sorted(self.windows.items())
             ],
             "origins": {name: _figures(s) for name, s in sorted(self.origins.items())},
-            "lag_s": {"p50": _num(p50), "p99": _num(p99), "from": "window_end"},
+            "lag_s": {
+                "p50": _num(p50),
+                "p99": _num(p99),
+                "from": "window_end",
+                "by_origin": {
+                    name: dict(
+                        zip(("p50", "p99"), map(_num, self.lag_quantiles(name)), strict=True)
+                    )
+                    for name in sorted(self._origin_lags)
+                },
+            },
         }
 
 
