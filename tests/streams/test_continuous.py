@@ -4,6 +4,10 @@ and a resume trains only what arrived since, each row once."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -12,12 +16,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from estuary.config import ConfigError, JobSpec, job_from_dict
 from estuary.data.graph import Progress
 from estuary.data.synthetic import SyntheticSpec, SynthOutput, write_synthetic
 from estuary.train import Trainer, load_checkpoint
 from estuary.train.callbacks import Callback, LoopState
+from estuary.train.checkpoint_chain import CheckpointError, read_manifest, resolve_checkpoint
 from estuary.train.result import FitResult
 
 from .conftest import Server
@@ -83,6 +89,11 @@ def publish(url: str, subject: str, count: int, seed: int) -> int:
 
 
 def continuous_job(root: Path, url: str, key: str, kind: str = "redis") -> JobSpec:
+    return job_from_dict(continuous_dict(url, key, kind), base_dir=root)
+
+
+def continuous_dict(url: str, key: str, kind: str = "redis") -> dict[str, Any]:
+    """The continuous job as a job file's dict (paths relative to its folder)."""
     history = {
         "name": "synth",
         "path": "data/{{YYYY}}{{MM}}{{DD}}/{{HH}}/part-*.tsv",
@@ -104,34 +115,31 @@ def continuous_job(root: Path, url: str, key: str, kind: str = "redis") -> JobSp
             "poll_timeout_s": 0.1,
         },
     }
-    return job_from_dict(
-        {
-            "data": {
-                "schema": {"dense": ["I1", "I2"], "sparse": ["C1", "C2"]},
-                "dataset": {
-                    "streams": {
-                        "history": {"sources": [history]},
-                        "live": {"sources": [live]},
-                    },
-                    # no idle_timeout_s: wait for the stream until stopped
-                    "timer": {"poll_interval_s": 0.02, "ready_timeout_s": 5},
+    return {
+        "data": {
+            "schema": {"dense": ["I1", "I2"], "sparse": ["C1", "C2"]},
+            "dataset": {
+                "streams": {
+                    "history": {"sources": [history]},
+                    "live": {"sources": [live]},
                 },
+                # no idle_timeout_s: wait for the stream until stopped
+                "timer": {"poll_interval_s": 0.02, "ready_timeout_s": 5},
             },
-            "model": {
-                "type": "dlrm",
-                "params": {"bottom_mlp": [4], "top_mlp": [4]},
-                "embedding": {"default": {"dim": 4}},
-            },
-            "train": {
-                "batch_size": BATCH,
-                "threads": 1,
-                "continuous": True,
-                "progressive_eval": True,
-            },
-            "output": {"dir": "out", "progress": False, "checkpoint_every_steps": EVERY},
         },
-        base_dir=root,
-    )
+        "model": {
+            "type": "dlrm",
+            "params": {"bottom_mlp": [4], "top_mlp": [4]},
+            "embedding": {"default": {"dim": 4}},
+        },
+        "train": {
+            "batch_size": BATCH,
+            "threads": 1,
+            "continuous": True,
+            "progressive_eval": True,
+        },
+        "output": {"dir": "out", "progress": False, "checkpoint_every_steps": EVERY},
+    }
 
 
 class Live(Callback):
@@ -263,6 +271,47 @@ def test_history_then_a_live_nats_stream_until_stopped_then_resume(
     assert again["rows_committed_before"] == total
     assert again["rows_committed"] == total + more
     assert again["duplicate_rows"] == 0
+
+
+def test_two_trainers_run_continuously_until_sigterm(redis_server: Server, tmp_path: Path) -> None:
+    """``estuary train --nproc 2`` (two gloo trainers, one PS process): once the
+    history and the stream so far are trained and checkpointed, SIGTERM to the
+    launcher ends the run as the end of the data would: exit 0, every row once."""
+    write_history(tmp_path)
+    key = f"continuous2-{time.monotonic_ns()}"
+    stream_rows = push(redis_server.url, key, range(0, 2), seed=4)
+    total = HISTORY_HOURS * PER_HOUR + stream_rows
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(continuous_dict(redis_server.url, key)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "estuary.cli", "train", "job.yaml", "--nproc", "2", "-q"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while checkpointed_rows(tmp_path / "out") < total:  # then the reader waits
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the run never trained every row"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["stopped"] == "SIGTERM"
+    assert summary["rows_committed"] == total and summary["duplicate_rows"] == 0
+    assert summary["progressive"]["scope"].endswith("(1 of 2 trainers)")
+
+
+def checkpointed_rows(out: Path) -> int:
+    """Rows trained per the newest checkpoint's data progress (0 before the first)."""
+    try:
+        manifest = read_manifest(resolve_checkpoint(out))
+    except (CheckpointError, FileNotFoundError):
+        return 0
+    return Progress.from_json(manifest["metadata"]["data_progress"]).rows_trained
 
 
 def test_continuous_needs_a_dataset_job() -> None:

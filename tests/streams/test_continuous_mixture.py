@@ -12,6 +12,7 @@ from typing import Any
 
 from estuary.config import job_from_dict
 from estuary.data.streams.memory import memory_stream
+from estuary.metrics.progressive import format_report
 from estuary.train import Trainer
 
 from .test_continuous import HISTORY_HOURS, PER_HOUR, Live, run_until, write_history
@@ -120,3 +121,6 @@ def test_a_continuous_mixture_trains_joined_impressions_after_the_label_wait(
     stream_lag = report["lag_s"]["by_origin"]["s/impressions"]
     assert WAIT_S <= stream_lag["p50"] <= stream_lag["p99"] < 60
     assert report["lag_s"]["by_origin"]["history/synth"]["p50"] > 86_400
+    lines = format_report(report).splitlines()  # what `estuary train` prints
+    (stream_line,) = [x for x in lines if x.strip().startswith("s/impressions") and "p50" in x]
+    assert f"p50 {stream_lag['p50']:,.1f} s" in stream_line

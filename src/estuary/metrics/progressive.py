@@ -273,6 +273,11 @@ def format_report(report: dict[str, Any]) -> str:
     if lag["p50"] is not None:
         out.append(
             f"  event -> trained lag (from the window end): "
-            f"p50 {lag['p50']:,.0f} s, p99 {lag['p99']:,.0f} s"
+            f"p50 {lag['p50']:,.1f} s, p99 {lag['p99']:,.1f} s"
         )
+    by_origin = lag.get("by_origin", {})
+    if len(by_origin) > 1:  # e.g. old history files vs a live stream
+        for name, q in by_origin.items():
+            if q["p50"] is not None:
+                out.append(f"    {name:<22} p50 {q['p50']:,.1f} s, p99 {q['p99']:,.1f} s")
     return "\n".join(out)
