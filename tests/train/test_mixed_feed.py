@@ -151,6 +151,7 @@ def test_a_surge_through_the_buffer_trains_and_accounts_for_every_row(data_root:
     assert progressive["rows"] == total
     assert sum(o["rows"] for n, o in progressive["origins"].items() if "/" in n) == total
     assert progressive["lag_s"]["p50"] is not None  # filed per trained step
+    assert progressive["lag_s"]["by_origin"]["live/feed"]["p50"] is not None
 
 
 def test_importance_weights_reach_the_loss(data_root: Path) -> None:

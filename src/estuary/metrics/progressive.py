@@ -102,6 +102,7 @@ class ProgressiveStats:
         self.origins: dict[str, _Scores] = {}
         self._lags: list[float] = []  # seconds, one per (step, task) group
         self._lag_rows: list[int] = []
+        self._origin_lags: dict[str, tuple[list[float], list[int]]] = {}
 
     def record(
         self,
@@ -114,19 +115,26 @@ class ProgressiveStats:
         """Rows of one window (B,) predicted before training: counted in the window,
         in each of ``origins``, and in the lag (``lag_s`` for each of them;
         ``None``: not yet trained, ``record_lag`` files it when they are)."""
+        origins = list(origins)
         with self.lock:
             self.windows.setdefault(window, _Scores()).add(labels, probs)
             for origin in origins:
                 self.origins.setdefault(origin, _Scores()).add(labels, probs)
             if lag_s is not None:
-                self._lags.append(lag_s)
-                self._lag_rows.append(int(labels.shape[0]))
+                self._add_lag(lag_s, int(labels.shape[0]), origins)
 
-    def record_lag(self, lag_s: float, rows: int) -> None:
-        """``rows`` trained rows, each ``lag_s`` after its event time."""
+    def record_lag(self, lag_s: float, rows: int, origins: Iterable[str]) -> None:
+        """``rows`` trained rows of ``origins``, each ``lag_s`` after its event time."""
         with self.lock:
-            self._lags.append(lag_s)
-            self._lag_rows.append(int(rows))
+            self._add_lag(lag_s, int(rows), list(origins))
+
+    def _add_lag(self, lag_s: float, rows: int, origins: list[str]) -> None:
+        for origin in origins:
+            lags, lag_rows = self._origin_lags.setdefault(origin, ([], []))
+            lags.append(lag_s)
+            lag_rows.append(rows)
+        self._lags.append(lag_s)
+        self._lag_rows.append(rows)
 
     def record_origin(
         self, origin: str, labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]
@@ -140,12 +148,17 @@ class ProgressiveStats:
     def rows(self) -> int:
         return sum(s.rows for s in self.windows.values())
 
-    def lag_quantiles(self) -> list[float]:
-        """Event -> trained lag (s) at ``LAG_QUANTILES``, row-weighted; NaN when empty."""
-        if not self._lags:
+    def lag_quantiles(self, origin: str | None = None) -> list[float]:
+        """Event -> trained lag (s) at ``LAG_QUANTILES``, row-weighted, of every row
+        or of ``origin``'s; NaN when empty."""
+        lags, rows = (
+            (self._lags, self._lag_rows)
+            if origin is None
+            else self._origin_lags.get(origin, ([], []))
+        )
+        if not lags:
             return [math.nan for _ in LAG_QUANTILES]
-        lags, rows = np.array(self._lags), np.array(self._lag_rows, np.int64)
-        return weighted_quantiles(lags, rows, LAG_QUANTILES)
+        return weighted_quantiles(np.array(lags), np.array(rows, np.int64), LAG_QUANTILES)
 
     def newest_window(self) -> tuple[tuple[int, int], _Scores] | None:
         if not self.windows:
@@ -168,7 +181,17 @@ class ProgressiveStats:
                 for (start, end), scores in sorted(self.windows.items())
             ],
             "origins": {name: _figures(s) for name, s in sorted(self.origins.items())},
-            "lag_s": {"p50": _num(p50), "p99": _num(p99), "from": "window_end"},
+            "lag_s": {
+                "p50": _num(p50),
+                "p99": _num(p99),
+                "from": "window_end",
+                "by_origin": {
+                    name: dict(
+                        zip(("p50", "p99"), map(_num, self.lag_quantiles(name)), strict=True)
+                    )
+                    for name in sorted(self._origin_lags)
+                },
+            },
         }
 
 
@@ -261,6 +284,11 @@ def format_report(report: dict[str, Any]) -> str:
     if lag["p50"] is not None:
         out.append(
             f"  event -> trained lag (from the window end): "
-            f"p50 {lag['p50']:,.0f} s, p99 {lag['p99']:,.0f} s"
+            f"p50 {lag['p50']:,.1f} s, p99 {lag['p99']:,.1f} s"
         )
+    by_origin = lag.get("by_origin", {})
+    if len(by_origin) > 1:  # e.g. old history files vs a live stream
+        for name, q in by_origin.items():
+            if q["p50"] is not None:
+                out.append(f"    {name:<22} p50 {q['p50']:,.1f} s, p99 {q['p99']:,.1f} s")
     return "\n".join(out)

@@ -129,7 +129,7 @@ class ProgressiveEval:
         tasks, index = self.progress.row_tasks(batch.row_ids)
         for t, task in enumerate(tasks):
             rows = int((index == t).sum()) if len(tasks) > 1 else batch.num_rows
-            self.stats.record_lag(now - task.end_s, rows)
+            self.stats.record_lag(now - task.end_s, rows, [f"{task.stream}/{task.source}"])
 
     def _record(self, batch: Batch, probs: np.ndarray, lag: bool) -> None:
         assert batch.row_ids is not None
