@@ -17,6 +17,7 @@ from estuary.data.types import Batch
 from estuary.train import Trainer
 from estuary.train.callbacks import Callback, LoopState
 from estuary.train.checkpoint import load_checkpoint
+from estuary.train.feeds import GraphFeed
 from estuary.train.mixed_feed import StreamWeights
 from estuary.train.result import TrainingStopped
 
@@ -308,3 +309,13 @@ def test_loss_importance_needs_sync_mode(data_root: Path) -> None:
     with pytest.raises(ConfigError) as err:
         job_for(data_root, buffer, train_mode="hybrid")
     assert err.value.path == "train.mixed_buffer.importance"
+
+
+def test_loss_importance_needs_one_trainer(data_root: Path) -> None:
+    job = job_for(data_root, {"capacity_bytes": 10**6, "importance": "loss"})
+    feed = object.__new__(GraphFeed)  # only the settings check, on every rank
+    for rank in (0, 1):
+        with pytest.raises(ConfigError) as err:
+            feed._mixed_source(job, rank, 2, False)
+        assert err.value.path == "train.mixed_buffer.importance"
+        assert "one trainer (got 2)" in str(err.value)
