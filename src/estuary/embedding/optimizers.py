@@ -226,8 +226,8 @@ def _row_mean_square(grads: Float32Array, n: int) -> np.float32:
     Summed in 8 interleaved partial sums (element j into sum j % 8, the sums
     added pairwise, the D % 8 tail into the first): a fixed order, so results
     are deterministic, that LLVM turns into one 8-lane vector accumulator. One
-    serial sum (D dependent adds) took a third of a D=64 row-wise update
-    (fbgemm's GPU kernels reduce in a tree too).
+    serial sum (D dependent adds) took ~30% of the fused bf16 row-wise update at
+    D=64 (fbgemm's GPU kernels reduce in a tree too).
     """
     dim = grads.shape[1]
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
