@@ -16,8 +16,15 @@ import pytest
 from estuary.config.errors import ConfigError
 from estuary.config.spec import InitializerSpec, SparseOptimizerSpec, TableSpec
 from estuary.config.tables import merge_table
-from estuary.embedding import EmbeddingShard, EmbeddingTable, half_updates, row_formats
+from estuary.embedding import (
+    EmbeddingShard,
+    EmbeddingTable,
+    half_updates,
+    optimizers,
+    row_formats,
+)
 from estuary.embedding.files import read_state, write_state
+from estuary.embedding.precision import decode
 
 DIM = 16
 SPEC = TableSpec(
@@ -163,3 +170,56 @@ def test_fused_row_init_rounds_new_rows_as_the_generic_fill(dtype: str) -> None:
     a, b = fused.state_dict(), generic.state_dict()
     for key in ("weights", "opt.accum", "unknown.weights"):
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def _fused_bf16_step(
+    weights: np.ndarray, grads: np.ndarray, ids: np.ndarray, key: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One fused bf16 row-wise Adagrad step of rows holding ``weights`` (float32,
+    bf16-exact) from a zero accumulator: the stored bf16 bits, and the float32
+    values the fp32 kernel computes for the same rows (the exact pre-rounding
+    values: both kernels share the arithmetic)."""
+    n, dim = grads.shape
+    rows = np.arange(n, dtype=np.int64)
+    words = dim // 2
+    storage = np.zeros((n, words + 1), np.float32)
+    bits = storage.view(np.uint16)
+    bits[:, :dim] = (weights.view(np.uint32) >> 16).astype(np.uint16)
+    half_updates._rowwise_adagrad_bf16_kernel(
+        storage, bits, rows, ids, grads, words, np.uint64(key), 0.05, 1e-8, 1.0, np.inf
+    )
+    exact = np.zeros((n, dim + 1), np.float32)
+    exact[:, :dim] = weights
+    optimizers._rowwise_adagrad_kernel(exact, rows, grads, dim, 0.05, 1e-8, 1.0, np.inf)
+    np.testing.assert_array_equal(storage[:, words], exact[:, dim])  # same accumulator
+    return bits[:, :dim].copy(), exact[:, :dim]
+
+
+def test_fused_bf16_update_rounds_stochastically_without_bias_and_reproducibly() -> None:
+    # 20,000 rows with the same weights and gradients: each row's rounding has
+    # its own random bits (its id), so per element the mean of the stored values
+    # is the float32 update within a few standard errors (0.5 ulp / sqrt(n)).
+    n, dim = 20_000, 16
+    rng = np.random.default_rng(3)
+    w0 = decode(
+        (rng.normal(0, 0.1, dim).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    )
+    weights = np.tile(w0, (n, 1))
+    grads = np.tile(rng.normal(0, 0.01, dim).astype(np.float32), (n, 1))
+    ids = rng.permutation(10**9)[:n].astype(np.int64)
+    bits, exact = _fused_bf16_step(weights, grads, ids, key=11)
+    got = decode(bits).astype(np.float64)
+    want = exact[0].astype(np.float64)
+    lo = decode((want.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)).astype(
+        np.float64
+    )
+    hi = decode(((want.astype(np.float32).view(np.uint32) >> 16) + 1).astype(np.uint16))
+    ulp = np.abs(hi.astype(np.float64) - lo)
+    assert np.all((got == lo) | (got == hi))  # a neighbour of the float32 value
+    assert np.all(ulp > 0) and np.any(np.abs(want - lo) > 0.1 * ulp)  # not all exact
+    assert np.all(np.abs(got.mean(axis=0) - want) < 5 * 0.5 * ulp / np.sqrt(n))
+    # Deterministic for a key; other keys round otherwise.
+    again, _ = _fused_bf16_step(weights, grads, ids, key=11)
+    other, _ = _fused_bf16_step(weights, grads, ids, key=12)
+    np.testing.assert_array_equal(bits, again)
+    assert np.count_nonzero(bits != other) > n * dim // 10

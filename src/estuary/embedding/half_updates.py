@@ -26,7 +26,13 @@ from estuary.embedding.optimizers import (
     _clamp,
     _rowwise_adagrad_rate,
 )
-from estuary.embedding.precision import bf16_to_f32, draw_row_bits, f32_to_bf16_sr
+from estuary.embedding.precision import (
+    bf16_to_f32,
+    counter_bits,
+    element_offsets,
+    f32_to_bf16_sr,
+    row_seed,
+)
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch_span
 from estuary.embedding.types import Float32Array, Int64Array
 
@@ -53,24 +59,25 @@ def _rowwise_adagrad_bf16_kernel(
     # optimizers._rowwise_adagrad_kernel (the same _rowwise_adagrad_rate) with the
     # weights read from and written to the bf16 view ``bits`` (R, 2V); the
     # accumulator is float32 word ``words``.
-    # The random bits of a row are drawn before its element loop and the bf16
-    # rounding is branch-free: both let LLVM vectorise that loop (measured 2.5x
-    # over drawing and rounding per element, with branches, at D=16).
+    # Each element's random bits come from a 32-bit hash of (row seed, j) and the
+    # bf16 rounding is branch-free: the element loop, draws included, vectorises
+    # (integer ops on 32-bit lanes; see docs/results.md for the measured rates).
     dim = grads.shape[1]
     eps32 = np.float32(eps)
     decay32 = np.float32(decay)
     clip32 = np.float32(clip)
     width = storage.shape[1]
-    rnd = np.empty(4 * ((dim + 3) // 4), np.uint32)  # a row's draws (draw_row_bits)
+    offsets = element_offsets(dim)  # row_element_bits(seed, j) = counter_bits(seed + offsets[j])
     for n in range(rows.size):
         if n + ROWS_AHEAD < rows.size:
             prefetch_span(storage, rows[n + ROWS_AHEAD] * width, width)
         r = rows[n]
         step = _rowwise_adagrad_rate(storage, r, words, grads, n, lr, eps32)
-        draw_row_bits(key, ids[n], rnd)
+        seed = row_seed(key, ids[n])
         for j in range(dim):
             w = bf16_to_f32(bits[r, j]) * decay32 - step * grads[n, j]
-            bits[r, j] = f32_to_bf16_sr(_clamp(w, clip32), rnd[j])
+            rnd = counter_bits(np.uint32(seed + offsets[j]))
+            bits[r, j] = f32_to_bf16_sr(_clamp(w, clip32), rnd)
 
 
 def _rowwise_adagrad_bf16(

@@ -220,6 +220,38 @@ def _ftrl_kernel(
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _row_mean_square(grads: Float32Array, n: int) -> np.float32:
+    """``mean_j(g_j^2)`` of gradient row ``n`` (D,), in float32.
+
+    Summed in 8 interleaved partial sums (element j into sum j % 8, the sums
+    added pairwise, the D % 8 tail into the first): a fixed order, so results
+    are deterministic, that LLVM turns into one 8-lane vector accumulator. One
+    serial sum (D dependent adds) took ~30% of the fused bf16 row-wise update at
+    D=64 (fbgemm's GPU kernels reduce in a tree too).
+    """
+    dim = grads.shape[1]
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+    j = 0
+    while j + 8 <= dim:
+        g0, g1, g2, g3 = grads[n, j], grads[n, j + 1], grads[n, j + 2], grads[n, j + 3]
+        g4, g5, g6, g7 = grads[n, j + 4], grads[n, j + 5], grads[n, j + 6], grads[n, j + 7]
+        s0 += g0 * g0
+        s1 += g1 * g1
+        s2 += g2 * g2
+        s3 += g3 * g3
+        s4 += g4 * g4
+        s5 += g5 * g5
+        s6 += g6 * g6
+        s7 += g7 * g7
+        j += 8
+    while j < dim:
+        g = grads[n, j]
+        s0 += g * g
+        j += 1
+    return (((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))) / np.float32(dim)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _rowwise_adagrad_rate(
     storage: Float32Array,
     r: int,
@@ -231,12 +263,7 @@ def _rowwise_adagrad_rate(
 ) -> np.float32:
     """Row-wise Adagrad's accumulator update for row ``r`` (its float32 word
     ``column``) by gradient row ``n`` (D,); returns the row's step size."""
-    dim = grads.shape[1]
-    sq = np.float32(0.0)
-    for j in range(dim):
-        g = grads[n, j]
-        sq += g * g
-    acc = storage[r, column] + sq / np.float32(dim)
+    acc = storage[r, column] + _row_mean_square(grads, n)
     storage[r, column] = acc
     return np.float32(lr) / (np.sqrt(acc) + eps32)
 
@@ -296,11 +323,7 @@ def _rowwise_adam_kernel(
         r = rows[n]
         t = storage[r, t_col] + one
         storage[r, t_col] = t
-        sq = np.float32(0.0)
-        for j in range(dim):
-            g = grads[n, j]
-            sq += g * g
-        v = b2 * storage[r, v_col] + (one - b2) * (sq / np.float32(dim))
+        v = b2 * storage[r, v_col] + (one - b2) * _row_mean_square(grads, n)
         storage[r, v_col] = v
         correction1 = one - b1 ** np.float64(t)
         denom = np.sqrt(v / np.float32(one - b2 ** np.float64(t))) + eps32

@@ -8,9 +8,10 @@ Stochastic rounding (``*_sr``): a float32 ``x`` between two neighbouring 16-bit
 values ``lo <= x < hi`` becomes ``hi`` with probability ``(x - lo) / (hi - lo)``,
 so the rounding is unbiased (``E[round(x)] = x``) and small updates are not lost
 to round-to-nearest (Gupta et al. 2015; fbgemm's fp16/bf16 embedding updates).
-The random bits are counter-based (``random_bits(key, counter)``): a row's
-rounding depends only on the caller's key (the table seed and the step) and the
-element's position, so runs are reproducible.
+The random bits are counter-based: a table row's rounding depends only on the
+caller's key (the table seed and the step), the row's id and the element's
+position (``row_seed``, ``row_element_bits``); ``encode_sr``'s on the key and
+the flat position (``random_bits``). Runs are reproducible.
 
 NaN stays NaN (quiet), +-inf stays +-inf; finite values beyond the largest
 16-bit value round up to inf with the probability their distance implies
@@ -32,10 +33,12 @@ __all__ = [
     "STORED_DTYPES",
     "bf16_to_f32",
     "call_key",
+    "counter_bits",
     "decode",
     "draw_row_bits",
     "dtype_name",
     "element_bits",
+    "element_offsets",
     "encode_nearest",
     "encode_sr",
     "f16_to_f32",
@@ -44,6 +47,8 @@ __all__ = [
     "f32_to_half_sr",
     "half_to_f32",
     "random_bits",
+    "row_element_bits",
+    "row_seed",
 ]
 
 # Codes the kernels branch on.
@@ -69,6 +74,12 @@ _F16_MIN_NORMAL_BITS = np.uint32(0x38800000)  # 2**-14 as float32 bits
 _TWO_M24 = 2.0**-24  # fp16 subnormal spacing
 _INV_2_16 = 1.0 / 65536.0
 _S16 = np.uint64(16)
+_S32 = np.uint64(32)
+_U15 = np.uint32(15)
+_G32 = np.uint32(0x9E3779B9)  # 2**32 / golden ratio
+_H1 = np.uint32(0x7FEB352D)  # lowbias32 multipliers (Wellons, hash-prospector)
+_H2 = np.uint32(0x846CA68B)
+_LOW16_32 = np.uint32(0xFFFF)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -78,16 +89,63 @@ def random_bits(key: np.uint64, counter: np.uint64) -> np.uint64:
 
 
 @njit(cache=True, nogil=True, inline="always")
+def row_seed(key: np.uint64, row_id: np.int64) -> np.uint32:
+    """The 32-bit seed of the row of ``row_id``'s rounding in a call keyed ``key``
+    (the high half of ``mix64(row_id ^ key)``): uniform over calls."""
+    return np.uint32(mix64(np.uint64(row_id) ^ key) >> _S32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def counter_bits(x: np.uint32) -> np.uint32:
+    """A 16-bit draw (low half of the result) from the 32-bit counter ``x``: the
+    high half of lowbias32 (an integer hash, a bijection on 32 bits) of ``x``.
+    Every step is truncated to 32 bits (numba widens integer arithmetic)."""
+    x = np.uint32((x ^ (x >> _U16)) * _H1)
+    x = np.uint32((x ^ (x >> _U15)) * _H2)
+    x = np.uint32(x ^ (x >> _U16))
+    return np.uint32(x >> _U16)
+
+
+@njit(cache=True, nogil=True)
+def element_offsets(dim: int) -> np.ndarray:
+    """``j * 0x9E3779B9 mod 2**32`` for j < ``dim`` (uint32): element j's counter
+    is ``row seed + offsets[j]`` (``row_element_bits``)."""
+    out = np.empty(dim, np.uint32)
+    for j in range(dim):
+        out[j] = np.uint32(np.uint64(j) * np.uint64(_G32))
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def row_element_bits(seed: np.uint32, j: int) -> np.uint32:
+    """The 16-bit rounding draw (low half of the result) of element ``j`` of the
+    row seeded ``seed`` (``row_seed``): ``counter_bits(seed + j * 0x9E3779B9)``
+    (mod 2**32).
+
+    For a fixed element, ``seed`` uniform over calls makes the counter, so the
+    hash and its high half, exactly uniform: the rounding stays unbiased. Only
+    32-bit integer operations and no state carried from one element to the next:
+    a fused kernel's element loop vectorises with the draws in it (16 lanes
+    here) when it reads the offsets ``j * 0x9E3779B9`` from ``element_offsets``.
+    Measured on the fused bf16 row-wise Adagrad kernel at D=64 (CPU time, one
+    run): 19.5M ids/s, against 19.8M with a constant in place of the draws and
+    15.8M computing the offsets in the loop (numba's 64-bit products); the
+    earlier 64-bit splitmix draw per 4 elements, made before the loop, ran the
+    whole kernel at 13.1-14.0M.
+    """
+    return counter_bits(np.uint32(seed + np.uint32(np.uint64(j) * np.uint64(_G32))))
+
+
+@njit(cache=True, nogil=True, inline="always")
 def draw_row_bits(key: np.uint64, row_id: np.int64, out: np.ndarray) -> None:
     """The rounding bits of the row of ``row_id`` in a call keyed ``key``: 16-bit
-    draws into ``out`` uint32 (4 ceil(D/4),), element j's in ``out[j]``, equal to
-    ``element_bits(random_bits(mix64(row_id ^ key), j // 4), j) & 0xFFFF``.
-    Drawn before a row's element loop so that loop vectorises."""
-    base = mix64(np.uint64(row_id) ^ key)
-    for q in range(out.size // 4):
-        word = random_bits(base, np.uint64(q))
-        for c in range(4):
-            out[4 * q + c] = np.uint32((word >> (np.uint64(c) * _S16)) & _LOW16)
+    draws into ``out`` uint32 (at least D,), element j's in ``out[j]``, equal to
+    ``row_element_bits(row_seed(key, row_id), j)``. For kernels that draw a
+    row's bits before its element loop; the fused update draws them in its loop
+    (``counter_bits(seed + element_offsets(D)[j])``, the same bits)."""
+    seed = row_seed(key, row_id)
+    for j in range(out.size):
+        out[j] = row_element_bits(seed, j)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -112,7 +170,7 @@ def bf16_to_f32(h: np.uint16) -> np.float32:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def f32_to_bf16_sr(x: np.float32, bits: np.uint64) -> np.uint16:
+def f32_to_bf16_sr(x: np.float32, bits: np.uint64 | np.uint32) -> np.uint16:
     """float32 -> bf16 bits, rounded stochastically with the low 16 of ``bits``.
 
     Branch-free (a select for NaN), so loops over a row vectorise. Adding a
@@ -121,7 +179,7 @@ def f32_to_bf16_sr(x: np.float32, bits: np.uint64) -> np.uint16:
     have 16 zero low bits, so they never carry.
     """
     u = np.float32(x).view(np.uint32)
-    rounded = np.uint32(u + np.uint32(bits & _LOW16)) >> _U16
+    rounded = np.uint32(u + (np.uint32(bits) & _LOW16_32)) >> _U16
     quiet_nan = (u >> _U16) | np.uint32(0x40)  # a NaN stays a (quiet) NaN
     return np.uint16(quiet_nan if (u & _ABS) > _EXP_ALL else rounded)
 

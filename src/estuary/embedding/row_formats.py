@@ -113,7 +113,7 @@ def _encode_rows_kernel(
     # only, not on where the row sits (a restored table rounds alike).
     dim = rows_in.shape[1] - (storage.shape[1] - words)
     width = storage.shape[1]
-    rnd = np.empty(4 * ((dim + 3) // 4), np.uint32)  # a row's draws (draw_row_bits)
+    rnd = np.empty(dim, np.uint32)  # a row's draws (draw_row_bits)
     for n in range(rows.size):
         r = rows[n]
         draw_row_bits(key, ids[n], rnd)

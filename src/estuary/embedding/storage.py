@@ -75,7 +75,7 @@ def _init_rows_kernel(
     # 16-bit weights (code != FP32) go to ``bits``, the storage's uint16 view,
     # rounded as row_formats' generic encoding rounds them (same bits).
     width = storage.shape[1]
-    rnd = np.empty(4 * ((dim + 3) // 4), np.uint32)  # a row's draws (draw_row_bits)
+    rnd = np.empty(dim, np.uint32)  # a row's draws (draw_row_bits)
     for n in range(rows.size):
         if n + ROWS_AHEAD < rows.size:
             ahead = rows[n + ROWS_AHEAD]
