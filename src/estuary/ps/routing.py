@@ -10,6 +10,9 @@ fence a migration holds between steps (``estuary.ps.migration``).
         v != this server's version: ``StaleRoutingError`` (the client fetches
         the map and routes the request again)
 
+With slot counting on (``count_slots``, the scaling manager's hot-shard
+rebalance), every train lookup adds its ids to a per-slot load (``take_loads``).
+
 A train lookup of step s <= fence passes: the steps up to the fence run on, so
 every rank's push of the fence step arrives (pushes never wait here) and the
 migration starts once the fence step is applied everywhere.
@@ -23,6 +26,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from estuary.embedding.hashing import SERVER_SALT, shard_of
+from estuary.embedding.types import Int64Array
 from estuary.ps.types import PSError, PSTimeoutError
 
 __all__ = ["RoutingGate", "StaleRoutingError"]
@@ -42,6 +47,8 @@ class RoutingGate:
         self._cond = threading.Condition()
         self._fence: dict[str, int] | None = None
         self._looked: dict[str, int] = {}
+        self._loads_lock = threading.Lock()
+        self._loads: Int64Array | None = None
 
     def admit(
         self,
@@ -111,3 +118,28 @@ class RoutingGate:
             self.owners = np.asarray(owners, np.int64).copy()
             self.servers = servers
             self.version = version
+
+    def count_slots(self, slots: int) -> None:
+        """Count train-lookup ids per slot of a ``slots``-slot map from now on."""
+        with self._loads_lock:
+            if self._loads is None or self._loads.size != slots:
+                self._loads = np.zeros(slots, np.int64)
+
+    def note(self, ids: Int64Array) -> None:
+        """Add a train lookup's ids to the slot loads (no-op unless counting)."""
+        loads = self._loads
+        if loads is None or ids.size == 0:
+            return
+        counts = np.bincount(shard_of(ids, loads.size, salt=SERVER_SALT), minlength=loads.size)
+        with self._loads_lock:
+            if self._loads is loads:
+                loads += counts
+
+    def take_loads(self) -> Int64Array | None:
+        """Ids looked up per slot since the last take (then zero); ``None``: not counting."""
+        with self._loads_lock:
+            if self._loads is None:
+                return None
+            out = self._loads.copy()
+            self._loads[:] = 0
+            return out

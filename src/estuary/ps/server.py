@@ -151,6 +151,7 @@ class ParameterServer:
             "export_slots": self._op_export_slots,
             "import_rows": self._op_import_rows,
             "drop_ids": self._op_drop_ids,
+            "slot_loads": self._op_slot_loads,
         }
         self.held = HeldSnapshots()
         self.routing = RoutingGate()
@@ -379,6 +380,9 @@ class ParameterServer:
         steps = self._ints(header, "steps", count) if header.get("steps") is not None else None
         after = self._ints(header, "after", count) if header.get("after") is not None else None
         self._admit([p.name for p in parts], steps if train else None, header)
+        if train:
+            for part in parts:
+                self.routing.note(part.ids)
         rows = np.empty(sum(p.ids.size * p.table.dim for p in parts), np.float32)
         start = 0
         for i, part in enumerate(parts):
@@ -546,6 +550,13 @@ class ParameterServer:
         gate = self.routing
         owners = {} if gate.owners is None else {"owners": gate.owners}
         return {"version": gate.version, "servers": gate.servers, "fenced": gate.fenced}, owners
+
+    def _op_slot_loads(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        # Turns counting on (``count``: the map's slot count); returns the loads so far.
+        if header.get("count") is not None:
+            self.routing.count_slots(self._int(header, "count"))
+        loads = self.routing.take_loads()
+        return {"counting": loads is not None}, {} if loads is None else {"loads": loads}
 
     def _op_set_routing(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         owners = self._array(arrays, "owners", np.int64, 1)
