@@ -18,7 +18,7 @@ from estuary.embedding import EmbeddingTable
 from estuary.embedding.delta import PENDING_COUNTS, PENDING_IDS
 from estuary.embedding.hashing import SERVER_SALT, shard_of
 from estuary.ps import HostedTable, PSClient, ServerConfig, serving
-from estuary.ps.routing import StaleRoutingError
+from estuary.ps.routing import RoutingGate, StaleRoutingError
 from estuary.ps.sharded import ShardedPSClient, server_share
 from estuary.ps.slots import OWNERS_KEY, SlotMap
 
@@ -252,3 +252,28 @@ def test_a_lookup_routed_with_an_old_map_is_refused_then_routed_again() -> None:
         got = table.lookup(ids, train=False)  # fetches map 1 and goes again
         assert stale.slot_map.version == 1
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_raised_fence_lets_a_waiting_lookup_through() -> None:
+    # Server B is fenced at step 18 before a lookup of step 19 reaches it; server
+    # A had served 19 already, so the coordinator raises B's fence to 19: the
+    # waiting lookup must go on (else step 19 is never pushed: a deadlock).
+    gate = RoutingGate()
+    gate.admit(["t"], [18], 0, 1.0)
+    assert gate.fence(["t"], None) == {"t": 18}
+    passed = threading.Event()
+
+    def lookup() -> None:
+        gate.admit(["t"], [19], 0, 30.0)
+        passed.set()
+
+    thread = threading.Thread(target=lookup)
+    thread.start()
+    assert not passed.wait(0.2)  # held at the fence
+    assert gate.fence(["t"], {"t": 19}) == {"t": 19}
+    assert passed.wait(30)
+    thread.join()
+    gate.lift()
+    with pytest.raises(StaleRoutingError):
+        gate.set_map(np.zeros(4, np.int64), 1, 1)
+        gate.admit(["t"], [20], 0, 1.0)

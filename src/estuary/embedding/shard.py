@@ -720,6 +720,36 @@ class EmbeddingShard:
             self._load_admission(state)
             self._mark()
 
+    def export_rows(self, select: Callable[[Int64Array], np.ndarray]) -> State:
+        """The row keys (ids, weights, optimizer slots, eviction fields) of the ids
+        held whose ``select(ids)`` bool mask is set, plus those ids' exact pending
+        admission counts (``admission.ids/counts``); copies, nothing removed."""
+        with self._lock:
+            if self._disk is not None:  # rows in either tier: the full export, filtered
+                full = self.export_state(dirty_only=False, mark=False)
+                state = _row_subset(full, np.flatnonzero(select(as_ids(full[IDS]))))
+            else:
+                ids, slots = self._index.items()
+                keep = select(ids)
+                ids, slots = ids[keep], slots[keep]
+                state = _gather(
+                    self._storage.array[slots], slice(None), self._format, self._optimizer, ""
+                )
+                state[IDS] = ids
+                s = self._storage
+                if s.evicts:
+                    state[STAMP] = s.stamp[slots]
+                if self._policy.lfu:
+                    state[FREQ] = s.freq[slots]
+                if self._policy.keep_time:
+                    state[TOUCH_S] = s.touch_s[slots]
+            if isinstance(self._admission, AdmissionFilter):
+                pending = self._admission.state_dict()
+                keep = select(as_ids(pending["ids"]))
+                state[PENDING_IDS] = pending["ids"][keep]
+                state[PENDING_COUNTS] = pending["counts"][keep]
+        return state
+
     def import_rows(self, state: State) -> int:
         """Take in rows moved from another server (``estuary.ps.migration``): the
         row keys of a state (weights, optimizer slots, eviction fields) for ids

@@ -169,6 +169,11 @@ class EmbeddingTable:
             for k, shard in enumerate(self.shards)
         )
 
+    def export_rows(self, select: Callable[[Int64Array], np.ndarray]) -> State:
+        """The rows (and exact pending counts) of the ids ``select`` picks, over
+        every shard (see ``EmbeddingShard.export_rows``); copies."""
+        return merge_states([shard.export_rows(select) for shard in self.shards])
+
     def import_rows(self, state: State) -> int:
         """Take in rows (and exact pending counts) moved from another server, for
         ids this table does not hold (see ``EmbeddingShard.import_rows``);

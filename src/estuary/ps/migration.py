@@ -35,22 +35,13 @@ while a migration copies rows (checkpoints between steps are).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from estuary.embedding.delta import (
-    FREQ,
-    IDS,
-    OPT_PREFIX,
-    PENDING_COUNTS,
-    PENDING_IDS,
-    STAMP,
-    TOUCH_S,
-    WEIGHTS,
-)
+from estuary.embedding.delta import IDS, PENDING_IDS
 from estuary.embedding.hashing import SERVER_SALT, as_ids, shard_of
 from estuary.embedding.types import Int64Array
 from estuary.ps.slots import SlotMap
@@ -59,10 +50,9 @@ from estuary.ps.types import PSError
 if TYPE_CHECKING:
     from estuary.ps.sharded import ShardedPSClient
 
-__all__ = ["Migration", "migrate", "select_slots"]
+__all__ = ["Migration", "migrate", "slot_filter"]
 
 State = dict[str, np.ndarray]
-_ROW_KEYS = (IDS, WEIGHTS, STAMP, FREQ, TOUCH_S)
 
 
 @dataclass(frozen=True)
@@ -94,23 +84,16 @@ class Migration:
         return out
 
 
-def select_slots(state: State, slots: Int64Array, slot_count: int) -> State:
-    """The rows (and exact pending counts) of a table ``state`` whose ids fall in
-    ``slots`` of a ``slot_count``-slot map: row keys and ``admission.ids/counts``
-    only (unknown rows, clocks and chain keys stay with the server)."""
-    wanted = np.asarray(slots, np.int64)
-    out: State = {}
-    ids = as_ids(state[IDS])
-    rows = np.isin(shard_of(ids, slot_count, salt=SERVER_SALT), wanted)
-    for key, value in state.items():
-        if key in _ROW_KEYS or key.startswith(OPT_PREFIX):
-            out[key] = np.ascontiguousarray(np.asarray(value)[rows])
-    if PENDING_IDS in state:
-        pending = as_ids(state[PENDING_IDS])
-        keep = np.isin(shard_of(pending, slot_count, salt=SERVER_SALT), wanted)
-        out[PENDING_IDS] = np.ascontiguousarray(pending[keep])
-        out[PENDING_COUNTS] = np.ascontiguousarray(np.asarray(state[PENDING_COUNTS])[keep])
-    return out
+def slot_filter(slots: Int64Array, slot_count: int) -> Callable[[Int64Array], np.ndarray]:
+    """ids int64 (N,) -> bool (N,): whether an id's slot (of a ``slot_count``-slot
+    map) is one of ``slots``."""
+    wanted = np.zeros(slot_count, np.bool_)
+    wanted[np.asarray(slots, np.int64)] = True
+
+    def select(ids: Int64Array) -> np.ndarray:
+        return wanted[shard_of(as_ids(ids), slot_count, salt=SERVER_SALT)]
+
+    return select
 
 
 def migrate(

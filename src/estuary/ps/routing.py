@@ -99,6 +99,7 @@ class RoutingGate:
             if self._fence is not None:
                 fence = {t: max(s, self._fence.get(t, 0)) for t, s in fence.items()}
             self._fence = fence
+            self._cond.notify_all()  # a raised fence lets waiting lookups through
             return dict(fence)
 
     def lift(self) -> None:

@@ -47,7 +47,7 @@ import numpy as np
 from estuary.embedding.table import EmbeddingTable
 from estuary.ps.aggregation import StepAggregator
 from estuary.ps.held import HeldSnapshots, Snapshot
-from estuary.ps.migration import select_slots
+from estuary.ps.migration import slot_filter
 from estuary.ps.protocol import (
     PROTOCOL_VERSION,
     Arrays,
@@ -578,9 +578,10 @@ class ParameterServer:
     def _op_export_slots(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         table, steps = self._table(header)
         slots = self._array(arrays, "slots", np.int64, 1)
+        select = slot_filter(slots, self._int(header, "slot_count"))
         with steps.exclusive():  # no step lands halfway through the copy
-            state = table.state_dict(mark_clean=False)
-        return {}, select_slots(state, slots, self._int(header, "slot_count"))
+            state = table.export_rows(select)
+        return {}, state
 
     def _op_import_rows(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         table, steps = self._table(header)
