@@ -277,3 +277,31 @@ def test_a_raised_fence_lets_a_waiting_lookup_through() -> None:
     with pytest.raises(StaleRoutingError):
         gate.set_map(np.zeros(4, np.int64), 1, 1)
         gate.admit(["t"], [20], 0, 1.0)
+
+
+def test_a_capture_holding_the_map_never_straddles_a_migration() -> None:
+    with cluster(2, clients=2) as (mover, trainer):
+        table = trainer.table("u")
+        ids = np.arange(0, 300, dtype=np.int64)
+        table.apply_gradients(ids, table.lookup(ids, train=True) + 1.0)
+        moved = threading.Event()
+
+        def migrate() -> None:
+            mover.migrate(mover.slot_map.owned(0), to=1)
+            moved.set()
+
+        with trainer.holding():  # as a checkpoint capture does
+            thread = threading.Thread(target=migrate)
+            thread.start()
+            assert not moved.wait(0.3)  # the rows wait for the capture to end
+            parts = [p.state_dict(mark_clean=False)["ids"] for p in table.parts]
+        assert moved.wait(30)
+        thread.join()
+        # Every id once, all on their old servers: the capture saw no move.
+        held = np.concatenate(parts)
+        assert held.size == np.unique(held).size == ids.size
+        assert (SlotMap.even(2).server_of(parts[0]) == 0).all() and parts[0].size > 0
+        after = [p.state_dict(mark_clean=False)["ids"] for p in table.parts]
+        assert after[0].size == 0 and np.sort(after[1]).tolist() == ids.tolist()
+        # A merged state taken after the move has every row once.
+        assert np.sort(table.state_dict()["ids"]).tolist() == ids.tolist()

@@ -7,6 +7,8 @@ parameter servers between two steps, while the trainers run.
       1 fence: each server fences its tables at the highest   train lookups of later
         step looked up there; the maximum goes to all          steps (and eval reads)
       2 wait until every server applied the fence step         wait at the gate
+        then lock_moves on each server in order (waits for checkpoint captures
+        holding the map to end; new ones wait for the lift)
       3 per table, per source server:
           export_slots (rows of the slots with everything the table keeps for
           them: weights, optimizer slots, eviction stamps/freq/time, exact
@@ -26,10 +28,17 @@ Should the copy fail, the rows imported so far are dropped from the
 destination, the map stays as it was and the fence is lifted: the run goes on
 unchanged and the error is raised.
 
+Checkpoints: a capture that spans the servers (``ShardedTable.state_dict``,
+``delta_state_dict``, the registration of an asynchronous ``ServerSnapshot``)
+holds the map (``ShardedPSClient.holding``): ``lock_moves`` waits for it and it
+waits for the lift; it is never fenced, so a trainer may checkpoint while the
+fence step's last pushes are still to come. Snapshots registered for the
+fence step are captured before any row moves (each migration op runs them
+first); later ones after the lift.
+
 Not covered: a sketch admission counter keeps counting moved ids on the old
 server (a sketch cannot forget single ids), so they start pending afresh on
-the new one; an asynchronous snapshot (``snapshot`` op) must not be captured
-while a migration copies rows (checkpoints between steps are).
+the new one.
 """
 
 from __future__ import annotations
@@ -127,6 +136,9 @@ def migrate(
             if step > 0:
                 wait = {"table": table, "step": step}
                 client.each(lambda p, wait=wait: conns[p].call("wait", wait))  # type: ignore[misc]
+        # In server order, one after another: captures hold the map in that order.
+        for p in range(client.servers):
+            conns[p].call("lock_moves")
         t1 = time.perf_counter()
         moved, rows, pending, nbytes = _copy(client, old, picked, sources, to, tables)
         client.each(

@@ -3,7 +3,7 @@ fence a migration holds between steps (``estuary.ps.migration``).
 
 ::
 
-    request (lookup_many / push_many / state_dict ...) carrying map version v
+    request (lookup_many / push_many) carrying map version v
       RoutingGate.admit(tables, steps, v)
         fenced and the request is past the fence (a train lookup of a step
         after the table's fence step, or any other read): wait until lifted
@@ -12,6 +12,14 @@ fence a migration holds between steps (``estuary.ps.migration``).
 
 With slot counting on (``count_slots``, the scaling manager's hot-shard
 rebalance), every train lookup adds its ids to a per-slot load (``take_loads``).
+
+A checkpoint capture that spans the servers holds the map (``hold`` ...
+``release``, taken on the servers in order): before rows move, the migration
+takes ``lock_moves`` on the servers in the same order, which waits for the
+holds to end, and a hold waits until the lift. A capture so sees every server
+either before a migration or after it, never some of each, and the two never
+wait on each other in a circle. Captures are not fenced (a trainer may
+checkpoint while the fence step's last pushes are still coming).
 
 A train lookup of step s <= fence passes: the steps up to the fence run on, so
 every rank's push of the fence step arrives (pushes never wait here) and the
@@ -46,6 +54,8 @@ class RoutingGate:
         self.servers = 0
         self._cond = threading.Condition()
         self._fence: dict[str, int] | None = None
+        self._moving = False  # rows move: holds wait (lock_moves ... lift)
+        self._holds = 0
         self._looked: dict[str, int] = {}
         self._loads_lock = threading.Lock()
         self._loads: Int64Array | None = None
@@ -91,6 +101,38 @@ class RoutingGate:
                     f"{self.version}: a push crossed a migration"
                 )
 
+    def hold(self, timeout_s: float) -> None:
+        """Keep the map from changing until ``release`` (a checkpoint capture that
+        spans every server): waits while rows are moving (``lock_moves``)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._moving:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PSTimeoutError(f"hold waited {timeout_s:g} s for a migration to end")
+                self._cond.wait(left)  # Blocking wait: the migration lifts its fence.
+            self._holds += 1
+
+    def release(self) -> None:
+        """End one ``hold``."""
+        with self._cond:
+            self._holds = max(0, self._holds - 1)
+            self._cond.notify_all()
+
+    def lock_moves(self, timeout_s: float) -> None:
+        """Let the rows move (until ``lift``): waits for the holds to end, and
+        new holds wait meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._moving = True
+            while self._holds > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._moving = False
+                    self._cond.notify_all()
+                    raise PSTimeoutError(f"migration waited {timeout_s:g} s for a capture")
+                self._cond.wait(left)  # Blocking wait: a checkpoint capture ends.
+
     def fence(self, tables: Sequence[str], at: Mapping[str, int] | None) -> dict[str, int]:
         """Fence every table at ``at[t]`` or at the highest step looked up here,
         whichever is later; returns the fence steps."""
@@ -106,6 +148,7 @@ class RoutingGate:
         """Let the waiting requests through (they then see the new version)."""
         with self._cond:
             self._fence = None
+            self._moving = False
             self._cond.notify_all()
 
     @property

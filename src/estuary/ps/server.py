@@ -152,6 +152,9 @@ class ParameterServer:
             "import_rows": self._op_import_rows,
             "drop_ids": self._op_drop_ids,
             "slot_loads": self._op_slot_loads,
+            "hold_routing": self._op_hold_routing,
+            "lock_moves": self._op_lock_moves,
+            "release_routing": self._op_release_routing,
         }
         self.held = HeldSnapshots()
         self.routing = RoutingGate()
@@ -457,7 +460,6 @@ class ParameterServer:
 
     def _op_state_dict(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         table, steps = self._table(header)
-        self._admit([table.name], None, header)
         steps.wait_applied(self._int(header, "after", 0), self.config.wait_timeout_s)
         with steps.exclusive():  # no step lands halfway through the snapshot
             state = table.state_dict(mark_clean=bool(header.get("mark", True)))
@@ -471,7 +473,6 @@ class ParameterServer:
 
     def _op_delta_state_dict(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         table, steps = self._table(header)
-        self._admit([table.name], None, header)
         steps.wait_applied(self._int(header, "after", 0), self.config.wait_timeout_s)
         with steps.exclusive():  # no step lands halfway through the delta
             delta = table.delta_state_dict()
@@ -571,6 +572,24 @@ class ParameterServer:
             raise PSError(f"field 'at' must map table names to steps, got {at!r}")
         return {"fence": self.routing.fence(list(self.tables), at)}, {}
 
+    def _op_lock_moves(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        self.routing.lock_moves(self.config.wait_timeout_s)
+        return {}, {}
+
+    def _op_hold_routing(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        self.routing.hold(self.config.wait_timeout_s)
+        return {}, {}
+
+    def _op_release_routing(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        self.routing.release()
+        return {}, {}
+
+    @staticmethod
+    def _captured(steps: StepAggregator) -> None:
+        # Snapshots registered for the step applied last are captured before the
+        # rows move (they belong to the state before the migration).
+        steps.run_after(steps.applied)
+
     def _op_lift(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         self.routing.lift()
         return {}, {}
@@ -579,12 +598,14 @@ class ParameterServer:
         table, steps = self._table(header)
         slots = self._array(arrays, "slots", np.int64, 1)
         select = slot_filter(slots, self._int(header, "slot_count"))
+        self._captured(steps)
         with steps.exclusive():  # no step lands halfway through the copy
             state = table.export_rows(select)
         return {}, state
 
     def _op_import_rows(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         table, steps = self._table(header)
+        self._captured(steps)
         with steps.exclusive():
             rows = table.import_rows(arrays)
         return {"rows": rows}, {}
@@ -593,6 +614,7 @@ class ParameterServer:
         table, steps = self._table(header)
         ids = self._array(arrays, "ids", np.int64, 1)
         pending = self._array(arrays, "pending", np.int64, 1)
+        self._captured(steps)
         with steps.exclusive():
             removed = table.remove(ids)
             forgot = table.forget_pending(pending)

@@ -37,9 +37,10 @@ them to every server.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -179,6 +180,23 @@ class ShardedPSClient:
             )
         )
         self.slot_map = slot_map
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Keep the slot map from changing for the block (no migration starts or
+        is under way meanwhile): for a capture that must see every server at
+        one map. Taken on the servers in order (migrations fence in that order
+        too), so the two never wait on each other in a circle."""
+        held: list[int] = []
+        try:
+            for p in range(self.servers):
+                self.clients[p].call("hold_routing")
+                held.append(p)
+            yield
+        finally:
+            for p in held:
+                with contextlib.suppress(PSError):
+                    self.clients[p].call("release_routing")
 
     def migrate(self, slots: Sequence[int] | Int64Array, to: int) -> Any:
         """Move ``slots`` to server ``to`` between two steps while trainers run
@@ -450,7 +468,8 @@ class ShardedTable:
     def state_dict(self, *, mark_clean: bool = True) -> State:
         """All rows and state, the servers' parts merged (a table of P x shards
         shards; loads into any count)."""
-        parts = self.client.each(lambda p: self.parts[p].state_dict(mark_clean=mark_clean))
+        with self.client.holding():  # every part at one slot map
+            parts = self.client.each(lambda p: self.parts[p].state_dict(mark_clean=mark_clean))
         return self._with_map(_merge(parts, self.name))
 
     def _with_map(self, state: State) -> State:
@@ -474,14 +493,15 @@ class ShardedTable:
         evicted than they hold rows) and others not, the others' full states are
         taken too (unmarked: the delta already marked them), so the merged delta
         is full and loads like one."""
-        parts = self.client.each(lambda p: self.parts[p].delta_state_dict())
-        fulls = [is_full(part) for part in parts]
-        if any(fulls) and not all(fulls):
-            for p, full in enumerate(fulls):
-                if not full:
-                    chain = {k: v for k, v in parts[p].items() if k.startswith("delta.")}
-                    parts[p] = {**self.parts[p].state_dict(mark_clean=False), **chain}
-                    parts[p][FULL] = np.array([1], np.int64)
+        with self.client.holding():  # every part at one slot map
+            parts = self.client.each(lambda p: self.parts[p].delta_state_dict())
+            fulls = [is_full(part) for part in parts]
+            if any(fulls) and not all(fulls):
+                for p, full in enumerate(fulls):
+                    if not full:
+                        chain = {k: v for k, v in parts[p].items() if k.startswith("delta.")}
+                        parts[p] = {**self.parts[p].state_dict(mark_clean=False), **chain}
+                        parts[p][FULL] = np.array([1], np.int64)
         return self._with_map(_merge(parts, self.name))
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
