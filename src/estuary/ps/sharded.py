@@ -43,7 +43,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -62,6 +62,9 @@ from estuary.ps.client import (
 from estuary.ps.routing import StaleRoutingError
 from estuary.ps.slots import ROUTING_PREFIX, SlotMap
 from estuary.ps.types import Address, HostedTable, PSError
+
+if TYPE_CHECKING:
+    from estuary.ps.migration import Migration
 
 __all__ = ["ShardedPSClient", "ShardedTable", "connect_servers", "server_share"]
 
@@ -198,10 +201,10 @@ class ShardedPSClient:
                 with contextlib.suppress(PSError):
                     self.clients[p].call("release_routing")
 
-    def migrate(self, slots: Sequence[int] | Int64Array, to: int) -> Any:
+    def migrate(self, slots: Sequence[int] | Int64Array, to: int) -> Migration:
         """Move ``slots`` to server ``to`` between two steps while trainers run
-        (``estuary.ps.migration.migrate``); returns its ``Migration``."""
-        from estuary.ps.migration import migrate
+        (``estuary.ps.migration.migrate``); returns what it did and cost."""
+        from estuary.ps.migration import migrate  # it drives this class
 
         return migrate(self, slots, to)
 
