@@ -52,6 +52,7 @@ the next delta is a full state (``delta.full = 1``), so memory stays bounded.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 from numba import njit
@@ -83,8 +84,12 @@ LINEAGE = "delta.lineage"
 VERSION = "delta.version"
 BASE = "delta.base"
 FULL = "delta.full"
+# The parameter servers' slot map (``estuary.ps.slots``), saved with a sharded
+# table's state; no part of any server's or shard's rows (splits leave it out).
+ROUTING_PREFIX = "routing."
 
 _PENDING = (PENDING_IDS, PENDING_COUNTS)
+Router = Callable[[Int64Array], tuple[Int64Array, Int64Array]]
 _MIN_LOG_LIMIT = 1024
 
 
@@ -249,7 +254,11 @@ def split_state(state: dict[str, np.ndarray], n_shards: int) -> list[dict[str, n
 
 
 def split_for_servers(
-    state: dict[str, np.ndarray], n_servers: int, shards_per_server: int
+    state: dict[str, np.ndarray],
+    n_servers: int,
+    shards_per_server: int,
+    *,
+    router: Router | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """A table state (or delta) of any shard count -> one part per parameter-server
     process (ids routed with ``SERVER_SALT``), each a whole table state its server
@@ -259,12 +268,22 @@ def split_for_servers(
     by the same servers: ``merge_states`` of their parts) gives each server its own
     back; any other count goes whole to every server, whose table averages it.
     Chain keys (``delta.*``) go to every part: the servers adopt one chain.
+    ``router``: ids -> (order, offsets) by server (a slot map's ``route``;
+    default ``splitmix64(id ^ SERVER_SALT) mod n_servers``). ``routing.*`` keys
+    go to no part.
     """
-    return _split(state, n_servers, salt=SERVER_SALT, shards_per_part=shards_per_server)
+    return _split(
+        state, n_servers, salt=SERVER_SALT, shards_per_part=shards_per_server, router=router
+    )
 
 
 def _split(
-    state: dict[str, np.ndarray], n_parts: int, *, salt: int | None, shards_per_part: int | None
+    state: dict[str, np.ndarray],
+    n_parts: int,
+    *,
+    salt: int | None,
+    shards_per_part: int | None,
+    router: Router | None = None,
 ) -> list[dict[str, np.ndarray]]:
     # shards_per_part None: the parts are shards (leaves); else whole tables.
     stacked = {
@@ -276,7 +295,8 @@ def _split(
     picks: dict[str, list[Int64Array]] = {}
     for owner_key in (IDS, PENDING_IDS, EVICTED_IDS):
         if owner_key in state and n_parts > 1:
-            order, offsets = route(as_ids(state[owner_key]), n_parts, salt=salt)
+            ids = as_ids(state[owner_key])
+            order, offsets = route(ids, n_parts, salt=salt) if router is None else router(ids)
             picks[owner_key] = [order[offsets[k] : offsets[k + 1]] for k in range(n_parts)]
     parts: list[dict[str, np.ndarray]] = [{} for _ in range(n_parts)]
     if SKETCH_WORDS in state:
@@ -284,7 +304,7 @@ def _split(
             part.update(sketch)
     for key, value in state.items():
         arr = np.asarray(value)
-        if key.startswith(SKETCH_PREFIX):
+        if key.startswith((SKETCH_PREFIX, ROUTING_PREFIX)):
             continue
         if key.startswith(CHAIN_PREFIX):
             if shards_per_part is not None:

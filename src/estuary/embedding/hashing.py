@@ -116,6 +116,43 @@ def shard_of(ids: Int64Array, n_shards: int, *, salt: int | None = None) -> Int6
     return out
 
 
+@njit(cache=True, nogil=True)
+def _route_owned_kernel(
+    ids: Int64Array,
+    owners: Int64Array,
+    salt: np.uint64,
+    order: Int64Array,
+    offsets: Int64Array,
+) -> None:
+    # As _route_kernel, the part of an id being owners[slot] of its slot.
+    part = np.empty(ids.size, np.int64)
+    n_u = np.uint64(owners.size)
+    for i in range(ids.size):
+        p = owners[np.int64(mix64(np.uint64(ids[i]) ^ salt) % n_u)]
+        part[i] = p
+        offsets[p + 1] += 1
+    for k in range(offsets.size - 1):
+        offsets[k + 1] += offsets[k]
+    cursor = offsets[:-1].copy()
+    for i in range(ids.size):
+        p = part[i]
+        order[cursor[p]] = i
+        cursor[p] += 1
+
+
+def route_owned(
+    ids: Int64Array, owners: Int64Array, n_parts: int, *, salt: int
+) -> tuple[Int64Array, Int64Array]:
+    """Group ids by the owner of their slot: slot ``splitmix64(id ^ salt) mod S``
+    (S = ``owners.size``), part ``owners[slot]`` (each in [0, ``n_parts``)).
+
+    Returns ``order`` and ``offsets`` as ``route`` (``n_parts + 1`` offsets)."""
+    order = np.empty(ids.size, np.int64)
+    offsets = np.zeros(n_parts + 1, np.int64)
+    _route_owned_kernel(ids, owners, np.uint64(salt), order, offsets)
+    return order, offsets
+
+
 def _salt(salt: int | None) -> np.uint64:
     return _ROUTE_SALT if salt is None else np.uint64(salt)
 

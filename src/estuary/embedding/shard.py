@@ -72,6 +72,7 @@ _UNKNOWN_ROWS = np.array([UNKNOWN_ROW], np.int64)
 # The unknown row's id in the rounding of 16-bit weights (a real id may share it:
 # the two rows then share random bits in one call, which biases neither).
 _UNKNOWN_KEY = np.array([-1], np.int64)
+_PENDING_KEYS = (PENDING_IDS, PENDING_COUNTS)
 
 
 def _gather(
@@ -718,6 +719,81 @@ class EmbeddingShard:
             self._load_rows(_UNKNOWN_ROWS, state, UNKNOWN_PREFIX, 1)
             self._load_admission(state)
             self._mark()
+
+    def export_rows(self, select: Callable[[Int64Array], np.ndarray]) -> State:
+        """The row keys (ids, weights, optimizer slots, eviction fields) of the ids
+        held whose ``select(ids)`` bool mask is set, plus those ids' exact pending
+        admission counts (``admission.ids/counts``); copies, nothing removed."""
+        with self._lock:
+            if self._disk is not None:  # rows in either tier: the full export, filtered
+                full = self.export_state(dirty_only=False, mark=False)
+                state = _row_subset(full, np.flatnonzero(select(as_ids(full[IDS]))))
+            else:
+                ids, slots = self._index.items()
+                keep = select(ids)
+                ids, slots = ids[keep], slots[keep]
+                state = _gather(
+                    self._storage.array[slots], slice(None), self._format, self._optimizer, ""
+                )
+                state[IDS] = ids
+                s = self._storage
+                if s.evicts:
+                    state[STAMP] = s.stamp[slots]
+                if self._policy.lfu:
+                    state[FREQ] = s.freq[slots]
+                if self._policy.keep_time:
+                    state[TOUCH_S] = s.touch_s[slots]
+            if isinstance(self._admission, AdmissionFilter):
+                pending = self._admission.state_dict()
+                keep = select(as_ids(pending["ids"]))
+                state[PENDING_IDS] = pending["ids"][keep]
+                state[PENDING_COUNTS] = pending["counts"][keep]
+        return state
+
+    def import_rows(self, state: State) -> int:
+        """Take in rows moved from another server (``estuary.ps.migration``): the
+        row keys of a state (weights, optimizer slots, eviction fields) for ids
+        this shard does not hold, plus their exact pending admission counts.
+        The rows count as changed since the last mark (the next delta carries
+        them). Returns the rows taken in."""
+        ids = as_ids(state[IDS])
+        rows = {k: np.asarray(v) for k, v in state.items() if k not in _PENDING_KEYS}
+        with self._lock:
+            if self._storage.evicts and STAMP in rows:
+                rows[STAMP] = np.maximum(rows[STAMP].astype(np.int64), self._clean_stamp + 1)
+            if ids.size:
+                if self._disk is not None:
+                    self._upsert_within_budget(ids, rows, check_new=True)
+                else:
+                    self._upsert_rows(ids, rows, check_new=True)
+            moved = as_ids(state.get(PENDING_IDS, np.empty(0, np.int64)))
+            if moved.size and isinstance(self._admission, AdmissionFilter):
+                have = self._admission.state_dict()
+                self._admission.load_state_dict(
+                    {
+                        "ids": np.concatenate([have["ids"], moved]),
+                        "counts": np.concatenate(
+                            [have["counts"], np.asarray(state[PENDING_COUNTS], np.int64)]
+                        ),
+                    }
+                )
+        return int(ids.size)
+
+    def forget_pending(self, ids: Int64Array) -> int:
+        """Drop the exact pending admission counts of ``ids`` (moved to another
+        server); returns how many were pending. A sketch counter keeps counting
+        them (it cannot forget single ids)."""
+        ids = as_ids(ids)
+        with self._lock:
+            if not ids.size or not isinstance(self._admission, AdmissionFilter):
+                return 0
+            have = self._admission.state_dict()
+            gone = np.isin(have["ids"], ids)
+            if gone.any():
+                self._admission.load_state_dict(
+                    {"ids": have["ids"][~gone], "counts": have["counts"][~gone]}
+                )
+            return int(np.count_nonzero(gone))
 
     def _upsert_within_budget(self, ids: Int64Array, state: State, *, check_new: bool) -> None:
         # A tiered shard loads its rows oldest first (by stamp), half its capacity

@@ -169,6 +169,29 @@ class EmbeddingTable:
             for k, shard in enumerate(self.shards)
         )
 
+    def export_rows(self, select: Callable[[Int64Array], np.ndarray]) -> State:
+        """The rows (and exact pending counts) of the ids ``select`` picks, over
+        every shard (see ``EmbeddingShard.export_rows``); copies."""
+        return merge_states([shard.export_rows(select) for shard in self.shards])
+
+    def import_rows(self, state: State) -> int:
+        """Take in rows (and exact pending counts) moved from another server, for
+        ids this table does not hold (see ``EmbeddingShard.import_rows``);
+        returns the rows taken in."""
+        parts = split_state(state, len(self.shards))
+        return sum(shard.import_rows(part) for shard, part in zip(self.shards, parts, strict=True))
+
+    def forget_pending(self, ids: Int64Array) -> int:
+        """Drop the exact pending admission counts of ``ids``; returns how many were pending."""
+        ids = as_ids(ids)
+        if len(self.shards) == 1:
+            return self.shards[0].forget_pending(ids)
+        order, offsets = route(ids, len(self.shards))
+        return sum(
+            shard.forget_pending(ids[order[offsets[k] : offsets[k + 1]]])
+            for k, shard in enumerate(self.shards)
+        )
+
     def cap_rows(self, rows: int) -> int:
         """Lower the table's row capacity to ``rows`` (split evenly over its
         shards; see ``EmbeddingShard.cap_rows``); returns the capacity now."""

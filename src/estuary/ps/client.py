@@ -41,9 +41,14 @@ from estuary.ps.protocol import (
     send_message,
     set_nodelay,
 )
+from estuary.ps.routing import StaleRoutingError
 from estuary.ps.types import Address, ProtocolError, PSConnectionError, PSError, PSTimeoutError
 
-_ERRORS: dict[str, type[PSError]] = {"timeout": PSTimeoutError, "protocol": ProtocolError}
+_ERRORS: dict[str, type[PSError]] = {
+    "timeout": PSTimeoutError,
+    "protocol": ProtocolError,
+    "stale_routing": StaleRoutingError,
+}
 _STATS_FIELDS = {f.name for f in fields(TableStats)}
 T = TypeVar("T")
 
@@ -195,6 +200,7 @@ class PSClient:
         train: bool,
         out: Sequence[Float32Array] | None = None,
         steps: Sequence[int] | None = None,
+        routing: int | None = None,
     ) -> list[Float32Array]:
         """Every table's ``lookup`` in one request -> per table float32 (N_i, D_i).
 
@@ -205,9 +211,12 @@ class PSClient:
                 next step (or ``steps[i]``) and may wait for the staleness bound.
             out: per table, a writeable C-contiguous float32 (N_i, D_i) the rows
                 are copied into (and returned).
+            routing: the slot map version the ids were routed with (a
+                ``ShardedPSClient``'s; ``None``: unchecked).
 
         Raises:
-            PSError: as the per-table lookups, naming the table that failed.
+            PSError: as the per-table lookups, naming the table that failed
+                (``StaleRoutingError``: the server holds another slot map).
         """
         tables = self._own(stores, "lookup_many")
         id_arrays = [as_ids(i) for i in ids]
@@ -235,6 +244,8 @@ class PSClient:
             )
         else:
             fields["after"] = [t.pushed for t in tables]
+        if routing is not None:
+            fields["routing"] = routing
         _, reply = self.call("lookup_many", fields, {"ids": _concat_ids(id_arrays)})
         flat = reply["rows"]  # float32 (sum of N_i D_i,): table by table
         sizes = [a.size * t.dim for t, a in zip(tables, id_arrays, strict=True)]
@@ -276,10 +287,12 @@ class PSClient:
         ids: Sequence[Int64Array],
         grads: Sequence[Float32Array],
         lr_scales: Sequence[float] | None = None,
+        routing: int | None = None,
     ) -> list[bool]:
         """Each table's ``push(steps[i], ids[i], grads[i], lr_scale=lr_scales[i])``
         in one request (``lr_scales`` ``None``: all 1); per table ``False`` where
-        the server already had that (step, rank) (a retry).
+        the server already had that (step, rank) (a retry). ``routing``: as
+        ``lookup_many``'s.
 
         Tables are pushed in order; if table i fails (its error names it), tables
         before it were pushed: retrying the whole call is safe (they are
@@ -303,17 +316,16 @@ class PSClient:
             into = flat[start : start + grads_t.size].reshape(grads_t.shape)
             np.multiply(grads_t, np.float32(table.grad_scale), out=into)  # one pass: copy + scale
             start += grads_t.size
-        header, _ = self.call(
-            "push_many",
-            {
-                "tables": [t.name for t in tables],
-                "steps": [int(s) for s in steps],
-                "ranks": [t.rank for t in tables],
-                "lr_scales": scales,
-                "counts": [a.size for a in id_arrays],
-            },
-            {"ids": _concat_ids(id_arrays), "grads": flat},
-        )
+        fields: dict[str, Any] = {
+            "tables": [t.name for t in tables],
+            "steps": [int(s) for s in steps],
+            "ranks": [t.rank for t in tables],
+            "lr_scales": scales,
+            "counts": [a.size for a in id_arrays],
+        }
+        if routing is not None:
+            fields["routing"] = routing
+        header, _ = self.call("push_many", fields, {"ids": _concat_ids(id_arrays), "grads": flat})
         for table, step in zip(tables, steps, strict=True):
             table.pushed = max(table.pushed, int(step))
         return [not duplicate for duplicate in header["duplicate"]]

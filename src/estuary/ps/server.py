@@ -47,6 +47,7 @@ import numpy as np
 from estuary.embedding.table import EmbeddingTable
 from estuary.ps.aggregation import StepAggregator
 from estuary.ps.held import HeldSnapshots, Snapshot
+from estuary.ps.migration import slot_filter
 from estuary.ps.protocol import (
     PROTOCOL_VERSION,
     Arrays,
@@ -56,6 +57,7 @@ from estuary.ps.protocol import (
     set_nodelay,
     wake_reader,
 )
+from estuary.ps.routing import RoutingGate, StaleRoutingError
 from estuary.ps.types import Address, ProtocolError, PSError, PSTimeoutError, ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ Handler = Callable[[Header, Arrays], tuple[Header, Arrays]]
 _ERROR_KINDS: dict[type[BaseException], str] = {
     PSTimeoutError: "timeout",
     ProtocolError: "protocol",
+    StaleRoutingError: "stale_routing",
 }
 
 
@@ -141,8 +144,20 @@ class ParameterServer:
             "snapshot_write": self._op_snapshot_write,
             "snapshot_wait": self._op_snapshot_wait,
             "snapshot_drop": self._op_snapshot_drop,
+            "routing": self._op_routing,
+            "set_routing": self._op_set_routing,
+            "fence": self._op_fence,
+            "lift": self._op_lift,
+            "export_slots": self._op_export_slots,
+            "import_rows": self._op_import_rows,
+            "drop_ids": self._op_drop_ids,
+            "slot_loads": self._op_slot_loads,
+            "hold_routing": self._op_hold_routing,
+            "lock_moves": self._op_lock_moves,
+            "release_routing": self._op_release_routing,
         }
         self.held = HeldSnapshots()
+        self.routing = RoutingGate()
 
     @property
     def address(self) -> Address:
@@ -318,6 +333,14 @@ class ParameterServer:
             raise PSError(f"array {key!r} must be {np.dtype(dtype)} with {ndim} dims, got {got}")
         return array
 
+    def _version(self, header: Header) -> int | None:
+        return None if header.get("routing") is None else self._int(header, "routing")
+
+    def _admit(self, tables: list[str], steps: list[int] | None, header: Header) -> None:
+        """The routing gate (``estuary.ps.routing``): waits at a migration fence,
+        refuses a request routed with another slot map version."""
+        self.routing.admit(tables, steps, self._version(header), self.config.wait_timeout_s)
+
     # -- operations ----------------------------------------------------------------
 
     def _op_hello(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
@@ -348,6 +371,7 @@ class ParameterServer:
         ids = self._array(arrays, "ids", np.int64, 1)
         train = bool(header.get("train", False))
         step = self._int(header, "step") if header.get("step") is not None else None
+        self._admit([table.name], [step] if train and step is not None else None, header)
         self._before_lookup(steps, train=train, step=step, after=self._int(header, "after", 0))
         return {}, {"rows": table.lookup(ids, train=train)}
 
@@ -358,6 +382,10 @@ class ParameterServer:
         count = len(parts)
         steps = self._ints(header, "steps", count) if header.get("steps") is not None else None
         after = self._ints(header, "after", count) if header.get("after") is not None else None
+        self._admit([p.name for p in parts], steps if train else None, header)
+        if train:
+            for part in parts:
+                self.routing.note(part.ids)
         rows = np.empty(sum(p.ids.size * p.table.dim for p in parts), np.float32)
         start = 0
         for i, part in enumerate(parts):
@@ -390,6 +418,7 @@ class ParameterServer:
 
     def _op_push_many(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         parts = self._batch(header, arrays)
+        self.routing.check(self._version(header))
         steps = self._ints(header, "steps", len(parts))
         ranks = self._ints(header, "ranks", len(parts))
         scales = self._floats(header, "lr_scales", len(parts), 1.0)
@@ -515,6 +544,81 @@ class ParameterServer:
 
     def _op_shutdown(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         return {}, {}  # the connection thread stops the server after replying
+
+    # -- slot map and migrations (estuary.ps.migration) ----------------------------
+
+    def _op_routing(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        gate = self.routing
+        owners = {} if gate.owners is None else {"owners": gate.owners}
+        return {"version": gate.version, "servers": gate.servers, "fenced": gate.fenced}, owners
+
+    def _op_slot_loads(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        # Turns counting on (``count``: the map's slot count); returns the loads so far.
+        if header.get("count") is not None:
+            self.routing.count_slots(self._int(header, "count"))
+        loads = self.routing.take_loads()
+        return {"counting": loads is not None}, {} if loads is None else {"loads": loads}
+
+    def _op_set_routing(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        owners = self._array(arrays, "owners", np.int64, 1)
+        self.routing.set_map(owners, self._int(header, "servers"), self._int(header, "version"))
+        return {}, {}
+
+    def _op_fence(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        at = header.get("at")
+        if at is not None and not (
+            isinstance(at, dict) and all(isinstance(v, int) for v in at.values())
+        ):
+            raise PSError(f"field 'at' must map table names to steps, got {at!r}")
+        return {"fence": self.routing.fence(list(self.tables), at)}, {}
+
+    def _op_lock_moves(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        self.routing.lock_moves(self.config.wait_timeout_s)
+        return {}, {}
+
+    def _op_hold_routing(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        self.routing.hold(self.config.wait_timeout_s)
+        return {}, {}
+
+    def _op_release_routing(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        self.routing.release()
+        return {}, {}
+
+    @staticmethod
+    def _captured(steps: StepAggregator) -> None:
+        # Snapshots registered for the step applied last are captured before the
+        # rows move (they belong to the state before the migration).
+        steps.run_after(steps.applied)
+
+    def _op_lift(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        self.routing.lift()
+        return {}, {}
+
+    def _op_export_slots(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, steps = self._table(header)
+        slots = self._array(arrays, "slots", np.int64, 1)
+        select = slot_filter(slots, self._int(header, "slot_count"))
+        self._captured(steps)
+        with steps.exclusive():  # no step lands halfway through the copy
+            state = table.export_rows(select)
+        return {}, state
+
+    def _op_import_rows(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, steps = self._table(header)
+        self._captured(steps)
+        with steps.exclusive():
+            rows = table.import_rows(arrays)
+        return {"rows": rows}, {}
+
+    def _op_drop_ids(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        table, steps = self._table(header)
+        ids = self._array(arrays, "ids", np.int64, 1)
+        pending = self._array(arrays, "pending", np.int64, 1)
+        self._captured(steps)
+        with steps.exclusive():
+            removed = table.remove(ids)
+            forgot = table.forget_pending(pending)
+        return {"removed": removed, "pending": forgot}, {}
 
 
 def _error_reply(exc: BaseException) -> Header:

@@ -1,16 +1,23 @@
 """Tables split across N parameter-server processes: ``ShardedPSClient`` and
 ``ShardedTable`` (``runtime.ps_shards``).
 
-Shapes: ``N`` ids in a call, ``D`` a table's dim, ``P`` servers.
+Shapes: ``N`` ids in a call, ``D`` a table's dim, ``P`` servers, ``S`` slots.
 
 ::
 
     trainer                                   server p (of P), every table
-      ShardedTable.lookup(ids, step s)          hosts the ids with
-        route(ids, P, salt=SERVER_SALT)         splitmix64(id ^ SERVER_SALT) mod P == p
-        server p: lookup_many(part p, step s)   (each its own staleness barrier,
+      ShardedTable.lookup(ids, step s)          hosts the ids whose slot it owns:
+        slot_map.route(ids)                     slot = splitmix64(id ^ SERVER_SALT) mod S
+        server p: lookup_many(part p, step s,   owners[slot] == p   (estuary.ps.slots)
+                  map version v)                (each its own staleness barrier,
         ... all P at once (threads) ...          step aggregation and delta chain)
         rows scattered back in call order
+
+The slot map starts even (version 0: exactly ``hash mod P``); a migration
+(``estuary.ps.migration``, ``ShardedPSClient.migrate``) moves slots between
+servers between two steps and bumps the version. Every request carries the
+client's map version; a lookup refused as stale fetches the servers' map and is
+routed again (same step).
 
 Every step goes to every server, with no ids where a server owns none of the
 batch, so each server's step counters, staleness barrier and exactly-once
@@ -21,25 +28,28 @@ an id live on one server, so results are those of one server holding the table
 
 State dicts merge the servers' parts (``merge_states``: a table of ``P x
 shards`` shards); they load into any server or shard count, and any state loads
-here (``split_for_servers``). The servers advance their delta chains together
-(every mark goes to all of them); a merged state carries server 0's chain keys
-and a load hands them to every server.
+here (``split_for_servers``, routed by the client's map). A migrated map is
+saved with the state (``routing.*`` keys) and adopted by a load with as many
+servers. The servers advance their delta chains together (every mark goes to
+all of them); a merged state carries server 0's chain keys and a load hands
+them to every server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from estuary.config.spec import TableSpec
 from estuary.embedding.delta import FULL, is_full, merge_server_parts, split_for_servers
-from estuary.embedding.hashing import SERVER_SALT, as_ids, route
+from estuary.embedding.hashing import as_ids
 from estuary.embedding.storage import rows_out
 from estuary.embedding.types import EmbeddingStore, Float32Array, Int64Array, TableStats
 from estuary.ps.client import (
@@ -49,7 +59,12 @@ from estuary.ps.client import (
     owned_tables,
     push_next_steps,
 )
+from estuary.ps.routing import StaleRoutingError
+from estuary.ps.slots import ROUTING_PREFIX, SlotMap
 from estuary.ps.types import Address, HostedTable, PSError
+
+if TYPE_CHECKING:
+    from estuary.ps.migration import Migration
 
 __all__ = ["ShardedPSClient", "ShardedTable", "connect_servers", "server_share"]
 
@@ -86,13 +101,20 @@ def connect_servers(
     return clients[0] if len(clients) == 1 else ShardedPSClient(clients)
 
 
+STALE_RETRIES = 8  # a lookup refused as stale fetches the map and goes again
+
+
 class _Routed:
     """One table's ids of a call split by server: ``parts[p]`` int64 (N_p,) and the
     positions ``order[offsets[p]:offsets[p + 1]]`` they came from."""
 
-    def __init__(self, ids: Int64Array, servers: int) -> None:
+    def __init__(self, ids: Int64Array, slot_map: SlotMap, servers: int) -> None:
         self.size = ids.size
-        self.order, self.offsets = route(ids, servers, salt=SERVER_SALT)
+        self.order, offsets = slot_map.route(ids)
+        # A map over fewer servers than the client's (a server just added): none for the rest.
+        self.offsets = np.concatenate(
+            [offsets, np.full(servers + 1 - offsets.size, offsets[-1], np.int64)]
+        )
         self.parts = [ids[self.positions(p)] for p in range(servers)]
 
     def positions(self, server: int) -> Int64Array:
@@ -104,16 +126,21 @@ class ShardedPSClient:
     ``MultiTableStore`` whose calls go to all P servers at once.
 
     Args:
-        clients: one ``PSClient`` per server, in server order (server p hosts the
-            ids with ``splitmix64(id ^ SERVER_SALT) mod P == p``).
+        clients: one ``PSClient`` per server, in server order.
+        slot_map: which server owns an id (``estuary.ps.slots``; default the
+            even map: server p hosts the ids with ``splitmix64(id ^ SERVER_SALT)
+            mod P == p``). Every request carries the map's version; a lookup the
+            servers refuse as stale (a migration moved slots,
+            ``estuary.ps.migration``) fetches their map and goes again.
 
     Closing it closes the clients.
     """
 
-    def __init__(self, clients: Sequence[PSClient]) -> None:
+    def __init__(self, clients: Sequence[PSClient], slot_map: SlotMap | None = None) -> None:
         if not clients:
             raise ValueError("ShardedPSClient needs at least one server client")
         self.clients = list(clients)
+        self.slot_map = SlotMap.even(len(self.clients)) if slot_map is None else slot_map
         self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="estuary-ps-shard")
 
     @property
@@ -130,6 +157,56 @@ class ShardedPSClient:
             if error is not None:
                 raise error
         return [f.result() for f in futures]
+
+    def refresh_routing(self) -> SlotMap:
+        """Fetch the servers' slot map (server 0's: they hold the same one
+        between steps) and route by it from now on."""
+        header, arrays = self.clients[0].call("routing")
+        version = int(header["version"])
+        if version != self.slot_map.version:
+            if "owners" in arrays:
+                self.slot_map = SlotMap(arrays["owners"], int(header["servers"]), version)
+            else:
+                self.slot_map = SlotMap.even(self.servers)
+        return self.slot_map
+
+    def set_routing(self, slot_map: SlotMap) -> None:
+        """Make ``slot_map`` every server's and this client's (between steps, no
+        trainer running: a load; migrations use ``estuary.ps.migration``)."""
+        if slot_map.servers > self.servers:
+            raise PSError(f"slot map of {slot_map.servers} servers, this client has {self.servers}")
+        self.each(
+            lambda p: self.clients[p].call(
+                "set_routing",
+                {"version": slot_map.version, "servers": slot_map.servers},
+                {"owners": slot_map.owners},
+            )
+        )
+        self.slot_map = slot_map
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Keep the slot map from changing for the block (no migration starts or
+        is under way meanwhile): for a capture that must see every server at
+        one map. Taken on the servers in order (migrations fence in that order
+        too), so the two never wait on each other in a circle."""
+        held: list[int] = []
+        try:
+            for p in range(self.servers):
+                self.clients[p].call("hold_routing")
+                held.append(p)
+            yield
+        finally:
+            for p in held:
+                with contextlib.suppress(PSError):
+                    self.clients[p].call("release_routing")
+
+    def migrate(self, slots: Sequence[int] | Int64Array, to: int) -> Migration:
+        """Move ``slots`` to server ``to`` between two steps while trainers run
+        (``estuary.ps.migration.migrate``); returns what it did and cost."""
+        from estuary.ps.migration import migrate  # it drives this class
+
+        return migrate(self, slots, to)
 
     def hello(self) -> dict[str, Any]:
         """Server 0's facts; raises ``PSError`` unless every server hosts the same tables."""
@@ -187,21 +264,34 @@ class ShardedPSClient:
             rows_out(None if out is None else out[i], a.size, t.dim)
             for i, (t, a) in enumerate(zip(tables, id_arrays, strict=True))
         ]
-        routed = [_Routed(a, self.servers) for a in id_arrays]
         steps = [t._next_lookup_step() for t in tables] if train else None
+        for attempt in range(STALE_RETRIES + 1):
+            slot_map = self.slot_map
+            routed = [_Routed(a, slot_map, self.servers) for a in id_arrays]
 
-        def one(p: int) -> None:
-            rows = self.clients[p].lookup_many(
-                [t.parts[p] for t in tables],
-                [r.parts[p] for r in routed],
-                train=train,
-                steps=steps,
-            )
-            for into, r, got in zip(dest, routed, rows, strict=True):
-                into[r.positions(p)] = got
+            def one(
+                p: int, routed: list[_Routed] = routed, version: int = slot_map.version
+            ) -> None:
+                rows = self.clients[p].lookup_many(
+                    [t.parts[p] for t in tables],
+                    [r.parts[p] for r in routed],
+                    train=train,
+                    steps=steps,
+                    routing=version,
+                )
+                for into, r, got in zip(dest, routed, rows, strict=True):
+                    into[r.positions(p)] = got
 
-        self.each(one)
-        return dest
+            try:
+                self.each(one)
+                return dest
+            except StaleRoutingError:
+                # Every server refused (a train lookup past a migration's fence
+                # waits there and sees the new map): route the same step again.
+                if attempt == STALE_RETRIES:
+                    raise
+                self.refresh_routing()
+        raise AssertionError("unreachable")
 
     def apply_gradients_many(
         self,
@@ -236,7 +326,8 @@ class ShardedPSClient:
             checked_grads(table, ids_t, grads_t)
             for table, ids_t, grads_t in zip(tables, id_arrays, grads, strict=True)
         ]
-        routed = [_Routed(a, self.servers) for a in id_arrays]
+        slot_map = self.slot_map
+        routed = [_Routed(a, slot_map, self.servers) for a in id_arrays]
 
         def one(p: int) -> list[bool]:
             return self.clients[p].push_many(
@@ -245,6 +336,7 @@ class ShardedPSClient:
                 [r.parts[p] for r in routed],
                 [g[r.positions(p)] for g, r in zip(grad_arrays, routed, strict=True)],
                 lr_scales,
+                routing=slot_map.version,
             )
 
         fresh = self.each(one)
@@ -379,8 +471,23 @@ class ShardedTable:
     def state_dict(self, *, mark_clean: bool = True) -> State:
         """All rows and state, the servers' parts merged (a table of P x shards
         shards; loads into any count)."""
-        parts = self.client.each(lambda p: self.parts[p].state_dict(mark_clean=mark_clean))
-        return _merge(parts, self.name)
+        with self.client.holding():  # every part at one slot map
+            parts = self.client.each(lambda p: self.parts[p].state_dict(mark_clean=mark_clean))
+        return self._with_map(_merge(parts, self.name))
+
+    def _with_map(self, state: State) -> State:
+        # A migrated map (version > 0) is saved with the rows: a resume routes as this run.
+        slot_map = self.client.slot_map
+        return {**state, **slot_map.state()} if slot_map.version > 0 else state
+
+    def _split(self, state: Mapping[str, np.ndarray]) -> list[State]:
+        saved = SlotMap.from_state(state, len(self.parts))
+        if saved is not None and saved != self.client.slot_map:
+            self.client.set_routing(saved)
+        rows = {k: v for k, v in state.items() if not k.startswith(ROUTING_PREFIX)}
+        return split_for_servers(
+            rows, len(self.parts), self.shards_per_server, router=self.client.slot_map.route
+        )
 
     def delta_state_dict(self) -> State:
         """Rows changed and ids evicted since the last mark, on every server.
@@ -389,31 +496,32 @@ class ShardedTable:
         evicted than they hold rows) and others not, the others' full states are
         taken too (unmarked: the delta already marked them), so the merged delta
         is full and loads like one."""
-        parts = self.client.each(lambda p: self.parts[p].delta_state_dict())
-        fulls = [is_full(part) for part in parts]
-        if any(fulls) and not all(fulls):
-            for p, full in enumerate(fulls):
-                if not full:
-                    chain = {k: v for k, v in parts[p].items() if k.startswith("delta.")}
-                    parts[p] = {**self.parts[p].state_dict(mark_clean=False), **chain}
-                    parts[p][FULL] = np.array([1], np.int64)
-        return _merge(parts, self.name)
+        with self.client.holding():  # every part at one slot map
+            parts = self.client.each(lambda p: self.parts[p].delta_state_dict())
+            fulls = [is_full(part) for part in parts]
+            if any(fulls) and not all(fulls):
+                for p, full in enumerate(fulls):
+                    if not full:
+                        chain = {k: v for k, v in parts[p].items() if k.startswith("delta.")}
+                        parts[p] = {**self.parts[p].state_dict(mark_clean=False), **chain}
+                        parts[p][FULL] = np.array([1], np.int64)
+        return self._with_map(_merge(parts, self.name))
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         """Replace the table's state on every server (a state of any shard or
         server count). Call it while no trainer is training."""
-        parts = split_for_servers(dict(state), len(self.parts), self.shards_per_server)
+        parts = self._split(state)
         self.client.each(lambda p: self.parts[p].load_state_dict(parts[p]))
 
     def apply_delta(self, delta: Mapping[str, np.ndarray]) -> None:
         """Apply a delta (of any shard or server count) on every server; a wrong
         base raises ``PSError``. Call it while no trainer is training."""
-        parts = split_for_servers(dict(delta), len(self.parts), self.shards_per_server)
+        parts = self._split(delta)
         self.client.each(lambda p: self.parts[p].apply_delta(parts[p]))
 
     def remove(self, ids: Int64Array) -> int:
         """Drop the rows of ``ids`` int64 (N,); returns how many existed."""
-        routed = _Routed(as_ids(ids), len(self.parts))
+        routed = _Routed(as_ids(ids), self.client.slot_map, len(self.parts))
         return sum(self.client.each(lambda p: self.parts[p].remove(routed.parts[p])))
 
     def set_admission_counting(self, enabled: bool) -> None:

@@ -97,7 +97,13 @@ class ServerSnapshot:
                 fields["files"] = {name: str(where[name][index]) for name, index, _ in held}
             return client.call("snapshot", fields)[0]
 
-        replies = self._each(ask)
+        with contextlib.ExitStack() as holds:
+            # Registered on every server at one slot map (no migration between):
+            # a step's captures then all come before a migration or all after.
+            sharded = [t.client for t in tables.values() if isinstance(t, ShardedTable)]
+            for client in {id(c): c for c in sharded}.values():
+                holds.enter_context(client.holding())
+            replies = self._each(ask)
         self._tokens = {key: int(reply["token"]) for key, reply in replies.items()}
 
     def _each(self, fn: Callable[[PSClient, Held], Any]) -> dict[int, Any]:

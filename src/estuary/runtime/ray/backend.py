@@ -21,7 +21,7 @@ from estuary.runtime.ray.cluster import Placement, PlacementError, connect, plac
 from estuary.runtime.ray.delivery import RayPartRoutes
 from estuary.runtime.ray.embedding_workers import EmbeddingWorkerActor
 from estuary.runtime.ray.executors import RayExecutors
-from estuary.runtime.ray.scaling import ps_memory_manager
+from estuary.runtime.ray.scaling import ps_scaling_manager
 from estuary.runtime.recovery import DistributedError, supervise
 from estuary.runtime.types import (
     FailurePolicy,
@@ -177,7 +177,7 @@ class RayRuntime:
             watches = {s.serve.remote(): p for p, s in enumerate(servers)}
             self.roles.update({key: RoleState.RUNNING for key in self.roles})
             running()
-            memory = ps_memory_manager(job, servers)  # runtime.scaling: PS memory
+            memory = ps_scaling_manager(job, servers)  # runtime.scaling: PS memory, hot shards
             try:
                 return self._watch(runs, watches, trainers, policy)
             finally:

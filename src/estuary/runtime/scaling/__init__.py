@@ -3,7 +3,9 @@
 (``controller``), and the log of each decision with its trigger and measured
 effect (``timeline``). Knobs: the Ray data executors, added and removed live
 (``estuary.runtime.ray.executors.RayExecutorPool.resize``), their concurrent
-reads, and a PS shard's row cap (``tables``). See docs/scaling.md.
+reads, a PS shard's row cap (``tables``), and on Ray a hot PS shard's slots
+moved to the coldest shard (``rebalance``, ``estuary.runtime.ray.scaling``).
+See docs/scaling.md.
 """
 
 from estuary.runtime.scaling.controller import Actuator, Controller

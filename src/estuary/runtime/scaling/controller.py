@@ -11,8 +11,11 @@ logs each with its trigger and, one interval later, its measured effect.
       next interval: each applied decision gets its effect (rows/s, memory before/after)
 
 The actuator owns the knobs (``Actuator``): the Ray data executor pool resizes
-itself live, a table caps its rows. A knob it does not own is logged as
-``applied: false``, with the reason (e.g. hot shards: reported, not moved).
+itself live, a table caps its rows, the Ray PS shards move a hot shard's slots
+(``estuary.runtime.ray.scaling``). A knob it does not own is logged as
+``applied: false``, with the reason. An actuator may leave what an applied
+decision did in ``last_detail`` (a dict: a migration's rows and pause); the
+timeline records it with the decision.
 """
 
 from __future__ import annotations
@@ -104,7 +107,8 @@ class Controller:
                 self.timeline.refuse(interval, snapshot.t, decision)
                 continue
             why_not = self.actuator.apply(decision)
-            self.timeline.decide(interval, snapshot.t, decision, why_not)
+            detail = getattr(self.actuator, "last_detail", None)
+            self.timeline.decide(interval, snapshot.t, decision, why_not, detail)
             if why_not is None:
                 applied.append(decision)
                 logger.info(

@@ -2,8 +2,9 @@
 against a budget) and the memory knob (``shard_rows:P``: cap a shard's rows).
 
 A shard here is one ``EmbeddingTable`` (what one PS process holds of a table).
-Hot shards are reported, not moved: moving id ranges between shards is not
-implemented (the actuator says so in the timeline).
+Hot shards are reported, not moved: these tables share one process and have no
+slot map; the Ray runtime's PS shards move a hot shard's slots
+(``estuary.runtime.ray.scaling``).
 """
 
 from __future__ import annotations
@@ -53,5 +54,5 @@ class TableShards:
             self.tables[int(shard)].cap_rows(int(decision.new))
             return None
         if kind == "hot_shard":
-            return "reported only: moving id ranges between shards is not implemented"
+            return "reported only: in-process tables have no servers to move slots between"
         return f"knob {decision.knob!r} is not a table's"

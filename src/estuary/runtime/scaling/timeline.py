@@ -8,7 +8,11 @@ triggered it), written as ``scaling.json`` plus a plot ``scaling.png``.
      "snapshots": [{"interval": 1, "t": 5.0, "executors": 1, "rows_per_s": ...}, ...],
      "decisions": [{"interval": 3, "t": 15.0, "knob": "executors", "old": 1, "new": 6,
                     "trigger": "...", "metrics": {...}, "applied": true,
-                    "effect": {"rows_per_s_before": ..., "rows_per_s_after": ...}}, ...],
+                    "effect": {"rows_per_s_before": ..., "rows_per_s_after": ...}},
+                   {"knob": "hot_shard:0", ..., "migration": {"slots": 310, "rows": ...,
+                    "pause_ms": ..., "to": 1, ...},
+                    "effect": {"load_share_before": 0.81, "load_share_after": 0.52, ...}},
+                   ...],
      "n_scale_actions": 1, "reversed_actions": 0}
 """
 
@@ -63,13 +67,28 @@ class Timeline:
         if not settled:
             return
         for decision in self._pending:
-            decision["effect"] = {"interval": interval, **_effect(decision["before"], row)}
+            effect = _effect(decision["before"], row)
+            knob, _, shard = decision["knob"].partition(":")
+            if knob == "hot_shard":
+                effect.update(_load_shares(int(shard), decision["before"], row))
+            decision["effect"] = {"interval": interval, **effect}
             del decision["before"]
         self._pending = []
 
-    def decide(self, interval: int, t: float, decision: Decision, why_not: str | None) -> None:
+    def decide(
+        self,
+        interval: int,
+        t: float,
+        decision: Decision,
+        why_not: str | None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """Log ``decision`` (``why_not``: it was not applied; ``detail``: what the
+        actuator did, e.g. a migration's rows and pause)."""
         row: dict[str, Any] = {"interval": interval, "t": round(t, 3), **decision.as_dict()}
         row["applied"] = why_not is None
+        if detail:
+            row.update(detail)
         if why_not is not None:
             row["not_applied"] = why_not
         else:
@@ -149,6 +168,16 @@ class Timeline:
         fig.tight_layout()
         fig.savefig(path, dpi=80)
         plt.close(fig)
+
+
+def _load_shares(shard: int, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    # A rebalanced shard's share of the ids looked up, the interval before and after.
+    def share(row: dict[str, Any]) -> float | None:
+        loads = {s["shard"]: s["load"] for s in row["shards"]}
+        total = sum(loads.values())
+        return round(loads.get(shard, 0.0) / total, 4) if total > 0 else None
+
+    return {"load_share_before": share(before), "load_share_after": share(after)}
 
 
 def _effect(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

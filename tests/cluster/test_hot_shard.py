@@ -1,0 +1,142 @@
+"""The hot-shard rebalance on Ray (``estuary.runtime.ray.scaling``): two PS
+server actors, a trainer whose ids mostly land on shard 0, and the scaling
+controller. The policy finds shard 0 hot, the actuator moves its hottest slots
+to shard 1 while the trainer runs, the timeline logs the migration (rows,
+pause) and its effect (shard 0's load share falls), and the trained table is
+bit for bit the one a single local table trains: every row trained once."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from estuary.config.scaling import ScalingSpec
+from estuary.config.spec import InitializerSpec, SparseOptimizerSpec, TableSpec
+from estuary.embedding import EmbeddingTable
+from estuary.ps import HostedTable, PSClient, ServerConfig
+from estuary.ps.sharded import ShardedPSClient, server_share
+from estuary.ps.slots import SlotMap
+from estuary.runtime.ray.actors import ServerActor, kill_all
+from estuary.runtime.ray.scaling import RayShards
+from estuary.runtime.scaling import Bounds, Controller, EstuaryPolicy
+
+pytestmark = pytest.mark.ray
+SPEC = TableSpec(
+    dim=4,
+    initializer=InitializerSpec("uniform", 0.1),
+    optimizer=SparseOptimizerSpec(name="adagrad", lr=0.1),
+    initial_capacity_rows=64,
+)
+SEED = 9
+STEPS = 300
+MOVE_AT = 30  # the controller looks (and moves) once the trainer is past this step ...
+LATEST = 120  # ... and the trainer waits here until it has moved, should it get here first
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def skewed_batches() -> list[np.ndarray]:
+    """85% of each batch's ids on shard 0 of the even map, spread over its slots."""
+    pool = np.arange(0, 20_000, dtype=np.int64)
+    owner = SlotMap.even(2).server_of(pool)
+    zero, one = pool[owner == 0], pool[owner == 1]
+    rng = np.random.default_rng(0)
+    return [
+        np.concatenate([rng.choice(zero, 220, replace=False), rng.choice(one, 40, replace=False)])
+        for _ in range(STEPS)
+    ]
+
+
+def test_a_hot_shard_is_rebalanced_live_and_every_row_trained_once(
+    ray_instance: Any, tmp_path: Path
+) -> None:
+    tables = {"t": server_share(HostedTable(SPEC, SEED), 2)}
+    config = ServerConfig(tables, world_size=1, staleness=0, wait_timeout_s=30.0)
+    keys = [os.urandom(32) for _ in range(2)]
+    servers = [ServerActor.remote(config, k) for k in keys]  # type: ignore[attr-defined]
+    try:
+        endpoints = ray_instance.get([s.endpoint.remote() for s in servers], timeout=60)
+        trainer = ShardedPSClient(
+            [PSClient(e[0], k, timeout_s=60) for e, k in zip(endpoints, keys, strict=True)]
+        )
+        shards = RayShards(servers, None)
+        clock = StepClock()
+        scaling = ScalingSpec(enabled=True, interval_s=1.0, hot_ratio=1.3)
+        controller = Controller(
+            EstuaryPolicy(scaling, Bounds()),
+            shards.sample,
+            shards,
+            interval_s=1.0,
+            clock=clock,
+            out=tmp_path,
+            name="scaling_ps",
+        )
+        batches = skewed_batches()
+        reached, moved = threading.Event(), threading.Event()
+        errors: list[BaseException] = []
+
+        def train() -> None:
+            try:
+                table = trainer.table("t")
+                for step, ids in enumerate(batches, start=1):
+                    rows = table.lookup(ids, train=True)
+                    table.apply_gradients(ids, rows * 0.5 + 0.1)
+                    if step == MOVE_AT:
+                        reached.set()
+                    if step == LATEST:
+                        moved.wait(120)
+                table.wait_applied()
+            except BaseException as exc:
+                errors.append(exc)
+
+        controller.step()  # interval 0: nothing trained yet
+        thread = threading.Thread(target=train)
+        thread.start()
+        assert reached.wait(120)
+        clock.now = 1.0
+        controller.step()  # shard 0 hot (~85% of the ids): slots move, the trainer runs on
+        moved.set()
+        thread.join(120)
+        assert not errors, errors
+        clock.now = 2.0
+        controller.step()  # the effect
+        controller.close()
+        state = trainer.table("t").state_dict(mark_clean=False)
+        trainer.close()
+    finally:
+        kill_all(servers)
+
+    timeline = json.loads((tmp_path / "scaling_ps.json").read_text())
+    moves = [d for d in timeline["decisions"] if d["knob"] == "hot_shard:0" and d["applied"]]
+    assert len(moves) == 1, timeline["decisions"]
+    move = moves[0]
+    assert move["migration"]["to"] == 1 and move["migration"]["rows"] > 0
+    assert move["migration"]["pause_ms"] > 0
+    assert MOVE_AT <= move["migration"]["fence"]["t"] <= LATEST
+    effect = move["effect"]
+    assert effect["load_share_before"] > 0.75
+    assert effect["load_share_after"] < effect["load_share_before"] - 0.15, effect
+    assert timeline["reversed_actions"] == 0
+
+    # Every row trained once: the same table as one local table trained alike.
+    local = EmbeddingTable(replace(SPEC), seed=SEED, name="t")
+    for ids in batches:
+        local.apply_gradients(ids, local.lookup(ids, train=True) * 0.5 + 0.1)
+    want = local.state_dict()
+    got_order, want_order = np.argsort(state["ids"]), np.argsort(want["ids"])
+    np.testing.assert_array_equal(state["ids"][got_order], want["ids"][want_order])
+    for key in [k for k in want if k == "weights" or k.startswith("opt.")]:
+        np.testing.assert_array_equal(state[key][got_order], want[key][want_order], err_msg=key)
