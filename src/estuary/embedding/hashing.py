@@ -62,6 +62,21 @@ def unit_float(seed: np.uint64, key: np.int64, counter: np.uint64) -> float:
 
 
 @njit(cache=True, nogil=True)
+def _group_by_part(part: Int64Array, order: Int64Array, offsets: Int64Array) -> None:
+    # Counting sort of positions by ``part``: ``offsets`` (P + 1,) zeros in, the
+    # part boundaries out; ``order`` the positions, part 0's first, stable.
+    for i in range(part.size):
+        offsets[part[i] + 1] += 1
+    for k in range(offsets.size - 1):
+        offsets[k + 1] += offsets[k]
+    cursor = offsets[:-1].copy()
+    for i in range(part.size):
+        p = part[i]
+        order[cursor[p]] = i
+        cursor[p] += 1
+
+
+@njit(cache=True, nogil=True)
 def _route_kernel(
     ids: Int64Array, n_shards: int, salt: np.uint64, order: Int64Array, offsets: Int64Array
 ) -> None:
@@ -69,16 +84,8 @@ def _route_kernel(
     shard = np.empty(ids.size, np.int64)
     n_u = np.uint64(n_shards)
     for i in range(ids.size):
-        s = np.int64(mix64(np.uint64(ids[i]) ^ salt) % n_u)
-        shard[i] = s
-        offsets[s + 1] += 1
-    for k in range(n_shards):
-        offsets[k + 1] += offsets[k]
-    cursor = offsets[:-1].copy()
-    for i in range(ids.size):
-        s = shard[i]
-        order[cursor[s]] = i
-        cursor[s] += 1
+        shard[i] = np.int64(mix64(np.uint64(ids[i]) ^ salt) % n_u)
+    _group_by_part(shard, order, offsets)
 
 
 @njit(cache=True, nogil=True)
@@ -128,16 +135,8 @@ def _route_owned_kernel(
     part = np.empty(ids.size, np.int64)
     n_u = np.uint64(owners.size)
     for i in range(ids.size):
-        p = owners[np.int64(mix64(np.uint64(ids[i]) ^ salt) % n_u)]
-        part[i] = p
-        offsets[p + 1] += 1
-    for k in range(offsets.size - 1):
-        offsets[k + 1] += offsets[k]
-    cursor = offsets[:-1].copy()
-    for i in range(ids.size):
-        p = part[i]
-        order[cursor[p]] = i
-        cursor[p] += 1
+        part[i] = owners[np.int64(mix64(np.uint64(ids[i]) ^ salt) % n_u)]
+    _group_by_part(part, order, offsets)
 
 
 def route_owned(
