@@ -194,3 +194,22 @@ def test_checkpoints_across_a_split_and_a_merge_load_into_any_server_count() -> 
                 np.testing.assert_array_equal(loaded.lookup(ids, train=False), want["weights"])
             finally:
                 other.close()
+
+
+def test_an_idle_client_finds_its_way_after_server_0_retired_and_stopped() -> None:
+    with servers(3, world_size=1) as started:
+        mover = ShardedPSClient([connect(s) for s in started])
+        idle = ShardedPSClient([connect(s) for s in started])
+        try:
+            ids = np.arange(0, 150, dtype=np.int64)
+            table = idle.table("t")
+            want = table.lookup(ids, train=True)
+            table.apply_gradients(ids, np.zeros_like(want))
+            mover.retire_server(0)
+            started[0].close()
+            # Its first server is gone: it asks the next for the map, drops server 0.
+            np.testing.assert_array_equal(table.lookup(ids, train=False), want)
+            assert idle.servers == 2 and len(table.parts) == 2
+        finally:
+            mover.close()
+            idle.close()

@@ -62,7 +62,7 @@ from estuary.ps.client import (
 )
 from estuary.ps.routing import StaleRoutingError
 from estuary.ps.slots import ROUTING_PREFIX, SlotMap
-from estuary.ps.types import Address, HostedTable, PSError
+from estuary.ps.types import Address, HostedTable, PSConnectionError, PSError
 
 if TYPE_CHECKING:
     from estuary.ps.migration import Migration
@@ -166,9 +166,10 @@ class ShardedPSClient:
         return [f.result() for f in futures]
 
     def refresh_routing(self) -> SlotMap:
-        """Fetch the servers' slot map (server 0's: they hold the same one
-        between steps) and route by it from now on."""
-        header, arrays = self.clients[0].call("routing")
+        """Fetch the servers' slot map (the first that answers: they hold the
+        same one between steps; a retired server answers too until stopped)
+        and route by it from now on."""
+        header, arrays = self._routing()
         version = int(header["version"])
         if version != self.slot_map.version:
             if "owners" in arrays:
@@ -178,6 +179,15 @@ class ShardedPSClient:
             for dropped in self.adopt(slot_map, header.get("members")):
                 dropped.close()
         return self.slot_map
+
+    def _routing(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        for p, client in enumerate(self.clients):
+            try:
+                return client.call("routing")
+            except PSConnectionError:  # stopped (retired): ask the next
+                if p == self.servers - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def adopt(
         self,
@@ -396,12 +406,16 @@ class ShardedPSClient:
             try:
                 self.each(one)
                 return dest
-            except StaleRoutingError:
+            except (StaleRoutingError, PSConnectionError):
                 # Every server refused (a train lookup past a migration's fence
-                # waits there and sees the new map): route the same step again.
+                # waits there and sees the new map), or one is gone (retired and
+                # stopped while this client was idle): route the same step again
+                # by the servers' map, if it changed.
                 if attempt == STALE_RETRIES:
                     raise
-                self.refresh_routing()
+                before = self.slot_map.version
+                if self.refresh_routing().version == before:
+                    raise
         raise AssertionError("unreachable")
 
     def apply_gradients_many(
