@@ -12,9 +12,11 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pytest
 
 from estuary.embedding import EmbeddingTable
-from estuary.ps import ParameterServer, PSClient, ServerConfig, serving
+from estuary.ps import ParameterServer, PSClient, PSError, ServerConfig, serving
+from estuary.ps.migration import member
 from estuary.ps.sharded import ShardedPSClient, server_share
 
 from .conftest import SPEC
@@ -213,3 +215,9 @@ def test_an_idle_client_finds_its_way_after_server_0_retired_and_stopped() -> No
         finally:
             mover.close()
             idle.close()
+
+
+def test_a_client_without_a_socket_key_cannot_name_a_member() -> None:
+    # An actor-plane client (ActorPSClient) has no key the socket clients could use.
+    with pytest.raises(PSError, match="no socket address and key"):
+        member(PSClient("ray actor X", b""))

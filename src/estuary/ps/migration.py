@@ -36,6 +36,16 @@ fence step's last pushes are still to come. Snapshots registered for the
 fence step are captured before any row moves (each migration op runs them
 first); later ones after the lift.
 
+A split (``joining``, ``ShardedPSClient.add_server``) fences and waits on the
+job's servers only; after ``lock_moves`` the new server gets ``join`` (its
+tables start after the fence step, on server 0's checkpoint chain) and takes
+the slots. A merge (``retire``, ``ShardedPSClient.retire_server``) moves all of
+a server's slots and switches to the map without it (``SlotMap.retired``).
+Either way ``set_routing`` carries the map's ``members`` (every server's
+address and key, in order) to every server, the retired one included; each
+client adopts them when its next lookup is refused as stale
+(``ShardedPSClient.adopt``).
+
 Not covered: a sketch admission counter keeps counting moved ids on the old
 server (a sketch cannot forget single ids), so they start pending afresh on
 the new one.
@@ -206,7 +216,13 @@ def migrate(
 
 def member(client: PSClient) -> dict[str, Any]:
     """A server as the map's ``members`` name it: address and key (hex), so any
-    client of the job can connect."""
+    client of the job can connect. Raises ``PSError`` for a client without a key
+    (one over Ray actor calls, ``ActorPSClient``: socket clients cannot use it)."""
+    if not client.authkey:
+        raise PSError(
+            f"split/merge: the client of {client.address!r} has no socket address and key "
+            "to hand to the job's other clients; coordinate with socket clients (PSClient)"
+        )
     return {"address": client.address, "authkey": client.authkey.hex()}
 
 

@@ -15,9 +15,11 @@ Shapes: ``N`` ids in a call, ``D`` a table's dim, ``P`` servers, ``S`` slots.
 
 The slot map starts even (version 0: exactly ``hash mod P``); a migration
 (``estuary.ps.migration``, ``ShardedPSClient.migrate``) moves slots between
-servers between two steps and bumps the version. Every request carries the
-client's map version; a lookup refused as stale fetches the servers' map and is
-routed again (same step).
+servers between two steps and bumps the version; ``add_server`` and
+``retire_server`` also add a server to the job or take one out (split, merge).
+Every request carries the client's map version; a lookup refused as stale
+fetches the servers' map (and, after a split or merge, connects to or drops
+servers: ``adopt``) and is routed again (same step).
 
 Every step goes to every server, with no ids where a server owns none of the
 batch, so each server's step counters, staleness barrier and exactly-once
