@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -25,9 +26,9 @@ from .test_migration import SEED, STEPS, hosted, rank_batches, sorted_state
 WORLD = 2
 
 
-def config(servers: int, world_size: int = WORLD) -> ServerConfig:
+def config(servers: int, world_size: int = WORLD, staleness: int = 0) -> ServerConfig:
     tables = {name: server_share(t, servers) for name, t in hosted().items()}
-    return ServerConfig(tables, world_size=world_size, staleness=0, wait_timeout_s=20.0)
+    return ServerConfig(tables, world_size=world_size, staleness=staleness, wait_timeout_s=20.0)
 
 
 def connect(server: ParameterServer) -> PSClient:
@@ -35,21 +36,26 @@ def connect(server: ParameterServer) -> PSClient:
 
 
 @contextlib.contextmanager
-def servers(n: int, spare: int = 0, world_size: int = WORLD) -> Iterator[list[ParameterServer]]:
+def servers(
+    n: int, spare: int = 0, world_size: int = WORLD, staleness: int = 0
+) -> Iterator[list[ParameterServer]]:
     """n + spare in-process servers (the spare ones for joining later)."""
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(serving(config(n + 1, world_size))) for _ in range(n + spare)]
+        yield [
+            stack.enter_context(serving(config(n + 1, world_size, staleness)))
+            for _ in range(n + spare)
+        ]
 
 
 def train(
-    start: int, change: str | None, change_after: int = 4
+    start: int, change: str | None, change_after: int = 4, staleness: int = 0
 ) -> tuple[dict[str, Any], list[Any], list[int]]:
     """WORLD ranks (threads, each its own client) train STEPS sync steps on
     ``start`` servers; once rank 0 pushed step ``change_after`` a coordinator
     client adds a server (``"split"``) or retires server 0 (``"merge"``, then
     stops it once the ranks moved on). Returns the final states, the
     migrations and each rank's server count at the end."""
-    with servers(start, spare=int(change == "split")) as started:
+    with servers(start, spare=int(change == "split"), staleness=staleness) as started:
         running, spare = started[:start], started[start:]
         with contextlib.ExitStack() as stack:
             clients = []
@@ -58,7 +64,7 @@ def train(
                 stack.callback(client.close)
                 clients.append(client)
             coordinator, ranks = clients[0], clients[1:]
-            reached = threading.Event()
+            reached, switched = threading.Event(), threading.Event()
             migrations: list[Any] = []
             errors: list[BaseException] = []
 
@@ -68,6 +74,8 @@ def train(
                     tables = multi.tables(rank=r)
                     t, u = tables["t"], tables["u"]
                     for step, ids in enumerate(rank_batches(r), start=1):
+                        if r == 0 and change is not None and step == change_after + 2:
+                            hold_for_the_fence(multi, switched)
                         rev = ids[::-1].copy()
                         rows_t, rows_u = multi.lookup_many([t, u], [ids, rev], train=True)
                         multi.apply_gradients_many(
@@ -85,9 +93,11 @@ def train(
                     reached.wait(60)
                     if change == "split":
                         migrations.append(coordinator.add_server(connect(spare[0])))
+                        switched.set()
                     else:
                         migration = coordinator.retire_server(0)
                         migrations.append(migration)
+                        switched.set()
                         coordinator.wait_moved_on(migration)
                         running[0].close()  # no rank may send it anything now
                 except BaseException as exc:
@@ -113,6 +123,17 @@ def train(
                 for p in range(coordinator.servers)
             ]
             return states, migrations, [r.servers for r in ranks]
+
+
+def hold_for_the_fence(client: ShardedPSClient, switched: threading.Event) -> None:
+    """Rank 0 goes on to its next step only once the change fenced the servers
+    (or is done), so the change lands mid-run whatever the threads' timing."""
+    deadline = time.monotonic() + 60
+    while not switched.is_set():
+        if any(c.call("routing")[0]["fenced"] for c in client.clients):
+            return
+        assert time.monotonic() < deadline, "the change never fenced the servers"
+        time.sleep(0.001)
 
 
 def assert_same_tables(want: dict[str, Any], got: dict[str, Any]) -> None:
@@ -148,6 +169,18 @@ def test_a_merge_mid_run_ends_with_the_same_tables_bit_for_bit() -> None:
     assert rank_servers == [2, 2]  # every rank dropped the retired server
     assert_same_tables(plain, merged)
     assert_rows_where_the_map_says(merged)
+
+
+def test_a_split_and_a_merge_in_hybrid_mode_lose_no_row() -> None:
+    # Staleness 1: a lookup may run a step ahead of the last applied one; the
+    # tables then depend on timing, but every id trained is there once, where
+    # the map says, and the ranks end at the new count.
+    want = np.unique(np.concatenate([b for r in range(WORLD) for b in rank_batches(r)]))
+    for start, change, count in ((2, "split", 3), (3, "merge", 2)):
+        states, (migration,), rank_servers = train(start, change, staleness=1)
+        assert migration.servers == count and rank_servers == [count] * WORLD
+        assert_rows_where_the_map_says(states)
+        np.testing.assert_array_equal(states["t"]["ids"], want)
 
 
 def test_checkpoints_across_a_split_and_a_merge_load_into_any_server_count() -> None:
@@ -221,3 +254,19 @@ def test_a_client_without_a_socket_key_cannot_name_a_member() -> None:
     # An actor-plane client (ActorPSClient) has no key the socket clients could use.
     with pytest.raises(PSError, match="no socket address and key"):
         member(PSClient("ray actor X", b""))
+
+
+def test_a_server_of_another_world_size_is_refused_and_nothing_changes() -> None:
+    with servers(2, world_size=1) as started, serving(config(3, world_size=2)) as other:
+        client = ShardedPSClient([connect(s) for s in started])
+        try:
+            table = client.table("t")
+            ids = np.arange(0, 80, dtype=np.int64)
+            want = table.lookup(ids, train=True)
+            table.apply_gradients(ids, np.zeros_like(want))
+            with pytest.raises(PSError, match="world_size is 2, the job's 1"):
+                client.add_server(connect(other))
+            assert client.servers == 2 and client.slot_map.version == 0
+            np.testing.assert_array_equal(table.lookup(ids, train=True), want)  # not fenced
+        finally:
+            client.close()

@@ -161,7 +161,10 @@ def migrate(
     if joining is not None or retire is not None:
         members = [member(c) for p, c in enumerate(conns) if p != retire]
     sources = tuple(int(p) for p in np.unique(old.owners[picked]))
-    tables = list(client.hello()["tables"])
+    facts = client.hello()
+    tables = list(facts["tables"])
+    if joining is not None:
+        _check_joining(facts, joining.hello())
     before = range(running)  # the job's servers now (a joining one is not fenced)
     everyone = range(len(conns))
     dropped: list[PSClient] = []
@@ -212,6 +215,17 @@ def migrate(
         servers=new.servers,
         retired=retire,
     )
+
+
+def _check_joining(job: dict[str, Any], new: dict[str, Any]) -> None:
+    # A joining server must host the same tables (names, dims, hash shards) for
+    # the same world size and staleness.
+    for key in ("tables", "shards", "world_size", "staleness"):
+        if new.get(key) != job.get(key):
+            raise PSError(
+                f"split: the joining server's {key} is {new.get(key)!r}, the job's "
+                f"{job.get(key)!r}; start it with the job's tables and world size"
+            )
 
 
 def member(client: PSClient) -> dict[str, Any]:
