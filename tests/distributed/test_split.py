@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -21,7 +20,14 @@ from estuary.ps.migration import member
 from estuary.ps.sharded import ShardedPSClient, server_share
 
 from .conftest import SPEC
-from .test_migration import SEED, STEPS, hosted, rank_batches, sorted_state
+from .test_migration import (
+    SEED,
+    STEPS,
+    hold_for_the_fence,
+    hosted,
+    rank_batches,
+    sorted_state,
+)
 
 WORLD = 2
 
@@ -123,17 +129,6 @@ def train(
                 for p in range(coordinator.servers)
             ]
             return states, migrations, [r.servers for r in ranks]
-
-
-def hold_for_the_fence(client: ShardedPSClient, switched: threading.Event) -> None:
-    """Rank 0 goes on to its next step only once the change fenced the servers
-    (or is done), so the change lands mid-run whatever the threads' timing."""
-    deadline = time.monotonic() + 60
-    while not switched.is_set():
-        if any(c.call("routing")[0]["fenced"] for c in client.clients):
-            return
-        assert time.monotonic() < deadline, "the change never fenced the servers"
-        time.sleep(0.001)
 
 
 def assert_same_tables(want: dict[str, Any], got: dict[str, Any]) -> None:
