@@ -18,6 +18,7 @@ from estuary.embedding import EmbeddingTable
 from estuary.ps import ParameterServer, PSClient, PSError, ServerConfig, serving
 from estuary.ps.migration import member
 from estuary.ps.sharded import ShardedPSClient, server_share
+from estuary.ps.snapshots import ServerSnapshot
 
 from .conftest import SPEC
 from .test_migration import (
@@ -265,3 +266,28 @@ def test_a_server_of_another_world_size_is_refused_and_nothing_changes() -> None
             np.testing.assert_array_equal(table.lookup(ids, train=True), want)  # not fenced
         finally:
             client.close()
+
+
+def test_a_client_that_missed_a_split_checkpoints_the_new_servers_rows_too() -> None:
+    # A trainer checkpoints after a split but before its next lookup: its
+    # capture must take in the server that joined (it holds moved rows).
+    with servers(2, spare=1, world_size=1) as (a, b, c):
+        mover = ShardedPSClient([connect(a), connect(b)])
+        trainer = ShardedPSClient([connect(a), connect(b)])
+        try:
+            table = trainer.table("t")
+            ids = np.arange(0, 300, dtype=np.int64)
+            table.apply_gradients(ids, table.lookup(ids, train=True) + 1.0)
+            want = sorted_state(table.state_dict(mark_clean=False))
+            migration = mover.add_server(connect(c))
+            assert migration.rows > 0 and trainer.servers == 2
+            snap = ServerSnapshot({"t": table}, delta=False)  # asynchronous: registers
+            assert trainer.servers == 3 and snap.parts == {"t": 3}
+            snap.drop()
+            got = sorted_state(table.state_dict())
+            assert trainer.servers == 3 and len(table.parts) == 3
+            for key in want:
+                np.testing.assert_array_equal(want[key], got[key], err_msg=key)
+        finally:
+            mover.close()
+            trainer.close()

@@ -268,17 +268,29 @@ class ShardedPSClient:
         """Keep the slot map from changing for the block (no migration starts or
         is under way meanwhile): for a capture that must see every server at
         one map. Taken on the servers in order (migrations fence in that order
-        too), so the two never wait on each other in a circle."""
-        held: list[int] = []
-        try:
-            for p in range(self.servers):
-                self.clients[p].call("hold_routing")
-                held.append(p)
-            yield
-        finally:
-            for p in held:
-                with contextlib.suppress(PSError):
-                    self.clients[p].call("release_routing")
+        too), so the two never wait on each other in a circle. Should the
+        servers' map be newer than this client's (a migration, split or merge
+        since its last request), it is adopted first: the block sees every
+        server that holds rows."""
+        for attempt in range(STALE_RETRIES + 1):
+            clients = list(self.clients)
+            held: list[PSClient] = []
+            try:
+                for client in clients:
+                    client.call("hold_routing")
+                    held.append(client)
+                # A map changed since this client last routed (a split added a
+                # server that holds rows now): adopt it and hold again.
+                if self._routing()[0]["version"] == self.slot_map.version:
+                    yield
+                    return
+            finally:
+                for client in held:
+                    with contextlib.suppress(PSError):
+                        client.call("release_routing")
+            if attempt == STALE_RETRIES:
+                raise PSError("the slot map kept changing while a capture waited to hold it")
+            self.refresh_routing()
 
     def migrate(self, slots: Sequence[int] | Int64Array, to: int) -> Migration:
         """Move ``slots`` to server ``to`` between two steps while trainers run
