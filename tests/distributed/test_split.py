@@ -274,7 +274,9 @@ def test_a_client_that_missed_a_split_checkpoints_the_new_servers_rows_too() -> 
     with servers(2, spare=1, world_size=1) as (a, b, c):
         mover = ShardedPSClient([connect(a), connect(b)])
         trainer = ShardedPSClient([connect(a), connect(b)])
+        loader = ShardedPSClient([connect(a), connect(b)])
         try:
+            stale = loader.table("t")
             table = trainer.table("t")
             ids = np.arange(0, 300, dtype=np.int64)
             table.apply_gradients(ids, table.lookup(ids, train=True) + 1.0)
@@ -288,6 +290,13 @@ def test_a_client_that_missed_a_split_checkpoints_the_new_servers_rows_too() -> 
             assert trainer.servers == 3 and len(table.parts) == 3
             for key in want:
                 np.testing.assert_array_equal(want[key], got[key], err_msg=key)
+            # A load by another client that missed it routes by the servers' map.
+            stale.load_state_dict(table.state_dict(mark_clean=False))
+            slot_map = trainer.slot_map
+            for p, part in enumerate(stale.parts):
+                held = part.state_dict(mark_clean=False)["ids"]
+                assert held.size and (slot_map.server_of(held) == p).all()
         finally:
             mover.close()
             trainer.close()
+            loader.close()

@@ -620,6 +620,7 @@ class ShardedTable:
         return {**state, **slot_map.state()} if slot_map.version > 0 else state
 
     def _split(self, state: Mapping[str, np.ndarray]) -> list[State]:
+        self.client.refresh_routing()  # every server that holds rows now
         saved = SlotMap.from_state(state, len(self.parts))
         if saved is not None and saved != self.client.slot_map:
             self.client.set_routing(saved)
@@ -660,6 +661,7 @@ class ShardedTable:
 
     def remove(self, ids: Int64Array) -> int:
         """Drop the rows of ``ids`` int64 (N,); returns how many existed."""
+        self.client.refresh_routing()
         routed = _Routed(as_ids(ids), self.client.slot_map, len(self.parts))
         return sum(self.client.each(lambda p: self.parts[p].remove(routed.parts[p])))
 
