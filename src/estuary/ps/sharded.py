@@ -220,7 +220,7 @@ class ShardedPSClient:
         new: list[PSClient] = []
         for m in members:
             address = _address(m["address"])
-            found = by_address.get(_address(address))
+            found = by_address.get(address)
             new.append(found or PSClient(address, bytes.fromhex(m["authkey"]), timeout_s=timeout_s))
         if [id(c) for c in new] == [id(c) for c in self.clients]:
             return []
