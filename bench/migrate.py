@@ -2,7 +2,7 @@
 a trainer runs.
 
     python bench/migrate.py [--json PATH] [--rows 100000 1000000] [--dim 16]
-                            [--batch 4096] [--steps 60] [--moves 3]
+                            [--batch 4096] [--steps 60] [--moves 3] [--resize]
 
 For each table size R: two parameter-server processes (``ServerProcess``) host
 one Adagrad table (dim ``--dim``); a client fills it with R ids (train lookups
@@ -14,6 +14,12 @@ thread moves half of server 0's slots to server 1 (about R/4 rows), then back,
 request waited), ``wait_ms`` (the fence step's last pushes) and ``move_ms``
 (export, import, switch, drop); per run the trainer's median step time and its
 longest step (the step that waited at the fence).
+
+``--resize``: the moves are a split and a merge instead, alternately: a third
+server process joins and takes half of server 0's slots
+(``ShardedPSClient.add_server``), then gives them back to server 0 and leaves
+(``retire_server``); the trainer's client connects to it and drops it as it
+fetches the map.
 
 ``--json PATH`` writes ``{"config", "runs"}``.
 """
@@ -43,11 +49,11 @@ def run(rows: int, args: argparse.Namespace) -> dict[str, Any]:
         initial_capacity_rows=rows,
     )
     config = ServerConfig({"t": server_share(HostedTable(spec, 0), 2)}, world_size=1, staleness=0)
-    procs = [ServerProcess(config) for _ in range(2)]
+    procs = [ServerProcess(config) for _ in range(3 if args.resize else 2)]
     try:
 
         def client() -> ShardedPSClient:
-            return ShardedPSClient([PSClient(p.address, p.authkey) for p in procs])
+            return ShardedPSClient([PSClient(p.address, p.authkey) for p in procs[:2]])
 
         trainer, mover = client(), client()
         table = trainer.table("t")
@@ -78,10 +84,18 @@ def run(rows: int, args: argparse.Namespace) -> dict[str, Any]:
         for k in range(args.moves):
             while len(times) < (k + 1) * args.steps // (args.moves + 1) and not done.is_set():
                 time.sleep(0.001)
-            slots = mover.refresh_routing().owned(0)[::2] if k % 2 == 0 else moved
-            target = 1 if k % 2 == 0 else 0
-            migration = mover.migrate(slots, to=target)
-            moved = slots
+            if args.resize:
+                spare = procs[2]
+                migration = (
+                    mover.add_server(PSClient(spare.address, spare.authkey))
+                    if k % 2 == 0
+                    else mover.retire_server(2, into=0)
+                )
+            else:
+                slots = mover.refresh_routing().owned(0)[::2] if k % 2 == 0 else moved
+                target = 1 if k % 2 == 0 else 0
+                migration = mover.migrate(slots, to=target)
+                moved = slots
             migrations.append(
                 {
                     key: round(value, 2) if isinstance(value, float) else value
@@ -110,6 +124,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--moves", type=int, default=3)
+    parser.add_argument("--resize", action="store_true", help="split and merge instead")
     args = parser.parse_args()
     runs = []
     for rows in args.rows:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -67,7 +68,7 @@ def run(migrate_after: int | None, world_size: int = 2) -> tuple[dict[str, Any],
     Returns the final states (ids sorted) and the migrations."""
     with cluster(2, clients=world_size + 1, world_size=world_size) as clients:
         coordinator, ranks = clients[0], clients[1:]
-        reached = threading.Event()
+        reached, switched = threading.Event(), threading.Event()
         migrations: list[Any] = []
         errors: list[BaseException] = []
 
@@ -77,6 +78,8 @@ def run(migrate_after: int | None, world_size: int = 2) -> tuple[dict[str, Any],
                 tables = multi.tables(rank=r)
                 t, u = tables["t"], tables["u"]
                 for step, ids in enumerate(rank_batches(r), start=1):
+                    if r == 0 and migrate_after is not None and step == migrate_after + 2:
+                        hold_for_the_fence(multi, switched)
                     rows_t, rows_u = multi.lookup_many([t, u], [ids, ids[::-1].copy()], train=True)
                     multi.apply_gradients_many(
                         [t, u], [ids, ids[::-1].copy()], [rows_t * 0.5 + 0.1, rows_u - 0.2]
@@ -93,6 +96,7 @@ def run(migrate_after: int | None, world_size: int = 2) -> tuple[dict[str, Any],
                 reached.wait(60)
                 slots = coordinator.slot_map.owned(0)[::2]
                 migrations.append(coordinator.migrate(slots, to=1))
+                switched.set()
             except BaseException as exc:
                 errors.append(exc)
 
@@ -113,6 +117,17 @@ def run(migrate_after: int | None, world_size: int = 2) -> tuple[dict[str, Any],
         ]
         states["map"] = coordinator.slot_map
         return states, migrations
+
+
+def hold_for_the_fence(client: ShardedPSClient, switched: threading.Event) -> None:
+    """Rank 0 goes on to its next step only once the change fenced the servers
+    (or is done), so the change lands mid-run whatever the threads' timing."""
+    deadline = time.monotonic() + 60
+    while not switched.is_set():
+        if any(c.call("routing")[0]["fenced"] for c in client.clients):
+            return
+        assert time.monotonic() < deadline, "the change never fenced the servers"
+        time.sleep(0.001)
 
 
 def sorted_state(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

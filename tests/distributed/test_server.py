@@ -72,7 +72,7 @@ def test_a_server_of_another_protocol_version_is_refused(
     from estuary.ps import client as client_module
 
     monkeypatch.setattr(client_module, "PROTOCOL_VERSION", 1)
-    with pytest.raises(PSError, match=r"speaks protocol 5, this client 1"):
+    with pytest.raises(PSError, match=r"speaks protocol 6, this client 1"):
         client.hello()
 
 

@@ -250,6 +250,15 @@ class EmbeddingTable:
             shard.mark_clean()
         self._chain.advance()
 
+    def chain_keys(self) -> list[int]:
+        """``[lineage, version]`` of the checkpoint chain."""
+        return [self._chain.lineage, self._chain.version]
+
+    def adopt_chain(self, lineage: int, version: int) -> None:
+        """Follow checkpoint chain ``lineage`` at ``version`` (a server joining
+        the others' chain mid-run)."""
+        self._chain.lineage, self._chain.version = lineage, version
+
     def load_state_dict(self, state: State) -> None:
         """Load a table state saved with any shard count (reshards by routing ids).
 

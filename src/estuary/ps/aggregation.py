@@ -165,6 +165,19 @@ class StepAggregator:
                 self._spawn_hooks(step)
             self._cond.notify_all()
 
+    def start_at(self, step: int) -> None:
+        """Take ``step`` as the last applied one (a server joining a running job:
+        the steps before were applied by the others). Only while no push is
+        buffered; never goes back."""
+        with self._cond:
+            if self._pending:
+                raise PSError(
+                    f"table {self.name!r}: cannot start at step {step}, steps "
+                    f"{sorted(self._pending)} are buffered here already"
+                )
+            self.applied = max(self.applied, step)
+            self._cond.notify_all()
+
     def after_step(self, step: int, hook: Callable[[], None]) -> bool:
         """Run ``hook()`` once ``step`` is applied and before ``step + 1`` is, with
         step application held off meanwhile: a snapshot of exactly that step. A

@@ -163,6 +163,12 @@ class PSClient:
                 self._idle.append(conn)
         return header, out
 
+    @property
+    def authkey(self) -> bytes:
+        """The key this client authenticates with (handed to the job's other
+        clients when a server joins, ``estuary.ps.migration``)."""
+        return self._authkey
+
     def hello(self) -> Header:
         """Server facts: ``tables`` (name -> dim), ``world_size``, ``staleness``.
 

@@ -36,6 +36,16 @@ fence step's last pushes are still to come. Snapshots registered for the
 fence step are captured before any row moves (each migration op runs them
 first); later ones after the lift.
 
+A split (``joining``, ``ShardedPSClient.add_server``) fences and waits on the
+job's servers only; after ``lock_moves`` the new server gets ``join`` (its
+tables start after the fence step, on server 0's checkpoint chain) and takes
+the slots. A merge (``retire``, ``ShardedPSClient.retire_server``) moves all of
+a server's slots and switches to the map without it (``SlotMap.retired``).
+Either way ``set_routing`` carries the map's ``members`` (every server's
+address and key, in order) to every server, the retired one included; each
+client adopts them when its next lookup is refused as stale
+(``ShardedPSClient.adopt``).
+
 Not covered: a sketch admission counter keeps counting moved ids on the old
 server (a sketch cannot forget single ids), so they start pending afresh on
 the new one.
@@ -57,9 +67,10 @@ from estuary.ps.slots import SlotMap
 from estuary.ps.types import PSError
 
 if TYPE_CHECKING:
+    from estuary.ps.client import PSClient
     from estuary.ps.sharded import ShardedPSClient
 
-__all__ = ["Migration", "migrate", "slot_filter"]
+__all__ = ["Migration", "member", "migrate", "slot_filter"]
 
 State = dict[str, np.ndarray]
 
@@ -73,7 +84,9 @@ class Migration:
     ``version`` the slot map's new version; ``fence`` the step of each table
     after which the new map applies. Times (ms): ``pause_ms`` fence to lift
     (the most any trainer waited), ``wait_ms`` for the fence step to be applied
-    everywhere, ``move_ms`` export, import, switch and drop."""
+    everywhere, ``move_ms`` export, import, switch and drop. ``servers``: the
+    job's server count after it (one more after a split); ``retired``: the
+    server that left (a merge; the caller stops it, see ``ShardedPSClient.retire_server``)."""
 
     slots: int
     sources: tuple[int, ...]
@@ -86,6 +99,8 @@ class Migration:
     pause_ms: float
     wait_ms: float
     move_ms: float
+    servers: int = 0
+    retired: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -110,49 +125,80 @@ def migrate(
     slots: Sequence[int] | Int64Array,
     to: int,
     *,
-    servers: int | None = None,
+    joining: PSClient | None = None,
+    retire: int | None = None,
 ) -> Migration:
     """Move ``slots`` (of ``client.slot_map``) to server ``to`` between two steps
-    (see the module docstring); ``servers``: the new server count when ``to`` is
-    a server just added. Trainers keep running; their requests wait at most
-    the pause. Returns what it did; ``client`` routes by the new map."""
+    (see the module docstring). Trainers keep running; their requests wait at
+    most the pause. Returns what it did; ``client`` routes by the new map.
+
+    ``joining``: a server started for this job (same tables and world size) that
+    joins it as server ``to`` (== ``client.servers``): a split. ``retire``: a
+    server that owns no slot once these moved, and leaves the job: a merge.
+    Either way the new map names the job's servers (``members``) and every
+    client adopts them when it fetches the map."""
     client.refresh_routing()
     old = client.slot_map
-    count = old.servers if servers is None else servers
-    if not 0 <= to < count or count > client.servers:
-        raise PSError(f"migrate: server {to} is not one of the client's {client.servers}")
+    conns = list(client.clients)
+    running = len(conns)
+    if joining is not None:
+        if to != running or retire is not None:
+            raise PSError(f"migrate: a joining server becomes server {running}, not {to}")
+        conns.append(joining)
+    if not 0 <= to < len(conns) or old.servers > running:
+        raise PSError(f"migrate: server {to} is not one of the client's {running}")
+    if retire is not None and not (0 <= retire < running and retire != to):
+        raise PSError(f"migrate: cannot retire server {retire} into server {to} of {running}")
     picked = np.unique(np.asarray(slots, np.int64))
     picked = picked[old.owners[picked] != to]
-    new = old.moved(picked, to, servers=count)
+    new = old.moved(picked, to, servers=len(conns) if joining is not None else running)
+    if retire is not None:
+        try:
+            new = new.retired(retire)
+        except ValueError as exc:
+            raise PSError(f"migrate: {exc}") from exc
+    members = None
+    if joining is not None or retire is not None:
+        members = [member(c) for p, c in enumerate(conns) if p != retire]
     sources = tuple(int(p) for p in np.unique(old.owners[picked]))
-    tables = list(client.hello()["tables"])
-    conns = client.clients
+    facts = client.hello()
+    tables = list(facts["tables"])
+    if joining is not None:
+        _check_joining(facts, joining.hello())
+    before = range(running)  # the job's servers now (a joining one is not fenced)
+    everyone = range(len(conns))
+    dropped: list[PSClient] = []
     t0 = time.perf_counter()
     try:
-        first = client.each(lambda p: conns[p].call("fence")[0]["fence"])
+        first = client.each(lambda p: conns[p].call("fence")[0]["fence"], before)
         at = {t: max(int(f.get(t, 0)) for f in first) for t in tables}
-        client.each(lambda p: conns[p].call("fence", {"at": at}))
+        client.each(lambda p: conns[p].call("fence", {"at": at}), before)
         for table, step in at.items():
             if step > 0:
                 wait = {"table": table, "step": step}
-                client.each(lambda p, wait=wait: conns[p].call("wait", wait))  # type: ignore[misc]
+                client.each(lambda p, wait=wait: conns[p].call("wait", wait), before)  # type: ignore[misc]
         # In server order, one after another: captures hold the map in that order.
-        for p in range(client.servers):
+        for p in before:
             conns[p].call("lock_moves")
+        if joining is not None:
+            # The new server starts after the fence step, on the others' checkpoint chain.
+            chain = conns[0].call("chain")[0]["chain"]
+            joining.call("join", {"applied": at, "chain": chain})
         t1 = time.perf_counter()
-        moved, rows, pending, nbytes = _copy(client, old, picked, sources, to, tables)
+        moved, rows, pending, nbytes = _copy(conns, old, picked, sources, to, tables)
+        header: dict[str, Any] = {"version": new.version, "servers": new.servers}
+        if members is not None:
+            header["members"] = members
         client.each(
-            lambda p: conns[p].call(
-                "set_routing",
-                {"version": new.version, "servers": new.servers},
-                {"owners": new.owners},
-            )
+            lambda p: conns[p].call("set_routing", header, {"owners": new.owners}), everyone
         )
-        client.slot_map = new
+        dropped = client.adopt(new, members, conns)
         for (source, table), (ids, pend) in moved.items():
             conns[source].call("drop_ids", {"table": table}, {"ids": ids, "pending": pend})
     finally:
-        client.each(lambda p: conns[p].call("lift"))
+        client.each(lambda p: conns[p].call("lift"), everyone)
+    for retired in dropped:
+        retired.close()
     t2 = time.perf_counter()
     return Migration(
         slots=int(picked.size),
@@ -166,11 +212,36 @@ def migrate(
         pause_ms=(t2 - t0) * 1e3,
         wait_ms=(t1 - t0) * 1e3,
         move_ms=(t2 - t1) * 1e3,
+        servers=new.servers,
+        retired=retire,
     )
 
 
+def _check_joining(job: dict[str, Any], new: dict[str, Any]) -> None:
+    # A joining server must host the same tables (names, dims, hash shards) for
+    # the same world size and staleness.
+    for key in ("tables", "shards", "world_size", "staleness"):
+        if new.get(key) != job.get(key):
+            raise PSError(
+                f"split: the joining server's {key} is {new.get(key)!r}, the job's "
+                f"{job.get(key)!r}; start it with the job's tables and world size"
+            )
+
+
+def member(client: PSClient) -> dict[str, Any]:
+    """A server as the map's ``members`` name it: address and key (hex), so any
+    client of the job can connect. Raises ``PSError`` for a client without a key
+    (one over Ray actor calls, ``ActorPSClient``: socket clients cannot use it)."""
+    if not client.authkey:
+        raise PSError(
+            f"split/merge: the client of {client.address!r} has no socket address and key "
+            "to hand to the job's other clients; coordinate with socket clients (PSClient)"
+        )
+    return {"address": client.address, "authkey": client.authkey.hex()}
+
+
 def _copy(
-    client: ShardedPSClient,
+    conns: Sequence[PSClient],
     old: SlotMap,
     picked: Int64Array,
     sources: tuple[int, ...],
@@ -178,7 +249,6 @@ def _copy(
     tables: list[str],
 ) -> tuple[dict[tuple[int, str], tuple[Int64Array, Int64Array]], int, int, int]:
     # Export from each source, import at ``to``; on failure drop what was imported.
-    conns = client.clients
     moved: dict[tuple[int, str], tuple[Int64Array, Int64Array]] = {}
     rows = pending = nbytes = 0
     try:

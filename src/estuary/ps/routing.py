@@ -31,6 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,7 @@ class RoutingGate:
         self.version = 0
         self.owners: np.ndarray | None = None
         self.servers = 0
+        self.members: list[dict[str, Any]] | None = None  # after a split or merge
         self._cond = threading.Condition()
         self._fence: dict[str, int] | None = None
         self._moving = False  # rows move: holds wait (lock_moves ... lift)
@@ -156,12 +158,29 @@ class RoutingGate:
         with self._cond:
             return self._fence is not None
 
-    def set_map(self, owners: np.ndarray, servers: int, version: int) -> None:
-        """Adopt slot map ``version`` (owners int64 (S,))."""
+    def set_map(
+        self,
+        owners: np.ndarray,
+        servers: int,
+        version: int,
+        members: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Adopt slot map ``version`` (owners int64 (S,)); ``members``: the job's
+        servers in order (``address``, ``authkey`` hex), set when a split or
+        merge changed them (kept otherwise)."""
         with self._cond:
             self.owners = np.asarray(owners, np.int64).copy()
             self.servers = servers
             self.version = version
+            if members is not None:
+                self.members = members
+
+    def start_at(self, steps: Mapping[str, int]) -> None:
+        """A server joining mid-run: steps up to ``steps[t]`` count as looked up
+        here (a later fence is never below them)."""
+        with self._cond:
+            for name, step in steps.items():
+                self._looked[name] = max(self._looked.get(name, 0), step)
 
     def count_slots(self, slots: int) -> None:
         """Count train-lookup ids per slot of a ``slots``-slot map from now on."""

@@ -155,6 +155,8 @@ class ParameterServer:
             "hold_routing": self._op_hold_routing,
             "lock_moves": self._op_lock_moves,
             "release_routing": self._op_release_routing,
+            "chain": self._op_chain,
+            "join": self._op_join,
         }
         self.held = HeldSnapshots()
         self.routing = RoutingGate()
@@ -550,7 +552,10 @@ class ParameterServer:
     def _op_routing(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         gate = self.routing
         owners = {} if gate.owners is None else {"owners": gate.owners}
-        return {"version": gate.version, "servers": gate.servers, "fenced": gate.fenced}, owners
+        header = {"version": gate.version, "servers": gate.servers, "fenced": gate.fenced}
+        if gate.members is not None:
+            header["members"] = gate.members
+        return header, owners
 
     def _op_slot_loads(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         # Turns counting on (``count``: the map's slot count); returns the loads so far.
@@ -561,7 +566,18 @@ class ParameterServer:
 
     def _op_set_routing(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         owners = self._array(arrays, "owners", np.int64, 1)
-        self.routing.set_map(owners, self._int(header, "servers"), self._int(header, "version"))
+        servers = self._int(header, "servers")
+        members = header.get("members")
+        if members is not None and not (
+            isinstance(members, list)
+            and len(members) == servers
+            and all(isinstance(m, dict) and {"address", "authkey"} <= m.keys() for m in members)
+        ):
+            raise PSError(
+                f"field 'members' must list {servers} servers as {{address, authkey}}, "
+                f"got {members!r}"
+            )
+        self.routing.set_map(owners, servers, self._int(header, "version"), members)
         return {}, {}
 
     def _op_fence(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
@@ -582,6 +598,26 @@ class ParameterServer:
 
     def _op_release_routing(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         self.routing.release()
+        return {}, {}
+
+    def _op_chain(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        # Each table's checkpoint chain: [lineage, version] (for a server joining).
+        return {"chain": {name: t.chain_keys() for name, t in self.tables.items()}}, {}
+
+    def _op_join(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        # A server added mid-run (a split): its tables start after step
+        # ``applied[t]`` on the chain ``chain[t]`` of the servers it joins.
+        applied, chain = header.get("applied"), header.get("chain")
+        if not isinstance(applied, dict) or not isinstance(chain, dict):
+            raise PSError(f"join needs 'applied' and 'chain' per table, got {header!r}")
+        for name, table in self.tables.items():
+            if name not in applied or name not in chain:
+                raise PSError(f"join: no step or chain given for table {name!r}")
+            with _naming(name):
+                self.steps[name].start_at(int(applied[name]))
+                lineage, version = chain[name]
+                table.adopt_chain(int(lineage), int(version))
+        self.routing.start_at({n: int(s) for n, s in applied.items()})
         return {}, {}
 
     @staticmethod

@@ -15,9 +15,11 @@ Shapes: ``N`` ids in a call, ``D`` a table's dim, ``P`` servers, ``S`` slots.
 
 The slot map starts even (version 0: exactly ``hash mod P``); a migration
 (``estuary.ps.migration``, ``ShardedPSClient.migrate``) moves slots between
-servers between two steps and bumps the version. Every request carries the
-client's map version; a lookup refused as stale fetches the servers' map and is
-routed again (same step).
+servers between two steps and bumps the version; ``add_server`` and
+``retire_server`` also add a server to the job or take one out (split, merge).
+Every request carries the client's map version; a lookup refused as stale
+fetches the servers' map (and, after a split or merge, connects to or drops
+servers: ``adopt``) and is routed again (same step).
 
 Every step goes to every server, with no ids where a server owns none of the
 batch, so each server's step counters, staleness barrier and exactly-once
@@ -40,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -61,7 +64,7 @@ from estuary.ps.client import (
 )
 from estuary.ps.routing import StaleRoutingError
 from estuary.ps.slots import ROUTING_PREFIX, SlotMap
-from estuary.ps.types import Address, HostedTable, PSError
+from estuary.ps.types import Address, HostedTable, PSConnectionError, PSError
 
 if TYPE_CHECKING:
     from estuary.ps.migration import Migration
@@ -142,16 +145,22 @@ class ShardedPSClient:
         self.clients = list(clients)
         self.slot_map = SlotMap.even(len(self.clients)) if slot_map is None else slot_map
         self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="estuary-ps-shard")
+        self._workers = len(self.clients)
+        self._adopt_lock = threading.Lock()
+        # The tables handed out, to be given a part on a server that joins.
+        self._tables: weakref.WeakSet[ShardedTable] = weakref.WeakSet()
 
     @property
     def servers(self) -> int:
         """P."""
         return len(self.clients)
 
-    def each(self, fn: Callable[[int], T]) -> list[T]:
-        """``fn(p)`` for every server p, concurrently; results in server order.
-        Every call finishes before the first error (if any) is raised."""
-        futures = [self._pool.submit(fn, p) for p in range(self.servers)]
+    def each(self, fn: Callable[[int], T], servers: Sequence[int] | None = None) -> list[T]:
+        """``fn(p)`` for every server p (or those of ``servers``), concurrently;
+        results in that order. Every call finishes before the first error (if
+        any) is raised."""
+        indices = range(self.servers) if servers is None else servers
+        futures = [self._pool.submit(fn, p) for p in indices]
         errors = [f.exception() for f in futures]
         for error in errors:
             if error is not None:
@@ -159,16 +168,86 @@ class ShardedPSClient:
         return [f.result() for f in futures]
 
     def refresh_routing(self) -> SlotMap:
-        """Fetch the servers' slot map (server 0's: they hold the same one
-        between steps) and route by it from now on."""
-        header, arrays = self.clients[0].call("routing")
+        """Fetch the servers' slot map (the first that answers: they hold the
+        same one between steps; a retired server answers too until stopped)
+        and route by it from now on."""
+        header, arrays = self._routing()
         version = int(header["version"])
         if version != self.slot_map.version:
             if "owners" in arrays:
-                self.slot_map = SlotMap(arrays["owners"], int(header["servers"]), version)
+                slot_map = SlotMap(arrays["owners"], int(header["servers"]), version)
             else:
-                self.slot_map = SlotMap.even(self.servers)
+                slot_map = SlotMap.even(self.servers)
+            for dropped in self.adopt(slot_map, header.get("members")):
+                dropped.close()
         return self.slot_map
+
+    def _routing(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        for p, client in enumerate(self.clients):
+            try:
+                return client.call("routing")
+            except PSConnectionError:  # stopped (retired): ask the next
+                if p == self.servers - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def adopt(
+        self,
+        slot_map: SlotMap,
+        members: Sequence[Mapping[str, Any]] | None,
+        known: Sequence[PSClient] = (),
+    ) -> list[PSClient]:
+        """Route by ``slot_map`` from now on; ``members`` (``address``, ``authkey``
+        hex, in server order; ``None``: unchanged): the job's servers after a
+        split or merge (``estuary.ps.migration``). A server that joined is
+        connected (``known``: clients of it at hand) and every table handed out
+        gets its part there, at the table's step; a retired one is dropped from
+        every request. Returns the clients dropped (the caller closes them)."""
+        with self._adopt_lock:
+            dropped = [] if members is None else self._set_members(members, known)
+            if slot_map.servers > self.servers:
+                raise PSError(
+                    f"slot map of {slot_map.servers} servers, this client has {self.servers}"
+                )
+            self.slot_map = slot_map
+            return dropped
+
+    def _set_members(
+        self, members: Sequence[Mapping[str, Any]], known: Sequence[PSClient]
+    ) -> list[PSClient]:
+        by_address = {_address(c.address): c for c in [*known, *self.clients]}
+        timeout_s = self.clients[0].timeout_s
+        new: list[PSClient] = []
+        for m in members:
+            address = _address(m["address"])
+            found = by_address.get(address)
+            new.append(found or PSClient(address, bytes.fromhex(m["authkey"]), timeout_s=timeout_s))
+        if [id(c) for c in new] == [id(c) for c in self.clients]:
+            return []
+        index = {id(c): p for p, c in enumerate(self.clients)}
+        for table in list(self._tables):
+            pushed = table.pushed
+            parts = []
+            for c in new:
+                p = index.get(id(c))
+                if p is None:  # joined: it starts where the others are
+                    old = table.parts[0]
+                    part = RemoteTable(c, table.name, table.dim, rank=table.rank)
+                    part.grad_scale = old.grad_scale
+                    part.pushed = pushed
+                    parts.append(part)
+                else:
+                    parts.append(table.parts[p])
+            table.parts = parts
+        kept = {id(c) for c in new}
+        dropped = [c for c in self.clients if id(c) not in kept]
+        self.clients = new
+        if len(new) > self._workers:
+            old_pool = self._pool
+            self._pool = ThreadPoolExecutor(len(new), thread_name_prefix="estuary-ps-shard")
+            self._workers = len(new)
+            old_pool.shutdown(wait=False)
+        return dropped
 
     def set_routing(self, slot_map: SlotMap) -> None:
         """Make ``slot_map`` every server's and this client's (between steps, no
@@ -189,17 +268,29 @@ class ShardedPSClient:
         """Keep the slot map from changing for the block (no migration starts or
         is under way meanwhile): for a capture that must see every server at
         one map. Taken on the servers in order (migrations fence in that order
-        too), so the two never wait on each other in a circle."""
-        held: list[int] = []
-        try:
-            for p in range(self.servers):
-                self.clients[p].call("hold_routing")
-                held.append(p)
-            yield
-        finally:
-            for p in held:
-                with contextlib.suppress(PSError):
-                    self.clients[p].call("release_routing")
+        too), so the two never wait on each other in a circle. Should the
+        servers' map be newer than this client's (a migration, split or merge
+        since its last request), it is adopted first: the block sees every
+        server that holds rows."""
+        for attempt in range(STALE_RETRIES + 1):
+            clients = list(self.clients)
+            held: list[PSClient] = []
+            try:
+                for client in clients:
+                    client.call("hold_routing")
+                    held.append(client)
+                # A map changed since this client last routed (a split added a
+                # server that holds rows now): adopt it and hold again.
+                if self._routing()[0]["version"] == self.slot_map.version:
+                    yield
+                    return
+            finally:
+                for client in held:
+                    with contextlib.suppress(PSError):
+                        client.call("release_routing")
+            if attempt == STALE_RETRIES:
+                raise PSError("the slot map kept changing while a capture waited to hold it")
+            self.refresh_routing()
 
     def migrate(self, slots: Sequence[int] | Int64Array, to: int) -> Migration:
         """Move ``slots`` to server ``to`` between two steps while trainers run
@@ -207,6 +298,48 @@ class ShardedPSClient:
         from estuary.ps.migration import migrate  # it drives this class
 
         return migrate(self, slots, to)
+
+    def add_server(
+        self, client: PSClient, slots: Sequence[int] | Int64Array | None = None
+    ) -> Migration:
+        """Split: ``client``'s server (started for this job: the same tables,
+        ``server_share`` of the new count, the same world size) joins as server
+        P, between two steps while trainers run, and takes ``slots`` (default:
+        every other slot of the server owning most). It starts after the fence
+        step on the others' checkpoint chain; every client of the job connects
+        to it when it next fetches the map."""
+        from estuary.ps.migration import migrate
+
+        self.refresh_routing()
+        if slots is None:
+            fullest = int(np.argmax(self.slot_map.counts()))
+            slots = self.slot_map.owned(fullest)[::2]
+        return migrate(self, slots, self.servers, joining=client)
+
+    def retire_server(self, server: int, into: int | None = None) -> Migration:
+        """Merge: move every slot of ``server`` to ``into`` (default: the server
+        owning fewest of the others) and take it out of the job, between two
+        steps while trainers run; the servers after it move down one place.
+        Its client here is closed; every other client drops it when it next
+        fetches the map (its next train lookup). Stop the server once every
+        rank moved on: ``wait_moved_on(migration)``, then shut it down."""
+        from estuary.ps.migration import migrate
+
+        slot_map = self.refresh_routing()
+        if into is None:
+            counts = slot_map.counts().astype(np.float64)
+            counts[server] = np.inf
+            into = int(np.argmin(counts))
+        return migrate(self, slot_map.owned(server), into, retire=server)
+
+    def wait_moved_on(self, migration: Migration) -> None:
+        """Block until every server of the job applied the step after the
+        migration's fence for every table that trained: every rank has routed
+        by the new map since (a retired server gets no more requests)."""
+        for table, step in migration.fence.items():
+            if step > 0:
+                wait = {"table": table, "step": step + 1}
+                self.each(lambda p, wait=wait: self.clients[p].call("wait", wait))  # type: ignore[misc]
 
     def hello(self) -> dict[str, Any]:
         """Server 0's facts; raises ``PSError`` unless every server hosts the same tables."""
@@ -227,10 +360,12 @@ class ShardedPSClient:
         for p, tables in enumerate(per_server):
             if list(tables) != names:
                 raise PSError(f"parameter server {p} hosts {sorted(tables)}, server 0 {names}")
-        return {
+        out = {
             name: ShardedTable(self, [t[name] for t in per_server], shards=int(shards.get(name, 1)))
             for name in names
         }
+        self._tables.update(out.values())
+        return out
 
     def table(self, name: str, *, rank: int = 0, grad_scale: float = 1.0) -> ShardedTable:
         """A ``ShardedTable`` for ``name``."""
@@ -285,12 +420,16 @@ class ShardedPSClient:
             try:
                 self.each(one)
                 return dest
-            except StaleRoutingError:
+            except (StaleRoutingError, PSConnectionError):
                 # Every server refused (a train lookup past a migration's fence
-                # waits there and sees the new map): route the same step again.
+                # waits there and sees the new map), or one is gone (retired and
+                # stopped while this client was idle): route the same step again
+                # by the servers' map, if it changed.
                 if attempt == STALE_RETRIES:
                     raise
-                self.refresh_routing()
+                before = self.slot_map.version
+                if self.refresh_routing().version == before:
+                    raise
         raise AssertionError("unreachable")
 
     def apply_gradients_many(
@@ -481,6 +620,7 @@ class ShardedTable:
         return {**state, **slot_map.state()} if slot_map.version > 0 else state
 
     def _split(self, state: Mapping[str, np.ndarray]) -> list[State]:
+        self.client.refresh_routing()  # every server that holds rows now
         saved = SlotMap.from_state(state, len(self.parts))
         if saved is not None and saved != self.client.slot_map:
             self.client.set_routing(saved)
@@ -521,12 +661,18 @@ class ShardedTable:
 
     def remove(self, ids: Int64Array) -> int:
         """Drop the rows of ``ids`` int64 (N,); returns how many existed."""
+        self.client.refresh_routing()
         routed = _Routed(as_ids(ids), self.client.slot_map, len(self.parts))
         return sum(self.client.each(lambda p: self.parts[p].remove(routed.parts[p])))
 
     def set_admission_counting(self, enabled: bool) -> None:
         """As ``RemoteTable.set_admission_counting``, on every server."""
         self.client.each(lambda p: self.parts[p].set_admission_counting(enabled))
+
+
+def _address(address: Any) -> Address:
+    # A JSON header turns a (host, port) tuple into a list.
+    return (str(address[0]), int(address[1])) if isinstance(address, list | tuple) else str(address)
 
 
 def _merge(parts: list[State], name: str) -> State:

@@ -119,6 +119,16 @@ class SlotMap:
         owners[picked] = to
         return SlotMap(owners, self.servers if servers is None else servers, self.version + 1)
 
+    def retired(self, server: int) -> SlotMap:
+        """The same version without ``server`` (which must own no slot): the
+        servers after it move down one place."""
+        if not 0 <= server < self.servers or self.servers == 1:
+            raise ValueError(f"slot map: cannot retire server {server} of {self.servers}")
+        if (self.owners == server).any():
+            raise ValueError(f"slot map: server {server} still owns slots; move them first")
+        owners = np.where(self.owners > server, self.owners - 1, self.owners)
+        return SlotMap(owners, self.servers - 1, self.version)
+
     def state(self) -> dict[str, np.ndarray]:
         """The map as state keys (``routing.owners``, ``.version``, ``.servers``)."""
         return {

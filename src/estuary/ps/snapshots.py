@@ -76,14 +76,29 @@ class ServerSnapshot:
         delta: bool,
         paths: Callable[[str, int], list[Path]] | None = None,
     ) -> None:
+        self._tokens: dict[int, int] = {}
+        self._owner: dict[str, str] = {}
+        # Registered on every server at one slot map (no migration between):
+        # a step's captures then all come before a migration or all after.
+        # The parts are read under the holds: a split may have added a server.
+        sharded = [t.client for t in tables.values() if isinstance(t, ShardedTable)]
+        with contextlib.ExitStack() as holds:
+            for client in {id(c): c for c in sharded}.values():
+                holds.enter_context(client.holding())
+            self._register(tables, delta, paths)
+
+    def _register(
+        self,
+        tables: Mapping[str, RemoteTable | ShardedTable],
+        delta: bool,
+        paths: Callable[[str, int], list[Path]] | None,
+    ) -> None:
         self.parts = {name: len(_parts(t)) for name, t in tables.items()}
         self._servers: dict[int, tuple[PSClient, Held]] = {}
         for name, table in tables.items():
             for index, part in enumerate(_parts(table)):
                 entry = self._servers.setdefault(id(part.client), (part.client, []))
                 entry[1].append((name, index, part))
-        self._tokens: dict[int, int] = {}
-        self._owner: dict[str, str] = {}
         self._pool = ThreadPoolExecutor(len(self._servers) or 1, thread_name_prefix="estuary-snap")
         where = self._where(paths) if paths is not None else None
 
@@ -97,13 +112,7 @@ class ServerSnapshot:
                 fields["files"] = {name: str(where[name][index]) for name, index, _ in held}
             return client.call("snapshot", fields)[0]
 
-        with contextlib.ExitStack() as holds:
-            # Registered on every server at one slot map (no migration between):
-            # a step's captures then all come before a migration or all after.
-            sharded = [t.client for t in tables.values() if isinstance(t, ShardedTable)]
-            for client in {id(c): c for c in sharded}.values():
-                holds.enter_context(client.holding())
-            replies = self._each(ask)
+        replies = self._each(ask)
         self._tokens = {key: int(reply["token"]) for key, reply in replies.items()}
 
     def _each(self, fn: Callable[[PSClient, Held], Any]) -> dict[int, Any]:
