@@ -168,6 +168,8 @@ class Follower:
             CheckpointError: the checkpoint does not load (the served model is unchanged).
         """
         latest = resolve_checkpoint(self.run_dir)
+        if latest.name == self.served.name:  # nothing new: no manifest parsed
+            return UpdateKind.NONE
         manifest = read_manifest(latest)
         dense_due = time.monotonic() - self._dense_at >= self.dense_every_s
         decision = plan_update(self.served.name, latest.name, chain_of(latest, manifest), dense_due)

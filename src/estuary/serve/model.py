@@ -136,6 +136,8 @@ class ServingModel:
         # With ``keep_standby``: a second set of tables, kept one update behind
         # or level, that updates are written into while the first serves.
         self._standby: tuple[Engine, dict[str, TableStore]] | None = None
+        # A dense network no engine serves, refilled by ``new_dense`` (see there).
+        self._spare_dense: nn.Module | None = None
         self.version = version
         self.updated_at = time.time()  # wall time of the newest update applied
         self.last_stall_s = 0.0  # how long the newest update held predictions back
@@ -210,9 +212,15 @@ class ServingModel:
                 table.load_state_dict(states[name])
 
     def new_dense(self, state: Mapping[str, torch.Tensor]) -> nn.Module:
-        """A copy of the serving dense network holding ``state`` (built outside
-        the lock; serve it with ``update``)."""
-        model = copy.deepcopy(self.engine.model)
+        """A dense network like the serving one holding ``state`` (filled outside
+        the lock; serve it with ``update``). The network an ``update`` replaced is
+        kept and refilled by the next call (weights copied in place), so a swap
+        builds no module: a deep copy of the network holds the GIL for several ms,
+        time the event loop waits. Each call's network is for one ``update``."""
+        model = self._spare_dense
+        self._spare_dense = None
+        if model is None:
+            model = copy.deepcopy(self.engine.model)
         model.load_state_dict(state)
         return model
 
@@ -233,11 +241,13 @@ class ServingModel:
             ValueError: a delta does not apply on its table's state (another base
                 version); the model is then unfit to serve until reloaded.
         """
+        replaced = self.engine.model if model is not None else None
         if self._standby is None:
             with self._lock:  # blocks predictions while the delta rows are written
                 started = time.perf_counter()
                 _apply(self.engine, self.tables, deltas, model)
                 self._serve(self.engine, self.tables, version, started)
+            self._spare_dense = replaced if replaced is not model else None
             return
         engine, tables = self._standby
         _apply(engine, tables, deltas, model, yield_gil=True)  # off the request path
@@ -247,6 +257,8 @@ class ServingModel:
             self._serve(engine, tables, version, started)
         # The copy served until now catches up.
         _apply(*self._standby, deltas, model, yield_gil=True)
+        # No engine holds the replaced network now: the next new_dense refills it.
+        self._spare_dense = replaced if replaced is not model else None
 
     def _serve(
         self, engine: Engine, tables: dict[str, TableStore], version: str, started: float
@@ -265,6 +277,7 @@ class ServingModel:
             started = time.perf_counter()
             self._standby = other._standby
             self._serve(other.engine, other.tables, other.version, started)
+        self._spare_dense = None
 
 
 def _apply(
