@@ -33,7 +33,7 @@ Steps:
    down. Every round's figures are in the JSON (``rounds``).
 5. Row encodings: the run's final checkpoint exported with float32, float16,
    bfloat16 and int8 rows, each served in-process on the held-out last 20% of
-   the rows: AUC and table file bytes.
+   the rows: AUC, table file bytes and the served tables' resident bytes.
 
 The checkpoints are written before step 4 (by a real training run), so the
 figures under updates measure the server's cost of applying them, not a
@@ -45,8 +45,9 @@ under ``under_updates``, ``ratios.p99_under_updates`` (the larger of the b1 and
 b256 ratios p99 under updates / p99 still, each also given), ``failed_requests``
 (non-200 replies and transport errors, all loads), ``freshness_p50_s``,
 ``freshness_max_s``, ``updates_applied``, ``update_stall_mean_ms`` (how long an
-update held predictions back, from the server's metrics), ``rows.<encoding>.auc`` and
-``.table_bytes``, and the machine's ``cpus`` and load average.
+update held predictions back, from the server's metrics), ``rows.<encoding>.auc``,
+``.table_bytes`` (files) and ``.resident_table_bytes`` (the loaded export's
+tables, ``ServingModel.table_bytes``), and the machine's ``cpus`` and load average.
 """
 
 from __future__ import annotations
@@ -209,7 +210,11 @@ def encodings(run: Path, held: list[dict[str, Any]], folder: Path) -> dict[str, 
         probabilities = np.concatenate(parts)
         table_bytes = sum(f.stat().st_size for f in (export / "tables").iterdir())
         auc = evaluate_predictions(labels, probabilities).auc
-        out[name] = {"auc": round(float(auc), 5), "table_bytes": table_bytes}
+        out[name] = {
+            "auc": round(float(auc), 5),
+            "table_bytes": table_bytes,
+            "resident_table_bytes": model.table_bytes,  # rows kept as stored
+        }
     return out
 
 

@@ -124,6 +124,7 @@ def test_metrics_parse_as_prometheus_text_and_count_requests(model: ServingModel
     assert samples[("estuary_serve_requests_total", (("code", "400"),))] == 1
     assert samples[("estuary_serve_rows_total", ())] == 3
     assert samples[("estuary_serve_update_age_seconds", ())] >= 0
+    assert samples[("estuary_serve_table_bytes", ())] == model.table_bytes > 0
 
 
 def test_healthz_names_the_version(model: ServingModel) -> None:

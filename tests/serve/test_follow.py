@@ -8,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from estuary.serve.checkpoints import model_from_checkpoint
 from estuary.serve.follow import Follower, UpdateKind, plan_update
+from estuary.serve.link_reader import read_link
 from estuary.train.checkpoint import load_checkpoint, load_link
 from estuary.train.checkpoint_chain import CheckpointError
 
@@ -142,3 +144,50 @@ def test_a_broken_checkpoint_is_not_applied_and_serving_goes_on(
     with pytest.raises(CheckpointError, match=r"C1\.safetensors"):
         follower.poll()
     assert model.version == f"tiny@{FULL}"
+
+
+def test_dense_swaps_refill_the_replaced_network_and_serve_each_checkpoint(
+    tiny_run: TinyRun, tmp_path: Path
+) -> None:
+    land(tiny_run, tmp_path, FULL)
+    ckpt = load_checkpoint(tmp_path)
+    model = model_from_checkpoint(ckpt, standby=True)
+    first = model.dense_model
+    follower = Follower(tmp_path, model, ckpt.path, dense_every_s=0.0)
+    batch = model.pipeline.parse(instances(tiny_run.eval_rows))
+    served = []
+    for name in (D1, D2, D3):  # one dense swap each
+        land(tiny_run, tmp_path, name)
+        assert follower.poll() is UpdateKind.DELTA
+        loaded = model_from_checkpoint(load_checkpoint(tmp_path / "checkpoints" / name))
+        assert model.predict(batch).version == f"tiny@{name}"
+        np.testing.assert_array_equal(
+            model.predict(batch).probabilities, loaded.predict(batch).probabilities
+        )
+        served.append(model.dense_model)
+    # Two networks in turn: the second swap refilled the one the first replaced.
+    assert served[0] is not first and served[1] is first and served[2] is served[0]
+
+
+def test_read_link_reads_what_load_link_reads_and_names_a_truncated_file(
+    tiny_run: TinyRun, tmp_path: Path
+) -> None:
+    folder = tiny_run.run_dir / "checkpoints" / D1
+    fast, reference = read_link(folder), load_link(folder)
+    assert fast.manifest == reference.manifest
+    assert sorted(fast.dense) == sorted(reference.dense)
+    for key, tensor in reference.dense.items():
+        assert fast.dense[key].dtype == tensor.dtype
+        assert torch.equal(fast.dense[key], tensor)
+    for name, state in reference.tables.items():
+        assert sorted(fast.tables[name]) == sorted(state)
+        for key, array in state.items():
+            assert fast.tables[name][key].dtype == array.dtype
+            np.testing.assert_array_equal(fast.tables[name][key], array)
+    only = read_link(folder, table_keys=lambda key: key == "ids").tables["C1"]
+    assert list(only) == ["ids"]
+    land(tiny_run, tmp_path, D1)
+    torn = tmp_path / "checkpoints" / D1 / "tables" / "C2.safetensors"
+    torn.write_bytes(torn.read_bytes()[:-3])
+    with pytest.raises(CheckpointError, match=r"C2\.safetensors.*truncated"):
+        read_link(torn.parent.parent)

@@ -14,7 +14,7 @@ from estuary.serve.pipeline import FeaturePipeline
 from estuary.train.checkpoint import Checkpoint
 from estuary.train.checkpoint_chain import MANIFEST, CheckpointError
 
-__all__ = ["job_of", "model_from_checkpoint", "serving_rows", "version_of"]
+__all__ = ["job_of", "model_from_checkpoint", "serving_key", "serving_rows", "version_of"]
 
 # What a lookup reads: row keys and weights, the ids a delta evicts, the unknown
 # rows, and the chain keys a delta is checked against. Optimizer slots, eviction
@@ -43,12 +43,17 @@ def version_of(job: JobSpec, ckpt: Checkpoint) -> str:
     return f"{job.name}@{ckpt.path.name}"
 
 
+def serving_key(key: str) -> bool:
+    """Whether serving reads a table state's ``key`` (see ``serving_rows``)."""
+    return key in _SERVING_KEYS or key.startswith(CHAIN_PREFIX)
+
+
 def serving_rows(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The part of a table state (full or delta) that serving reads: applying a
     delta of only these writes ~1/3 of the bytes with Adagrad (weights, not the
     optimizer slots) and skips the admission and clock state, so requests wait
     less for it."""
-    return {k: v for k, v in state.items() if k in _SERVING_KEYS or k.startswith(CHAIN_PREFIX)}
+    return {k: v for k, v in state.items() if serving_key(k)}
 
 
 def model_from_checkpoint(ckpt: Checkpoint, *, standby: bool = False) -> ServingModel:

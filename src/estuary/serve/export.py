@@ -23,8 +23,8 @@ loads anything (``load_export``).
 Rows may be stored smaller for serving (``ROW_ENCODINGS``): ``float16`` and
 ``bfloat16`` halve the table files; ``int8`` stores each row as int8 times a
 per-row float32 scale (max |x| / 127), a quarter plus 4 bytes a row. The server
-decodes them to float32 when it loads, so memory while serving is that of
-float32 rows; the files (download, disk) shrink. The cost in AUC is measured in
+keeps them so (``FrozenTable``) and decodes only the rows a request looks up, so
+serving memory shrinks as the files do. The cost in AUC is measured in
 docs/serving.md.
 
 The folder is written as ``DIR.tmp-<pid>`` and renamed into place: a reader sees
@@ -50,9 +50,13 @@ from estuary.config import job_from_dict, to_dict
 from estuary.embedding.delta import IDS, UNKNOWN_PREFIX, WEIGHTS
 from estuary.embedding.files import read_state, sha256, write_state
 from estuary.serve.checkpoints import job_of, model_from_checkpoint, version_of
+from estuary.serve.frozen_table import SCALE as _SCALE
+from estuary.serve.frozen_table import FrozenTable
 from estuary.serve.model import ExportedDense, FlatSequences, ServingModel
 from estuary.serve.pipeline import FeaturePipeline
+from estuary.train.build import TableStore
 from estuary.train.checkpoint import load_checkpoint
+from estuary.train.plan import TrainPlan
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -70,7 +74,6 @@ DENSE = "dense.pt2"
 DENSE_ONNX = "dense.onnx"
 PIPELINE = "pipeline.json"
 JOB = "job.json"
-_SCALE = "weights.scale"
 _UNKNOWN = UNKNOWN_PREFIX + WEIGHTS
 
 State = dict[str, np.ndarray]
@@ -302,17 +305,20 @@ def load_export(folder: Path) -> ServingModel:
     with _quiet_archive():
         program = torch.export.load(str(folder / DENSE))
     dense = ExportedDense(program, manifest.get("sequence_features", []))
-    model = ServingModel(job, pipeline, str(manifest["version"]), dense)
-    encoding = ROW_ENCODINGS.get(str(manifest.get("rows")))
-    if encoding is None:
+    if str(manifest.get("rows")) not in ROW_ENCODINGS:
         raise ExportError(f"{folder / MANIFEST}: rows: unknown encoding {manifest.get('rows')!r}")
-    states = {}
+    # The rows stay as stored; lookups decode the rows they read (FrozenTable).
+    plan = TrainPlan.from_job(job, pipeline.decoder.features)
+    if sorted(manifest["tables"]) != sorted(plan.tables):
+        raise ExportError(
+            f"{folder / MANIFEST}: tables {sorted(manifest['tables'])}, but {folder / JOB} "
+            f"has {sorted(plan.tables)}"
+        )
+    tables: dict[str, TableStore] = {}
     for name in manifest["tables"]:
-        stored = read_state(folder / "tables" / f"{name}.safetensors")
-        states[name] = {
-            IDS: stored[IDS],
-            WEIGHTS: encoding.decode(stored),
-            _UNKNOWN: stored[_UNKNOWN],
-        }
-    model.load_tables(states)
-    return model
+        path = folder / "tables" / f"{name}.safetensors"
+        try:
+            tables[name] = FrozenTable(name, read_state(path), plan.tables[name].shards)
+        except (KeyError, ValueError) as exc:
+            raise ExportError(f"{path}: not an exported table ({exc})") from exc
+    return ServingModel(job, pipeline, str(manifest["version"]), dense, tables)

@@ -4,7 +4,7 @@ Every ``poll_s`` it reads the run's ``checkpoints/latest``; a new checkpoint is
 applied by a decision of ``plan_update`` (a policy; the follower acts on it):
 
 - ``DELTA``: the new checkpoint's chain holds the one being served, so the
-  deltas after it (``load_link``: each one's changed rows only) are applied to
+  deltas after it (``read_link``: each one's changed rows only) are applied to
   the live tables in order, in one atomic update; the dense network is swapped
   in the same update when ``dense_every_s`` has passed since the last swap
   (``0``: with every checkpoint), else it stays;
@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from estuary.serve.checkpoints import model_from_checkpoint, serving_rows
+from estuary.serve.checkpoints import model_from_checkpoint, serving_key, serving_rows
+from estuary.serve.link_reader import read_link
 from estuary.serve.model import ServingModel
-from estuary.train.checkpoint import load_checkpoint, load_link
+from estuary.train.checkpoint import load_checkpoint
 from estuary.train.checkpoint_chain import (
     MANIFEST,
     CheckpointError,
@@ -55,7 +56,11 @@ logger = logging.getLogger(__name__)
 
 BACKGROUND_NICE = 10
 """Nice value of the follower thread: reading and verifying checkpoint files
-competes less with request handling on a busy machine."""
+competes less with request handling on a busy machine. A trade-off, measured
+both ways (docs/serving.md): on an overloaded machine the thread is preempted
+while it holds the GIL and requests wait for it (a delta took 280-530 ms of wall
+time against 80-110 ms at nice 0); on a less loaded one, at nice 0 it takes the
+CPU from requests (bench p99 ratio 1.16-1.36 at nice 0, 1.05 at nice 10)."""
 
 
 class UpdateKind(StrEnum):
@@ -167,11 +172,22 @@ class Follower:
             CheckpointError: the checkpoint does not load (the served model is unchanged).
         """
         latest = resolve_checkpoint(self.run_dir)
+        if latest.name == self.served.name:  # nothing new: no manifest parsed
+            return UpdateKind.NONE
         manifest = read_manifest(latest)
         dense_due = time.monotonic() - self._dense_at >= self.dense_every_s
         decision = plan_update(self.served.name, latest.name, chain_of(latest, manifest), dense_due)
         if decision.kind is UpdateKind.DELTA:
-            links = [load_link(latest.parent / name) for name in decision.links]
+            # Each file read once, only what lookups read parsed, as views of the
+            # bytes read (read_link: the GIL is held briefly; requests run meanwhile).
+            links = [
+                read_link(
+                    latest.parent / name,
+                    manifest if name == latest.name else None,
+                    table_keys=serving_key,
+                )
+                for name in decision.links
+            ]
             model = self.model.new_dense(links[-1].dense) if decision.dense else None
             dense_from = latest.name if model is not None else self.dense_from
             # Applied in order, in one update; only what lookups read.

@@ -8,6 +8,7 @@ estuary_serve_updates_total{kind}        updates applied while following a run
 estuary_serve_update_failures_total      checkpoints that could not be applied
 estuary_serve_update_age_seconds         seconds since the newest update
 estuary_serve_freshness_seconds          checkpoint commit -> served
+estuary_serve_table_bytes                bytes the serving tables hold (a standby copy not counted)
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ class ServeMetrics:
             registry=r,
         )
         age.set_function(lambda: time.time() - model.updated_at)
+        table_bytes = Gauge(
+            "estuary_serve_table_bytes",
+            "Bytes the serving tables hold: ids, rows as stored, scales, unknown rows "
+            "(training tables: also optimizer slots and index; a standby copy not counted).",
+            registry=r,
+        )
+        table_bytes.set_function(lambda: model.table_bytes)
         self.stall = Histogram(
             "estuary_serve_update_stall_seconds",
             "Time an update held predictions back (the model's lock held).",

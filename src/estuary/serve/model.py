@@ -116,6 +116,9 @@ class ServingModel:
         version: the initial model version's name.
         model: the dense network (e.g. ``ExportedDense``); ``None`` builds
             ``job.model.type`` (then load its weights, e.g. ``Checkpoint.restore_dense``).
+        tables: the tables, already holding their rows (e.g. an export's
+            ``FrozenTable``s); ``None`` builds the job's ``EmbeddingTable``s, empty
+            (then ``load_tables``).
     """
 
     def __init__(
@@ -124,23 +127,30 @@ class ServingModel:
         pipeline: FeaturePipeline,
         version: str,
         model: nn.Module | None = None,
+        tables: Mapping[str, TableStore] | None = None,
     ) -> None:
         self.job = job
         self.pipeline = pipeline
         self.plan = TrainPlan.from_job(job, pipeline.decoder.features)
-        self.engine, self.tables = self._side(model)
+        self.engine, self.tables = self._side(model, tables)
         # With ``keep_standby``: a second set of tables, kept one update behind
         # or level, that updates are written into while the first serves.
         self._standby: tuple[Engine, dict[str, TableStore]] | None = None
+        # A dense network no engine serves, refilled by ``new_dense`` (see there).
+        self._spare_dense: nn.Module | None = None
         self.version = version
         self.updated_at = time.time()  # wall time of the newest update applied
         self.last_stall_s = 0.0  # how long the newest update held predictions back
         self._lock = threading.Lock()
 
-    def _side(self, model: nn.Module | None) -> tuple[Engine, dict[str, TableStore]]:
-        """New tables and an Engine of the training code over them (so predictions
-        go the way eval's do; its dense optimizer is built, never stepped)."""
-        tables = build_tables(self.plan, None)
+    def _side(
+        self, model: nn.Module | None, given: Mapping[str, TableStore] | None = None
+    ) -> tuple[Engine, dict[str, TableStore]]:
+        """New tables (or ``given``) and an Engine of the training code over them (so
+        predictions go the way eval's do; its dense optimizer is built, never stepped)."""
+        if given is not None and sorted(given) != sorted(self.plan.tables):
+            raise ValueError(f"tables {sorted(given)}, the job has {sorted(self.plan.tables)}")
+        tables = dict(given) if given is not None else build_tables(self.plan, None)
         decoder = self.pipeline.decoder
         engine = build_engine(
             self.job,
@@ -162,6 +172,12 @@ class ServingModel:
         engine, tables = self._side(self.engine.model)
         restore(tables)
         self._standby = (engine, tables)
+
+    @property
+    def table_bytes(self) -> int:
+        """Bytes the serving tables hold (``TableStats.bytes``; a standby copy not
+        counted)."""
+        return sum(table.stats().bytes for table in self.tables.values())
 
     @property
     def dense_model(self) -> nn.Module:
@@ -196,9 +212,15 @@ class ServingModel:
                 table.load_state_dict(states[name])
 
     def new_dense(self, state: Mapping[str, torch.Tensor]) -> nn.Module:
-        """A copy of the serving dense network holding ``state`` (built outside
-        the lock; serve it with ``update``)."""
-        model = copy.deepcopy(self.engine.model)
+        """A dense network like the serving one holding ``state`` (filled outside
+        the lock; serve it with ``update``). The network an ``update`` replaced is
+        kept and refilled by the next call (weights copied in place), so a swap
+        builds no module: a deep copy of the network holds the GIL for several ms,
+        time the event loop waits. Each call's network is for one ``update``."""
+        model = self._spare_dense
+        self._spare_dense = None
+        if model is None:
+            model = copy.deepcopy(self.engine.model)
         model.load_state_dict(state)
         return model
 
@@ -219,19 +241,24 @@ class ServingModel:
             ValueError: a delta does not apply on its table's state (another base
                 version); the model is then unfit to serve until reloaded.
         """
+        replaced = self.engine.model if model is not None else None
         if self._standby is None:
             with self._lock:  # blocks predictions while the delta rows are written
                 started = time.perf_counter()
                 _apply(self.engine, self.tables, deltas, model)
                 self._serve(self.engine, self.tables, version, started)
+            self._spare_dense = replaced if replaced is not model else None
             return
         engine, tables = self._standby
-        _apply(engine, tables, deltas, model)  # off the request path
+        _apply(engine, tables, deltas, model, yield_gil=True)  # off the request path
         with self._lock:
             started = time.perf_counter()
             self._standby = (self.engine, self.tables)
             self._serve(engine, tables, version, started)
-        _apply(*self._standby, deltas, model)  # the copy served until now catches up
+        # The copy served until now catches up.
+        _apply(*self._standby, deltas, model, yield_gil=True)
+        # No engine holds the replaced network now: the next new_dense refills it.
+        self._spare_dense = replaced if replaced is not model else None
 
     def _serve(
         self, engine: Engine, tables: dict[str, TableStore], version: str, started: float
@@ -250,6 +277,7 @@ class ServingModel:
             started = time.perf_counter()
             self._standby = other._standby
             self._serve(other.engine, other.tables, other.version, started)
+        self._spare_dense = None
 
 
 def _apply(
@@ -257,10 +285,19 @@ def _apply(
     tables: Mapping[str, TableStore],
     deltas: Sequence[Mapping[str, dict[str, np.ndarray]]],
     model: nn.Module | None,
+    *,
+    yield_gil: bool = False,
 ) -> None:
-    """Apply ``deltas`` (in order) to ``tables`` and set ``engine``'s dense network."""
+    """Apply ``deltas`` (in order) to ``tables`` and set ``engine``'s dense network.
+
+    ``yield_gil`` (off the lock): after each table, hand the GIL to a waiting
+    thread (``time.sleep(0)``), so the event loop and the prediction thread run
+    between tables instead of waiting up to the interpreter's switch interval
+    (5 ms) behind a delta's numpy work."""
     for checkpoint in deltas:
         for name, delta in checkpoint.items():
             tables[name].apply_delta(delta)
+            if yield_gil:
+                time.sleep(0)
     if model is not None:
         engine.model = model
