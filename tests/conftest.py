@@ -66,3 +66,13 @@ def signal_in_step_6(tmp_path: Path) -> HeldRun:
         return proc.returncode, err
 
     return run
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2``): every test that runs Ray goes to one worker
+    (``--dist loadgroup``), so they share that worker's one local Ray instance
+    (tests/cluster/conftest.py) instead of each worker starting its own."""
+    for item in items:
+        path = Path(str(item.path))
+        if "cluster" in path.parts or "ray_instance" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
