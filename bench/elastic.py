@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shutil
 import tempfile
 import time
@@ -63,15 +64,26 @@ from estuary.runtime.scaling import Bounds, DLRoverRules, EstuaryPolicy, Policy
 from estuary.runtime.scaling.pool import PoolScaling
 
 COLUMNS = ["label", "I1", "I2", "C1", "C2"]
-HOURS, FILES, ROWS = 24, 20, 1000  # 480 splits of 1,000 rows: more than any run reads
+FILES, ROWS = 20, 1000  # an hour: 20 splits of 1,000 rows
+DATA_MARGIN = 2.0  # the data holds this many times what the trainer alone reads in a run
 BATCH = 256
 EXECUTOR_CPUS = 0.25  # logical: executors wait on the source, they need little CPU
 
 
-def write_data(root: Path) -> None:
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def hours_for(rows_per_s: float, seconds: float) -> int:
+    """Hours of data (``FILES x ROWS`` rows each) for ``DATA_MARGIN`` x what a
+    trainer at ``rows_per_s`` reads in ``seconds``: no run may run out of
+    splits (idle executors at the end of the data would read as surplus)."""
+    return max(24, math.ceil(DATA_MARGIN * rows_per_s * seconds / (FILES * ROWS)))
+
+
+def write_data(root: Path, hours: int) -> None:
     rng = np.random.default_rng(0)
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    for hour in range(HOURS):
+    start = START
+    for hour in range(hours):
         when = start + timedelta(hours=hour)
         folder = root / "data" / when.strftime("%Y%m%d") / when.strftime("%H")
         folder.mkdir(parents=True)
@@ -88,13 +100,13 @@ def write_data(root: Path) -> None:
         (folder / "_SUCCESS").write_text("")
 
 
-def make_job(root: Path, workers: int) -> JobSpec:
+def make_job(root: Path, workers: int, hours: int) -> JobSpec:
     source = {
         "name": "a",
         "path": "data/{{YYYY}}{{MM}}{{DD}}/{{HH}}/part-*.tsv",
         "columns": COLUMNS,
-        "start": "2026-01-01T00",
-        "end": "2026-01-02T00",
+        "start": START.strftime("%Y-%m-%dT%H"),
+        "end": (START + timedelta(hours=hours)).strftime("%Y-%m-%dT%H"),
     }
     raw: dict[str, Any] = {
         "data": {
@@ -309,13 +321,17 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="estuary-elastic-"))
     ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="WARNING")
     try:
-        write_data(root)
         grid = [int(x) for x in args.grid.split(",")]
         workers = max(args.max_executors, *grid)
-        job = make_job(root, workers)
         rate = trainer_rate(Trainer(args.hidden))
+        hours = hours_for(rate, max(args.run_s, args.static_s))
+        write_data(root, hours)
+        job = make_job(root, workers, hours)
         delay = args.need * ROWS / rate
-        print(f"trainer alone: {rate:.0f} rows/s; split delay {delay:.3f} s")
+        print(
+            f"trainer alone: {rate:.0f} rows/s; split delay {delay:.3f} s; "
+            f"{hours * FILES * ROWS:,} rows of data"
+        )
 
         static, series = {}, {}
         for n in grid:
@@ -348,6 +364,7 @@ def main() -> None:
                 "trainer_rows_per_s": round(rate, 1),
                 "delay_s": round(delay, 4),
                 "rows_per_split": ROWS,
+                "data_rows": hours * FILES * ROWS,
                 "batch_size": BATCH,
                 "interval_s": args.interval,
                 "run_s": args.run_s,
