@@ -69,8 +69,8 @@ def signal_in_step_6(tmp_path: Path) -> HeldRun:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2``): every test that runs Ray goes to one worker
-    (``--dist loadgroup``), so they share that worker's one local Ray instance
+    """Under pytest-xdist (``-n 2 --dist loadgroup``): every test that runs Ray
+    goes to one worker, so they share that worker's one local Ray instance
     (tests/cluster/conftest.py) instead of each worker starting its own."""
     for item in items:
         path = Path(str(item.path))
