@@ -3,10 +3,17 @@ start is paid once per session); the tests skip where Ray is not installed."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+# The environment before any test's ray.init: ray.init sets variables in its own
+# process (RAY_AUTH_MODE=token, RAY_CLIENT_MODE, PYTHONBREAKPOINT) that a
+# subprocess holding another cluster must not inherit (its Ray Client server
+# then fails to start).
+PRISTINE_ENV = dict(os.environ)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from ..graph.conftest import assert_every_row_once, write_hours
 from ..graph.test_multi_trainer import write_job
+from .conftest import PRISTINE_ENV
 
 pytestmark = pytest.mark.ray
 HOURS = 3
@@ -39,6 +40,7 @@ def cluster() -> Iterator[tuple[str, int]]:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env=PRISTINE_ENV,
     )
     assert holder.stdin is not None and holder.stdout is not None
     try:
@@ -68,7 +70,9 @@ def test_a_dataset_job_spreads_over_two_nodes_and_trains_every_row_once(
     }
     sets = [arg for k, v in runtime.items() for arg in ("--set", f"runtime.{k}={v}")]
     cmd = [sys.executable, "-m", "estuary.cli", "train", str(job), "--no-progress", *sets]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, check=False, env=PRISTINE_ENV
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["runtime"] == "ray" and summary["ray_nodes"] == 2
