@@ -80,10 +80,7 @@ def run(migrate_after: int | None, world_size: int = 2) -> tuple[dict[str, Any],
                 for step, ids in enumerate(rank_batches(r), start=1):
                     if r == 0 and migrate_after is not None and step == migrate_after + 2:
                         hold_for_the_fence(multi, switched)
-                    rows_t, rows_u = multi.lookup_many([t, u], [ids, ids[::-1].copy()], train=True)
-                    multi.apply_gradients_many(
-                        [t, u], [ids, ids[::-1].copy()], [rows_t * 0.5 + 0.1, rows_u - 0.2]
-                    )
+                    train_step(multi, t, u, ids)
                     if r == 0 and step == migrate_after:
                         reached.set()
                 t.wait_applied()
@@ -117,6 +114,13 @@ def run(migrate_after: int | None, world_size: int = 2) -> tuple[dict[str, Any],
         ]
         states["map"] = coordinator.slot_map
         return states, migrations
+
+
+def train_step(multi: ShardedPSClient, t: Any, u: Any, ids: np.ndarray) -> None:
+    """One sync step of one rank on both tables (``u`` sees the ids reversed)."""
+    rev = ids[::-1].copy()
+    rows_t, rows_u = multi.lookup_many([t, u], [ids, rev], train=True)
+    multi.apply_gradients_many([t, u], [ids, rev], [rows_t * 0.5 + 0.1, rows_u - 0.2])
 
 
 def hold_for_the_fence(client: ShardedPSClient, switched: threading.Event) -> None:

@@ -28,6 +28,7 @@ from .test_migration import (
     hosted,
     rank_batches,
     sorted_state,
+    train_step,
 )
 
 WORLD = 2
@@ -83,11 +84,7 @@ def train(
                     for step, ids in enumerate(rank_batches(r), start=1):
                         if r == 0 and change is not None and step == change_after + 2:
                             hold_for_the_fence(multi, switched)
-                        rev = ids[::-1].copy()
-                        rows_t, rows_u = multi.lookup_many([t, u], [ids, rev], train=True)
-                        multi.apply_gradients_many(
-                            [t, u], [ids, rev], [rows_t * 0.5 + 0.1, rows_u - 0.2]
-                        )
+                        train_step(multi, t, u, ids)
                         if r == 0 and step == change_after:
                             reached.set()
                     t.wait_applied()
