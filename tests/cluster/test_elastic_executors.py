@@ -115,8 +115,9 @@ def test_a_ray_job_with_scaling_on_trains_every_row_once_and_logs_its_timeline(
     raw["data"]["dataset"]["executor"].update(workers=4, lookahead_splits=4)
     raw["runtime"] = {
         "backend": "ray",
-        "roles": {"data_executor": {"count": 1, "min": 1, "max": 3, "cpus": 0.25}},
-        "scaling": {"enabled": True, "interval_s": 0.5},
+        # An ask far below what an executor process holds: the manager raises it.
+        "roles": {"data_executor": {"count": 1, "min": 1, "max": 3, "cpus": 0.25, "memory_mb": 16}},
+        "scaling": {"enabled": True, "interval_s": 0.5, "max_executor_memory_mb": 8192},
     }
     path.write_text(yaml.safe_dump(raw))
     result = RayRuntime().run(load_job(path), progress=False)
@@ -133,7 +134,19 @@ def test_a_ray_job_with_scaling_on_trains_every_row_once_and_logs_its_timeline(
     assert (folder / "scaling.png").stat().st_size > 0
     resizes = result.extra.get("data_executor_resizes", [])
     applied = [d for d in timeline["decisions"] if d["applied"]]
-    assert [r["to"] for r in resizes] == [d["new"] for d in applied]
+    assert [r["to"] for r in resizes] == [d["new"] for d in applied if d["knob"] == "executors"]
+    # The memory ask: raised once, to hold the peak that crossed 0.8 of 16 MiB.
+    # The memory ask: raised (from 16 MiB, far below what an executor holds) in
+    # strides of 1.5x at least, each to hold the peak that crossed 0.8 of it.
+    raised = [d for d in applied if d["knob"] == "executor_memory"]
+    assert 1 <= len(raised) <= 3 and raised[0]["old"] == 16
+    for d in raised:
+        peak = d["metrics"]["executor_peak_bytes"]
+        assert d["new"] >= 1.5 * d["old"] and d["new"] * 2**20 * 0.8 >= min(peak, 8192 * 2**20)
+    changes = result.extra["data_executor_memory_changes"]
+    assert changes == [{"from_mb": d["old"], "to_mb": d["new"]} for d in raised]
+    after = [s["executor_memory"] for s in timeline["snapshots"] if s["executor_memory"]][-1]
+    assert after["budget_bytes"] == raised[-1]["new"] * 2**20
 
 
 def test_on_ray_the_manager_caps_a_growing_ps_shard_before_its_budget(

@@ -90,10 +90,14 @@ def test_at_one_read_the_memory_ask_is_raised_to_its_maximum_at_most() -> None:
     assert EstuaryPolicy(SPEC, BOUNDS).decide(history) == []  # no maximum: nothing to raise
     raising = ScalingSpec(enabled=True, max_executor_memory_mb=1024)
     (d,) = EstuaryPolicy(raising, BOUNDS).decide(history)
-    assert (d.knob, d.old, d.new) == ("executor_memory", 200, 225)  # ceil(180 / 0.8)
+    assert (d.knob, d.old, d.new) == ("executor_memory", 200, 300)  # 1.5 x the ask
     capped = ScalingSpec(enabled=True, max_executor_memory_mb=210)
     (d,) = EstuaryPolicy(capped, BOUNDS).decide(history)
     assert d.new == 210
+    far_over = ExecutorMemory(100 * MB, 400 * MB, 200 * MB)
+    history = [snap(t, 2, 0.01, 0.9, 400.0, executor_memory=far_over) for t in (5, 10)]
+    (d,) = EstuaryPolicy(raising, BOUNDS).decide(history)
+    assert d.new == 500  # the peak at 0.8 of it: ceil(400 / 0.8)
     unbudgeted = ExecutorMemory(100 * MB, 180 * MB, None)
     history = [snap(t, 2, 0.01, 0.9, 400.0, executor_memory=unbudgeted) for t in (5, 10)]
     assert EstuaryPolicy(raising, BOUNDS).decide(history) == []

@@ -16,8 +16,9 @@ return ``Decision``s; the controller applies them (``estuary.runtime.scaling.con
 - executor memory (vertical): when the executor holding the most memory peaks
   above ``memory_target`` of its budget, lower its concurrent reads to what
   fits; at one read, raise every executor's memory ask so that peak sits at
-  ``memory_target`` (up to ``max_executor_memory_mb``; the pool replaces each
-  executor with one asking that much, handing its split on whole).
+  ``memory_target``, and by ``MEMORY_GROWTH`` x at least (up to
+  ``max_executor_memory_mb``; the pool replaces each executor with one asking
+  that much, handing its split on whole).
 - memory: fit each PS shard's rows to a line over the last intervals; when the
   forecast crosses its budget within ``memory_horizon_s`` (or it is past
   ``memory_target`` already), cap its rows so it stays at ``memory_target``.
@@ -57,6 +58,7 @@ __all__ = [
 
 ROW_SLACK = 1.5  # a table's arrays grow by up to 1.5x (hash index) ahead of its rows
 MIN_BUSY = 0.05  # below this the executors' supply rate is not measurable
+MEMORY_GROWTH = 1.5  # an executor memory raise asks at least this multiple of the ask
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,11 @@ class EstuaryPolicy:
         budget_mb = m.budget_bytes / 2**20
         if most is None or budget_mb >= most:
             return []
-        ask = min(most, math.ceil(m.peak_bytes / self.spec.memory_target / 2**20))
+        # Enough for the peak at the target, and at least MEMORY_GROWTH x the ask:
+        # a read's memory creeps up over the first ones (caches, JIT), and each
+        # raise replaces every executor, so raises come in strides, not steps.
+        fit = math.ceil(m.peak_bytes / self.spec.memory_target / 2**20)
+        ask = min(most, max(fit, math.ceil(MEMORY_GROWTH * budget_mb)))
         if ask <= budget_mb:
             return []
         trigger = (
