@@ -21,7 +21,7 @@ from estuary.nn.mixture_rules import MixtureRules, Rule
 from estuary.runtime.launcher import run_distributed
 from estuary.train import Trainer
 from estuary.train.checkpoint import load_checkpoint
-from estuary.train.mixture import MixturePlans, find_mixture
+from estuary.train.mixture import HistoryIds, MixturePlans, find_mixture
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 HOURS, ROWS, BATCH = 4, 600, 50
@@ -269,19 +269,38 @@ def test_bad_tower_and_split_settings_name_their_field(tmp_path: Path) -> None:
         Trainer(job_for(tmp_path, mixture_params(memory={"type": "nope"})))
 
 
-def test_two_trainers_equal_one_trainer_on_the_whole_batch(data_root: Path) -> None:
+@pytest.mark.parametrize("learns_new_ids", [False, True])
+def test_two_trainers_equal_one_trainer_on_the_whole_batch(
+    data_root: Path, learns_new_ids: bool
+) -> None:
     """``--nproc 2`` (sync): each rank takes half of every batch and picks the
     same plan from the batch's origin; the result is one trainer's on the whole
-    batch, memory tower frozen over the stream included."""
-    params = mixture_params(combine="sum")
+    batch, memory tower frozen over the stream included. With
+    ``memory_learns_new_ids`` every rank knows the history ids of both halves
+    (a rank's own half alone would call some of them new)."""
+    if learns_new_ids:
+        params = mixture_params(
+            combine="sum", embeddings="split", memory_dim=4, memory_learns_new_ids=True
+        )
+        dims = {"dim": 8}
+    else:
+        params, dims = mixture_params(combine="sum"), {}
     world = 2
-    job = job_for(data_root, params, mode="sync", progressive_eval=False, batch_size=BATCH // 2)
+    job = job_for(
+        data_root, params, mode="sync", progressive_eval=False, batch_size=BATCH // 2, **dims
+    )
     job = replace(job, output=replace(job.output, dir="out2"))
     result = run_distributed(job, trainers=world, startup_timeout_s=60)
     assert result.train_rows == HOURS * ROWS
-    reference = Trainer(job_for(data_root, params, mode="sync"))
+    reference = Trainer(job_for(data_root, params, mode="sync", **dims))
     _, boundary = fit_and_watch(reference)
     ckpt = load_checkpoint(data_root / "out2")
+    if learns_new_ids:
+        history = reference.checkpointer.extras["history_ids"]
+        assert isinstance(history, HistoryIds) and history.seen
+        saved = ckpt.extra("history_ids")
+        assert saved is not None
+        assert {f: set(t.tolist()) for f, t in saved.items()} == history.seen
     for key, value in reference.model.state_dict().items():
         torch.testing.assert_close(ckpt.dense[key], value, rtol=1e-5, atol=1e-6, msg=key)
         if key.startswith("memory."):

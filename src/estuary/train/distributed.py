@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -25,6 +26,7 @@ from estuary.config import JobSpec
 from estuary.data import TabularDataset
 from estuary.ps import HostedTable, PSClient, ShardedPSClient
 from estuary.train.feeds import rank_batches, rank_rows
+from estuary.train.mixture import IdsGather, MixturePlans
 from estuary.train.plan import TrainPlan, server_staleness
 from estuary.train.stop import STOP_POLL_STEPS, CollectiveStop
 from estuary.train.trainer import Trainer
@@ -33,6 +35,7 @@ __all__ = [
     "DATA_TIMEOUT",
     "STOP_POLL_STEPS",
     "DistributedTrainer",
+    "gather_ids",
     "rank_batches",
     "rank_rows",
     "server_staleness",
@@ -42,6 +45,23 @@ __all__ = [
 # How long a rank waits for rank 0's next data.dataset batch: as long as rank 0
 # may wait for data (readiness, idle streams); a failed rank 0 ends the run anyway.
 DATA_TIMEOUT = datetime.timedelta(days=7)
+
+
+def gather_ids(group: Any, world_size: int) -> IdsGather:
+    """An ``IdsGather`` over ``group``: every rank's int64 array, in rank order
+    (two all-gathers: the lengths, then the arrays padded to the longest)."""
+
+    def gather(ids: np.ndarray) -> list[np.ndarray]:
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+        dist.all_gather(sizes, torch.tensor([ids.size], dtype=torch.int64), group=group)
+        longest = max(int(n) for n in sizes)
+        padded = torch.zeros(longest, dtype=torch.int64)
+        padded[: ids.size] = torch.from_numpy(np.ascontiguousarray(ids, np.int64))
+        parts = [torch.empty(longest, dtype=torch.int64) for _ in range(world_size)]
+        dist.all_gather(parts, padded, group=group)
+        return [p[: int(n)].numpy() for p, n in zip(parts, sizes, strict=True)]
+
+    return gather
 
 
 def table_plan(job: JobSpec) -> dict[str, HostedTable]:
@@ -105,6 +125,10 @@ class DistributedTrainer(Trainer):
             # Stop polls: a one-int all-reduce every STOP_POLL_STEPS steps, on its own
             # group so it never interleaves with the data group's scatters.
             stop.group = dist.new_group(backend="gloo")
+            plans = self.plan_for
+            if isinstance(plans, MixturePlans) and plans.history_ids is not None:
+                # Each history step's ids reach every rank, on a group of their own.
+                plans.gather = gather_ids(dist.new_group(backend="gloo"), world_size)
 
     def server_figures(self) -> dict[str, int]:
         """The parameter server's step figures, once every rank's last step has

@@ -10,12 +10,16 @@ slice is read detached) and returns the plan::
     tables: {every table: rule.embeddings}  (left out at 0: an empty update)
 
 Every rank of a multi-trainer step sees the same batch origin, so all give each
-table the same scale, as the parameter server requires.
+table the same scale, as the parameter server requires. With
+``memory_learns_new_ids`` and several trainers, each history step's ids are
+gathered from every rank (``MixturePlans.gather``), so every rank knows the same
+history ids: a stream row's "new" columns do not depend on which rank trains it,
+and the set rank 0 checkpoints is the whole history's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -26,7 +30,17 @@ from estuary.nn.mixture import MixtureModel
 from estuary.nn.mixture_rules import RowKind, Rule
 from estuary.train.engine import UpdatePlan
 
-__all__ = ["HistoryIds", "MixturePlans", "find_mixture", "mixture_plan_for", "plan_of"]
+__all__ = [
+    "HistoryIds",
+    "IdsGather",
+    "MixturePlans",
+    "find_mixture",
+    "mixture_plan_for",
+    "plan_of",
+]
+
+# This rank's int64 array -> every rank's, in rank order (a collective).
+IdsGather = Callable[[np.ndarray], list[np.ndarray]]
 
 
 def find_mixture(model: nn.Module) -> MixtureModel | None:
@@ -71,6 +85,23 @@ class HistoryIds:
         for name, ids in batch.sparse.items():
             self.seen.setdefault(name, set()).update(ids.values.tolist())
 
+    def add_gathered(self, batch: Batch, features: Sequence[str], gather: IdsGather) -> None:
+        """Add the ids of ``batch`` on every rank (``gather``, a collective every
+        rank calls at the same step): each rank packs its distinct ids per
+        feature as ``[count per feature..., ids...]``."""
+        mine = [
+            np.unique(batch.sparse[f].values) if f in batch.sparse else np.zeros(0, np.int64)
+            for f in features
+        ]
+        packed = np.concatenate([np.array([u.size for u in mine], np.int64), *mine])
+        for part in gather(packed.astype(np.int64, copy=False)):
+            counts, ids = part[: len(features)], part[len(features) :]
+            bounds = np.concatenate([[0], np.cumsum(counts)])
+            for j, name in enumerate(features):
+                if counts[j]:
+                    values = ids[bounds[j] : bounds[j + 1]].tolist()
+                    self.seen.setdefault(name, set()).update(values)
+
     def new(self, batch: Batch, features: Sequence[str]) -> torch.Tensor:
         """(B, F) bool: True where none of the row's ids of that feature was
         ever in a history row (an empty bag: False)."""
@@ -92,7 +123,9 @@ class HistoryIds:
 class MixturePlans:
     """The batch -> plan function of a mixture (``mixture_plan_for``); sets the
     model's rule for the step. ``history_ids``: the ids history rows had (with
-    ``memory_learns_new_ids``, else ``None``), for the checkpoint."""
+    ``memory_learns_new_ids``, else ``None``), for the checkpoint; ``gather``:
+    with several trainers, how history ids reach every rank (set by the
+    distributed trainer; ``None``: this rank's batches only)."""
 
     def __init__(
         self, mixture: MixtureModel, tables: Iterable[str], features: Sequence[str] | None
@@ -104,12 +137,16 @@ class MixturePlans:
             "stream": plan_of(self.rules.stream, names),
         }
         self.history_ids = HistoryIds() if mixture.memory_learns_new_ids else None
+        self.gather: IdsGather | None = None
 
     def __call__(self, batch: Batch) -> UpdatePlan:
         kind = self.rules.kind(batch.origin)
         new = None
         if self.history_ids is not None:
-            if kind == "history":
+            if kind == "history" and self.gather is not None:
+                features = list(self.features or sorted(batch.sparse))
+                self.history_ids.add_gathered(batch, features, self.gather)
+            elif kind == "history":
                 self.history_ids.add(batch)
             else:
                 new = self.history_ids.new(batch, list(self.features or batch.sparse))
