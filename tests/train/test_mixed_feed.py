@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,9 @@ import torch.nn.functional as F
 from estuary.config import ConfigError, JobSpec, job_from_dict
 from estuary.data.graph import Progress
 from estuary.data.synthetic import SyntheticSpec, SynthOutput, write_synthetic
-from estuary.data.types import Batch
+from estuary.data.types import Batch, JaggedIds
 from estuary.train import Trainer
+from estuary.train.arrival import ArrivalScorer
 from estuary.train.callbacks import Callback, LoopState
 from estuary.train.checkpoint import load_checkpoint
 from estuary.train.feeds import GraphFeed
@@ -36,6 +38,7 @@ SPEC = SyntheticSpec(
     seed=5,
 )
 COLUMNS = ["label", "I1", "I2", "C1", "C2", "C3"]
+FEATURES = COLUMNS[3:]
 # 4 + 4 + 2 x 4 + 3 x 16 = 64 bytes a row (one id per feature)
 ROW_BYTES = 64
 
@@ -305,11 +308,56 @@ def test_loss_importance_scores_rows_on_arrival_and_keeps_the_wrong_ones(data_ro
     assert result.extra["progressive"]["rows"] == HOURS * ROWS
 
 
-def test_loss_importance_needs_sync_mode(data_root: Path) -> None:
-    buffer = {"capacity_bytes": 10**6, "importance": "loss"}
-    with pytest.raises(ConfigError) as err:
-        job_for(data_root, buffer, train_mode="hybrid")
-    assert err.value.path == "train.mixed_buffer.importance"
+def test_in_hybrid_mode_rows_are_scored_on_arrival_beside_the_step(
+    data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hybrid: rank 0 reads ahead on the prefetch thread while the step runs, and
+    an ``ArrivalScorer`` scores each batch there with a private copy of the dense
+    model: the step's state is untouched (every step still hands over its sparse
+    gradients), every row is scored once, and ``importance: loss`` keeps the
+    rows the model gets wrong."""
+    buffer = {**SURGE, "importance": "loss", "source_weights": {}}
+    trainer = Trainer(job_for(data_root, buffer, train_mode="hybrid"))
+    offered: list[tuple[Batch, np.ndarray]] = []
+    threads: set[str] = set()
+    score = ArrivalScorer.__call__
+
+    def scored(self: ArrivalScorer, batch: Batch) -> np.ndarray:
+        probs = score(self, batch)
+        offered.append((batch, probs))
+        threads.add(threading.current_thread().name)
+        return probs
+
+    monkeypatch.setattr(ArrivalScorer, "__call__", scored)
+    embeddings = trainer.engine.embeddings
+    gradients = embeddings.gradients
+    handed: list[int] = []
+
+    def counted() -> Any:
+        out = gradients()
+        handed.append(len(out))
+        return out
+
+    embeddings.gradients = counted  # type: ignore[method-assign]
+    trained: set[int] = set()
+    inner = trainer.engine.step
+
+    def step(batch: Batch, *args: Any, **kwargs: Any) -> float:
+        assert batch.row_ids is not None
+        trained.update(batch.row_ids.tolist())
+        return inner(batch, *args, **kwargs)
+
+    trainer.engine.step = step  # type: ignore[method-assign]
+    result = trainer.fit()
+    assert threading.current_thread().name not in threads  # beside the step
+    assert sum(b.num_rows for b, _ in offered) == HOURS * ROWS  # every row, once
+    assert handed and all(n == len(trainer.tables) for n in handed)
+    ids = np.concatenate([b.row_ids for b, _ in offered if b.row_ids is not None])
+    loss = np.concatenate([np.abs(b.labels - p) for b, p in offered])
+    kept = np.isin(ids, np.fromiter(trained, np.int64))
+    assert 0 < kept.sum() < kept.size and result.extra["rows_dropped"] == (~kept).sum()
+    assert loss[kept].mean() > loss[~kept].mean() + 0.005
+    assert result.extra["progressive"]["rows"] == HOURS * ROWS
 
 
 def test_loss_importance_takes_several_trainers(data_root: Path) -> None:
@@ -319,3 +367,38 @@ def test_loss_importance_takes_several_trainers(data_root: Path) -> None:
     feed.progress = Progress()
     assert feed._mixed_source(job, 0, 2, False) is not None
     assert feed._mixed_source(job, 1, 2, False) is None
+
+
+def test_an_arrival_score_leaves_the_step_in_progress_alone(data_root: Path) -> None:
+    """Between a step's forward and its gradients (where the read-ahead thread
+    may score a batch in hybrid mode) an ``ArrivalScorer`` call changes neither
+    the live model's mode nor the gradients the step hands over; its scores are
+    ``Engine.predict``'s."""
+    trainer = Trainer(job_for(data_root, SURGE, train_mode="hybrid"))
+    engine = trainer.engine
+    rng = np.random.default_rng(0)
+
+    def batch(low: int) -> Batch:  # ids of [low, low + 30) in every feature
+        return Batch(
+            labels=(rng.random(BATCH) < 0.3).astype(np.float32),
+            dense=rng.random((BATCH, 2)).astype(np.float32),
+            sparse={f: JaggedIds.single(rng.integers(low, low + 30, BATCH)) for f in FEATURES},
+        )
+
+    first, second = batch(0), batch(1000)
+    # Rows for the second batch's ids exist (a lookup that trains inserts them).
+    engine.lookup(second)
+    scorer = ArrivalScorer(engine)
+    engine.model.train()
+    engine.embeddings.train()
+    pooled, _ = engine.embeddings.embed(engine.lookup(first))  # a step's forward
+    (pooled * 2.0).sum().backward()
+    probs = scorer(second)
+    assert engine.model.training and engine.embeddings.training
+    grads = list(engine.embeddings.gradients())
+    assert grads  # the first batch's ids, each with its gradient
+    ids = np.unique(np.concatenate([g.ids for g in grads]))
+    want = np.unique(np.concatenate([first.sparse[f].values for f in FEATURES]))
+    np.testing.assert_array_equal(ids, want)
+    assert all(np.all(g.grads != 0) for g in grads)
+    np.testing.assert_allclose(probs, engine.predict(second), rtol=1e-6, atol=1e-7)

@@ -38,7 +38,7 @@ class MixedBufferSpec:
         normalize_weights: scale each step's importance weights to mean 1.
         order_by_importance: exponent of importance in the take/evict order.
         importance: ``none``, or ``loss``: each offered row is scored by the
-            model as it arrives (sync mode; rank 0 scores every rank's rows) and its importance is
+            model as it arrives (rank 0 scores every rank's rows) and its importance is
             also ``max(|y - p|, loss_floor)`` (rows the model gets wrong are
             kept first, with 1 / q weights).
         loss_floor: the least loss factor (in (0, 1]).
@@ -115,12 +115,6 @@ def check_mixed_buffer(job: JobSpec) -> None:
     if job.data.dataset is None:
         raise ConfigError(
             "train.mixed_buffer", "needs a data.dataset job (history and stream streams)"
-        )
-    if spec.importance == "loss" and job.train.mode != "sync":
-        raise ConfigError(
-            "train.mixed_buffer.importance",
-            f"loss scores each row as it arrives, between steps: needs train.mode=sync "
-            f"(got {job.train.mode})",
         )
     per_row = min_row_bytes(job)
     need = STEPS_HELD * job.train.batch_size * per_row

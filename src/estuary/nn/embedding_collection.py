@@ -297,11 +297,7 @@ class EmbeddingCollection(nn.Module):
         order), its padded rows (B, L, D) and mask (B, L), sharing memory with
         ``batch``. In training mode the padded rows are leaves that require grad
         too, and ``gradients()`` adds their per-position gradients to the ids'."""
-        pooled = torch.from_numpy(batch.pooled)  # (B, F, D), no copy
-        sequences = {
-            name: SequenceEmbedding(torch.from_numpy(values), torch.from_numpy(mask))
-            for name, (values, mask) in batch.sequences.items()
-        }
+        pooled, sequences = self.embedded(batch)
         if self.training and batch.tables:
             pooled.requires_grad_(True)
             for sequence in sequences.values():
@@ -309,6 +305,19 @@ class EmbeddingCollection(nn.Module):
             self._pending = (batch, pooled, [s.values for s in sequences.values()])
         else:
             self._pending = None
+        return pooled, sequences
+
+    @staticmethod
+    def embedded(
+        batch: LookedUpBatch,
+    ) -> tuple[torch.Tensor, dict[str, SequenceEmbedding]]:
+        """``embed``'s tensors with no gradient and no state touched: safe from a
+        thread other than the training step's (scoring rows as they arrive)."""
+        pooled = torch.from_numpy(batch.pooled)  # (B, F, D), no copy
+        sequences = {
+            name: SequenceEmbedding(torch.from_numpy(values), torch.from_numpy(mask))
+            for name, (values, mask) in batch.sequences.items()
+        }
         return pooled, sequences
 
     def gradients(self) -> Sequence[SparseGradients]:

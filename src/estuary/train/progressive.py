@@ -14,8 +14,9 @@ forward, no extra pass over the data) and files every row under:
   (the newest event time a row of the window can have, so the lag is a lower
   bound of each row's own, and exact to within one window).
 
-With ``train.mixed_buffer`` in sync mode rows are scored as they **arrive**,
-before the buffer (``score_on_arrival``): ``record_scores`` files every offered
+With ``train.mixed_buffer`` rows are scored as they **arrive**, before the
+buffer (``score_on_arrival``; in hybrid/async mode on the read-ahead thread by
+an ``ArrivalScorer``): ``record_scores`` files every offered
 row, including those the buffer later drops, by the model as it was when the row
 arrived; the step then files only the lag (``record_lag``). With several
 trainers rank 0 reads every row (its buffer feeds all ranks), so it scores them
@@ -43,6 +44,7 @@ from estuary.data.graph.progress import Progress
 from estuary.data.types import Batch, Int64Array
 from estuary.metrics.progressive import NEW_IDS, ProgressiveCollector, ProgressiveStats
 from estuary.metrics.training import TrainingMetrics
+from estuary.train.arrival import ArrivalScorer
 from estuary.train.callbacks import LoopState
 from estuary.train.engine import Engine
 from estuary.train.feeds import Feed, GraphFeed
@@ -179,32 +181,20 @@ def progressive_for(
 def score_on_arrival(
     feed: Feed, engine: Engine, progressive: ProgressiveEval | None, state: LoopState
 ) -> bool:
-    """With ``train.mixed_buffer`` in sync mode (rank 0 holds the buffer): each
-    arriving batch is scored by ``engine.predict`` before the buffer takes it
-    (for ``importance: loss``, and for ``progressive`` at arrival, dropped rows
-    included), between two steps. Returns whether it is on (the loop then files
-    only the lag of trained steps).
-
-    In ``hybrid``/``async`` mode rank 0 reads ahead on the prefetch thread while
-    the step runs, so a forward there would race the training step's: rows are
-    scored by the step that trains them instead.
-
-    Raises:
-        ConfigError: ``importance: loss`` in another mode.
-    """
+    """With ``train.mixed_buffer`` (rank 0 holds the buffer): each arriving
+    batch is scored before the buffer takes it (for ``importance: loss``, and
+    for ``progressive`` at arrival, dropped rows included). In sync mode by
+    ``engine.predict``, between two steps; in ``hybrid``/``async`` mode rank 0
+    reads ahead on the prefetch thread while the step runs, so by an
+    ``ArrivalScorer`` (a private copy of the dense model, read-only lookups).
+    Returns whether progressive scores are filed on arrival (the loop then files
+    only the lag of trained steps)."""
     mixed = feed.mixed if isinstance(feed, GraphFeed) else None
-    if mixed is None:
+    if mixed is None or (progressive is None and not mixed.scores_on_arrival):
         return False
-    possible = engine.train.mode == "sync"
-    if mixed.scores_on_arrival and not possible:
-        raise ConfigError(
-            "train.mixed_buffer.importance",
-            "loss scores each row as it arrives, between steps: needs train.mode=sync "
-            f"(got {engine.train.mode})",
-        )
-    if not possible or (progressive is None and not mixed.scores_on_arrival):
-        return False
-    mixed.scorer = engine.predict
+    # sync: between two steps, on the step's thread; else on the read-ahead
+    # thread while the step runs, with a private copy of the dense model.
+    mixed.scorer = engine.predict if engine.train.mode == "sync" else ArrivalScorer(engine)
     if progressive is not None:
         mixed.on_scored = progressive.record_scores
         if state.world_size > 1:
