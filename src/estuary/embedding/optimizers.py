@@ -5,13 +5,13 @@ Storage layout (one float32 array per shard, shape (R, W), row-major)::
     row r:  [ weights (D) | state slot 1 (D) | ... | state slot k (D) | scalars (s) ]
             W = D * (1 + k) + s
 
-    sgd              k=0 s=0   W = D
-    adagrad          k=1 s=0   W = 2D    accum
-    adam             k=2 s=1   W = 3D+1  exp_avg, exp_avg_sq | step
-    ftrl             k=2 s=0   W = 3D    accum (n), linear (z)
-    rowwise_adagrad  k=0 s=1   W = D+1   | accum (of the row's mean g^2)
+    sgd                   k=0 s=0   W = D
+    adagrad               k=1 s=0   W = 2D    accum
+    adam                  k=2 s=1   W = 3D+1  exp_avg, exp_avg_sq | step
+    ftrl                  k=2 s=0   W = 3D    accum (n), linear (z)
+    rowwise_adagrad       k=0 s=1   W = D+1   | accum (of the row's mean g^2)
     rowwise_adagrad_elem  k=0 s=1   W = D+1   | accum (the same)
-    rowwise_adam     k=1 s=2   W = 2D+2  exp_avg | exp_avg_sq (row mean), step
+    rowwise_adam          k=1 s=2   W = 2D+2  exp_avg | exp_avg_sq (row mean), step
 
 The state sits beside its row so one update touches one contiguous W-float span
 (one or a few cache lines) instead of k+1 scattered ones. ``step`` is a per-row
