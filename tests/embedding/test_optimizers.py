@@ -297,3 +297,23 @@ def test_rowwise_optimizers_keep_one_state_float_per_row(name: str, width: int) 
     if name == "rowwise_adam":
         assert state["opt.exp_avg"].shape == (N_IDS, DIM)
         np.testing.assert_array_equal(state["opt.step"], np.ones(N_IDS, np.float32))
+
+
+def test_rowwise_adagrad_elem_takes_full_adagrads_first_step() -> None:
+    """A fresh row (accumulator 0) moves as under full Adagrad, ``lr g_j / |g_j|``
+    per element, not ``rowwise_adagrad``'s ``lr g_j / rms(g)``; its one state
+    float then holds the row's mean g^2."""
+    grads = np.random.default_rng(5).normal(size=(N_IDS, DIM)).astype(np.float32)
+    moved = {}
+    for name in ("adagrad", "rowwise_adagrad_elem", "rowwise_adagrad"):
+        shard = _shard(SparseOptimizerSpec(name=name, lr=0.1))
+        before = shard.lookup(IDS, train=True)
+        shard.apply_gradients(IDS, grads)
+        moved[name] = shard.lookup(IDS, train=False) - before
+        if name == "rowwise_adagrad_elem":
+            state = shard.state_dict()
+            accum = dict(zip(state["ids"].tolist(), state["opt.accum"].tolist(), strict=True))
+            want = (grads * grads).mean(axis=1)
+            np.testing.assert_allclose([accum[i] for i in IDS.tolist()], want, rtol=1e-6)
+    np.testing.assert_allclose(moved["rowwise_adagrad_elem"], moved["adagrad"], atol=1e-6)
+    assert np.abs(moved["rowwise_adagrad"] - moved["adagrad"]).max() > 0.01
