@@ -70,6 +70,7 @@ OPTIMIZERS.register("adagrad", "estuary.embedding.optimizers:Adagrad")
 OPTIMIZERS.register("adam", "estuary.embedding.optimizers:Adam")
 OPTIMIZERS.register("ftrl", "estuary.embedding.optimizers:FTRL")
 OPTIMIZERS.register("rowwise_adagrad", "estuary.embedding.optimizers:RowwiseAdagrad")
+OPTIMIZERS.register("rowwise_adagrad_elem", "estuary.embedding.optimizers:RowwiseAdagradElem")
 OPTIMIZERS.register("rowwise_adam", "estuary.embedding.optimizers:RowwiseAdam")
 
 INITIALIZERS: Registry[Any] = Registry("initializer", group="estuary.initializers")

@@ -25,7 +25,8 @@ A third-party package declares, in its ``pyproject.toml``::
 
 An unknown name is a ``ConfigError`` naming the field path and the known names:
 ``get`` says ``model.embedding.default.optimizer.name: sparse optimizer 'lamb' is
-unknown (available: adagrad, adam, ftrl, rowwise_adagrad, rowwise_adam, sgd)``;
+unknown (available: adagrad, adam, ftrl, rowwise_adagrad, rowwise_adagrad_elem,
+rowwise_adam, sgd)``;
 ``check``, which the config loader runs on every name in a job file, words it like
 any closed choice there (``must be one of 'sgd', 'adagrad', 'adam', ...; got str
 'lamb'``).

@@ -44,7 +44,9 @@ def train(table: EmbeddingTable, steps: int, seed: int = 0) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "adagrad", "adam"])
+@pytest.mark.parametrize(
+    "optimizer", ["rowwise_adagrad", "rowwise_adagrad_elem", "adagrad", "adam"]
+)
 def test_16_bit_training_follows_the_fp32_table(dtype: str, optimizer: str) -> None:
     opt = SparseOptimizerSpec(name=optimizer, lr=0.05)
     ref = EmbeddingTable(replace(SPEC, optimizer=opt), seed=3, name="t")
@@ -134,10 +136,14 @@ def test_an_unknown_dtype_is_a_config_error_naming_the_field() -> None:
         merge_table(TableSpec(), {"dtype": "fp8"}, "model.embedding.tables.C1")
 
 
+@pytest.mark.parametrize("name", ["rowwise_adagrad", "rowwise_adagrad_elem"])
 def test_fused_bf16_rowwise_adagrad_gives_the_bits_of_the_generic_path(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
-    opt = SparseOptimizerSpec(name="rowwise_adagrad", lr=0.05, weight_decay=0.1, clip=0.3)
+    assert (type(optimizers.make_optimizer(SparseOptimizerSpec(name=name), 7)), "bf16") in (
+        half_updates.FUSED_HALF_UPDATES
+    )
+    opt = SparseOptimizerSpec(name=name, lr=0.05, weight_decay=0.1, clip=0.3)
     spec = replace(SPEC, dim=7, optimizer=opt, dtype="bf16")
 
     def trained() -> dict[str, np.ndarray]:

@@ -198,7 +198,10 @@ def test_ftrl_matches_reference_formula(lr_power: float) -> None:
 def test_unknown_optimizer_name_lists_registered() -> None:
     spec = SparseOptimizerSpec.__new__(SparseOptimizerSpec)
     object.__setattr__(spec, "name", "lamb")
-    with pytest.raises(ValueError, match="adagrad, adam, ftrl, rowwise_adagrad, rowwise_adam, sgd"):
+    with pytest.raises(
+        ValueError,
+        match="adagrad, adam, ftrl, rowwise_adagrad, rowwise_adagrad_elem, rowwise_adam, sgd",
+    ):
         make_optimizer(spec, DIM)
 
 
@@ -241,6 +244,10 @@ def _reference_rowwise(
         if name == "rowwise_adagrad":
             accum[pos] += (g * g).mean(axis=1)
             w[pos] -= lr * g / (np.sqrt(accum[pos]) + eps)[:, None]
+        elif name == "rowwise_adagrad_elem":
+            # The row's past accumulator plus each element's own square of this step.
+            w[pos] -= lr * g / (np.sqrt(accum[pos][:, None] + g * g) + eps)
+            accum[pos] += (g * g).mean(axis=1)
         else:
             t[pos] += 1
             m[pos] = b1 * m[pos] + (1 - b1) * g
@@ -252,10 +259,11 @@ def _reference_rowwise(
     return w, shard
 
 
-@pytest.mark.parametrize("name", ["rowwise_adagrad", "rowwise_adam"])
+@pytest.mark.parametrize("name", ["rowwise_adagrad", "rowwise_adagrad_elem", "rowwise_adam"])
 @pytest.mark.parametrize(("decay", "clip"), [(0.0, 1e9), (0.05, 0.4)])
 def test_rowwise_optimizers_match_the_reference(name: str, decay: float, clip: float) -> None:
-    params = {"initial_accumulator": 0.1} if name == "rowwise_adagrad" else {"beta1": 0.8}
+    adagrad = name.startswith("rowwise_adagrad")
+    params = {"initial_accumulator": 0.1} if adagrad else {"beta1": 0.8}
     want, shard = _reference_rowwise(name, 0.3, decay, clip, **params)
     got = shard.lookup(IDS, train=False)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
@@ -263,7 +271,12 @@ def test_rowwise_optimizers_match_the_reference(name: str, decay: float, clip: f
 
 
 @pytest.mark.parametrize(
-    ("name", "width"), [("rowwise_adagrad", DIM + 1), ("rowwise_adam", 2 * DIM + 2)]
+    ("name", "width"),
+    [
+        ("rowwise_adagrad", DIM + 1),
+        ("rowwise_adagrad_elem", DIM + 1),
+        ("rowwise_adam", 2 * DIM + 2),
+    ],
 )
 def test_rowwise_optimizers_keep_one_state_float_per_row(name: str, width: int) -> None:
     """The point of them: Adagrad's D accumulators become 1, Adam's D second
@@ -274,9 +287,33 @@ def test_rowwise_optimizers_keep_one_state_float_per_row(name: str, width: int) 
     shard.lookup(IDS, train=True)
     shard.apply_gradients(IDS, np.ones((N_IDS, DIM), np.float32))
     state = shard.state_dict()
-    scalars = {"rowwise_adagrad": ["opt.accum"], "rowwise_adam": ["opt.exp_avg_sq", "opt.step"]}
+    scalars = {
+        "rowwise_adagrad": ["opt.accum"],
+        "rowwise_adagrad_elem": ["opt.accum"],
+        "rowwise_adam": ["opt.exp_avg_sq", "opt.step"],
+    }
     for key in scalars[name]:
         assert state[key].shape == (N_IDS,), key
     if name == "rowwise_adam":
         assert state["opt.exp_avg"].shape == (N_IDS, DIM)
         np.testing.assert_array_equal(state["opt.step"], np.ones(N_IDS, np.float32))
+
+
+def test_rowwise_adagrad_elem_takes_full_adagrads_first_step() -> None:
+    """A fresh row (accumulator 0) moves as under full Adagrad, ``lr g_j / |g_j|``
+    per element, not ``rowwise_adagrad``'s ``lr g_j / rms(g)``; its one state
+    float then holds the row's mean g^2."""
+    grads = np.random.default_rng(5).normal(size=(N_IDS, DIM)).astype(np.float32)
+    moved = {}
+    for name in ("adagrad", "rowwise_adagrad_elem", "rowwise_adagrad"):
+        shard = _shard(SparseOptimizerSpec(name=name, lr=0.1))
+        before = shard.lookup(IDS, train=True)
+        shard.apply_gradients(IDS, grads)
+        moved[name] = shard.lookup(IDS, train=False) - before
+        if name == "rowwise_adagrad_elem":
+            state = shard.state_dict()
+            accum = dict(zip(state["ids"].tolist(), state["opt.accum"].tolist(), strict=True))
+            want = (grads * grads).mean(axis=1)
+            np.testing.assert_allclose([accum[i] for i in IDS.tolist()], want, rtol=1e-6)
+    np.testing.assert_allclose(moved["rowwise_adagrad_elem"], moved["adagrad"], atol=1e-6)
+    assert np.abs(moved["rowwise_adagrad"] - moved["adagrad"]).max() > 0.01

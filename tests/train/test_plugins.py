@@ -140,7 +140,8 @@ def test_an_unknown_optimizer_lists_the_known_names_with_the_field_path(tmp_path
         estuary.load_job(path)
     assert str(err.value) == (
         "model.embedding.default.optimizer.name: must be one of 'sgd', 'adagrad', 'adam', "
-        "'ftrl', 'rowwise_adagrad', 'rowwise_adam'; got str 'adagard' (did you mean 'adagrad'?)"
+        "'ftrl', 'rowwise_adagrad', 'rowwise_adagrad_elem', 'rowwise_adam'; got str 'adagard' "
+        "(did you mean 'adagrad'?)"
     )
 
 

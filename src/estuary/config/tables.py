@@ -42,7 +42,9 @@ __all__ = [
 # implementation (``estuary.plugins``): these fields are typed ``str`` and checked
 # against the registry at load.
 InitializerName = Literal["uniform", "normal", "truncated_normal", "zeros"]
-OptimizerName = Literal["sgd", "adagrad", "adam", "ftrl", "rowwise_adagrad", "rowwise_adam"]
+OptimizerName = Literal[
+    "sgd", "adagrad", "adam", "ftrl", "rowwise_adagrad", "rowwise_adagrad_elem", "rowwise_adam"
+]
 PoolingName = Literal["sum", "mean", "none"]
 # How a table stores its weights (optimizer state is always float32).
 RowDtype = Literal["fp32", "fp16", "bf16"]
@@ -82,11 +84,12 @@ class SparseOptimizerSpec:
 
     Args:
         name: ``sgd``, ``adagrad``, ``adam``, ``ftrl``, ``rowwise_adagrad``,
-            ``rowwise_adam``, or another registered optimizer (``register_optimizer``).
+            ``rowwise_adagrad_elem``, ``rowwise_adam``, or another registered optimizer
+            (``register_optimizer``).
         lr: learning rate (> 0).
         eps: numerical floor in the denominator (adagrad, adam and their row-wise forms).
         initial_accumulator: starting value of the squared-gradient sum (adagrad,
-            rowwise_adagrad, ftrl).
+            rowwise_adagrad, rowwise_adagrad_elem, ftrl).
         beta1: adam (and rowwise_adam) first-moment decay.
         beta2: adam (and rowwise_adam) second-moment decay.
         l1: ftrl L1 strength.

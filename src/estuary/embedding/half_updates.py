@@ -22,8 +22,11 @@ from numba import njit
 
 from estuary.embedding.optimizers import (
     RowwiseAdagrad,
+    RowwiseAdagradElem,
     SparseOptimizer,
     _clamp,
+    _elementwise_current_step,
+    _row_mean_square,
     _rowwise_adagrad_rate,
 )
 from estuary.embedding.precision import (
@@ -98,6 +101,62 @@ def _rowwise_adagrad_bf16(
     )  # fmt: skip
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rowwise_adagrad_elem_bf16_kernel(
+    storage: Float32Array,
+    bits: Any,
+    rows: Int64Array,
+    ids: Int64Array,
+    grads: Float32Array,
+    words: int,
+    key: np.uint64,
+    lr: float,
+    eps: float,
+    decay: float,
+    clip: float,
+) -> None:
+    # optimizers._rowwise_adagrad_elem_kernel on bf16 weights, drawn and rounded
+    # as in _rowwise_adagrad_bf16_kernel.
+    dim = grads.shape[1]
+    lr32 = np.float32(lr)
+    eps32 = np.float32(eps)
+    decay32 = np.float32(decay)
+    clip32 = np.float32(clip)
+    width = storage.shape[1]
+    offsets = element_offsets(dim)
+    for n in range(rows.size):
+        if n + ROWS_AHEAD < rows.size:
+            prefetch_span(storage, rows[n + ROWS_AHEAD] * width, width)
+        r = rows[n]
+        past = storage[r, words]
+        seed = row_seed(key, ids[n])
+        for j in range(dim):
+            step = _elementwise_current_step(past, grads[n, j], lr32, eps32)
+            w = bf16_to_f32(bits[r, j]) * decay32 - step
+            rnd = counter_bits(np.uint32(seed + offsets[j]))
+            bits[r, j] = f32_to_bf16_sr(_clamp(w, clip32), rnd)
+        storage[r, words] = past + _row_mean_square(grads, n)
+
+
+def _rowwise_adagrad_elem_bf16(
+    optimizer: RowwiseAdagradElem,
+    storage: Float32Array,
+    bits: np.ndarray,
+    rows: Int64Array,
+    ids: Int64Array,
+    grads: Float32Array,
+    lr: float,
+    decay: float,
+    words: int,
+    key: int,
+) -> None:
+    _rowwise_adagrad_elem_bf16_kernel(
+        storage, bits, rows, ids, grads, words, np.uint64(key),
+        lr, optimizer.params.eps, decay, optimizer.clip,
+    )  # fmt: skip
+
+
 FUSED_HALF_UPDATES: dict[tuple[type[SparseOptimizer], str], HalfUpdate] = {
     (RowwiseAdagrad, "bf16"): _rowwise_adagrad_bf16,
+    (RowwiseAdagradElem, "bf16"): _rowwise_adagrad_elem_bf16,
 }

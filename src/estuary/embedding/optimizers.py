@@ -5,12 +5,13 @@ Storage layout (one float32 array per shard, shape (R, W), row-major)::
     row r:  [ weights (D) | state slot 1 (D) | ... | state slot k (D) | scalars (s) ]
             W = D * (1 + k) + s
 
-    sgd              k=0 s=0   W = D
-    adagrad          k=1 s=0   W = 2D    accum
-    adam             k=2 s=1   W = 3D+1  exp_avg, exp_avg_sq | step
-    ftrl             k=2 s=0   W = 3D    accum (n), linear (z)
-    rowwise_adagrad  k=0 s=1   W = D+1   | accum (of the row's mean g^2)
-    rowwise_adam     k=1 s=2   W = 2D+2  exp_avg | exp_avg_sq (row mean), step
+    sgd                   k=0 s=0   W = D
+    adagrad               k=1 s=0   W = 2D    accum
+    adam                  k=2 s=1   W = 3D+1  exp_avg, exp_avg_sq | step
+    ftrl                  k=2 s=0   W = 3D    accum (n), linear (z)
+    rowwise_adagrad       k=0 s=1   W = D+1   | accum (of the row's mean g^2)
+    rowwise_adagrad_elem  k=0 s=1   W = D+1   | accum (the same)
+    rowwise_adam          k=1 s=2   W = 2D+2  exp_avg | exp_avg_sq (row mean), step
 
 The state sits beside its row so one update touches one contiguous W-float span
 (one or a few cache lines) instead of k+1 scattered ones. ``step`` is a per-row
@@ -292,6 +293,44 @@ def _rowwise_adagrad_kernel(
         for j in range(dim):
             w = storage[r, j] * decay32 - step * grads[n, j]
             storage[r, j] = _clamp(w, clip32)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _elementwise_current_step(
+    past: np.float32, g: np.float32, lr32: np.float32, eps32: np.float32
+) -> np.float32:
+    """``rowwise_adagrad_elem``'s step of one element: ``lr g / (sqrt(past + g^2)
+    + eps)``, ``past`` the row's accumulator before this update."""
+    return lr32 * g / (np.sqrt(past + g * g) + eps32)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rowwise_adagrad_elem_kernel(
+    storage: Float32Array,
+    rows: Int64Array,
+    grads: Float32Array,
+    dim: int,
+    lr: float,
+    eps: float,
+    decay: float,
+    clip: float,
+) -> None:
+    # Row-wise Adagrad's accumulator (the row's summed mean g^2) stands in for
+    # each element's past; the element's own g^2 is this step's term.
+    lr32 = np.float32(lr)
+    eps32 = np.float32(eps)
+    decay32 = np.float32(decay)
+    clip32 = np.float32(clip)
+    width = storage.shape[1]
+    for n in range(rows.size):
+        if n + ROWS_AHEAD < rows.size:
+            prefetch_span(storage, rows[n + ROWS_AHEAD] * width, width)
+        r = rows[n]
+        past = storage[r, dim]
+        for j in range(dim):
+            w = storage[r, j] * decay32 - _elementwise_current_step(past, grads[n, j], lr32, eps32)
+            storage[r, j] = _clamp(w, clip32)
+        storage[r, dim] = past + _row_mean_square(grads, n)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -627,6 +666,36 @@ class RowwiseAdagrad(SparseOptimizer):
     ) -> None:
         s = self.params
         _rowwise_adagrad_kernel(storage, rows, grads, self.dim, lr, s.eps, decay, self.clip)
+
+
+@register_optimizer("rowwise_adagrad_elem")
+class RowwiseAdagradElem(SparseOptimizer):
+    """Row-wise Adagrad with each element's own current square: one accumulator
+    per row, as ``rowwise_adagrad``, standing in for each element's past
+    squares, plus the element's own ``g_j^2`` of this step::
+
+        w_j -= lr * g_j / (sqrt(accum + g_j^2) + eps);  then accum += mean_j(g_j^2)
+
+    Adagrad's per-element accumulator after the step is its past plus ``g_j^2``;
+    ``rowwise_adagrad`` replaces both by row means, this only the past (the
+    sparse path of SM3, Anil et al. 2019, keeps the same sum with the row's
+    max instead of its mean). A fresh row's first step is Adagrad's own
+    (``lr * g_j / |g_j|``), later ones tend to row-wise Adagrad's as the
+    accumulator outgrows one step's squares. State: 1 float per row (D + 1
+    floats per row in all), as ``rowwise_adagrad``."""
+
+    scalar_names = ("accum",)
+    params_type = AdagradParams
+    params: AdagradParams
+
+    def initial_values(self) -> dict[str, float]:
+        return {"accum": self.params.initial_accumulator}
+
+    def update(
+        self, storage: Float32Array, rows: Int64Array, grads: Float32Array, lr: float, decay: float
+    ) -> None:
+        s = self.params
+        _rowwise_adagrad_elem_kernel(storage, rows, grads, self.dim, lr, s.eps, decay, self.clip)
 
 
 @register_optimizer("rowwise_adam")
