@@ -29,11 +29,13 @@ from estuary.config.scaling import ScalingSpec
 from estuary.config.spec import RoleResources
 from estuary.embedding import EmbeddingTable
 from estuary.ps import HostedTable, PSClient, ServerConfig
-from estuary.ps.sharded import ShardedPSClient
+from estuary.ps.sharded import ROUTING_METADATA, ShardedPSClient
 from estuary.runtime.ray.actors import ServerActor, kill_all
 from estuary.runtime.ray.scaling import RayShards, ServerSpawner
 from estuary.runtime.scaling import Bounds, Controller, Decision, EstuaryPolicy
+from estuary.train import load_checkpoint
 
+from ..distributed.conftest import write_job
 from .test_hot_shard import SEED, SPEC, StepClock
 
 pytestmark = pytest.mark.ray
@@ -218,3 +220,36 @@ def test_a_merge_retires_a_shard_between_steps_every_row_once(ray_instance: Any)
         shards.close()
         kill_all(servers)
     assert_same_rows(state, train_locally(batches))
+
+
+def test_a_resume_starts_the_shards_the_checkpoint_had(ray_instance: Any, tmp_path: Path) -> None:
+    """A run whose PS shards may change (``runtime.roles.ps.max`` above ``min``,
+    a PS memory budget, the manager on) records its shards and slot map in every
+    checkpoint; a resume starts that many shards, whatever the job's count (a
+    split or merge changed it): one beyond the placement group here. Trained
+    as the local runtime trains."""
+    from estuary.cli import main
+
+    from .test_ray_runtime import assert_same_tables, sets
+
+    job_path = write_job(tmp_path)
+    elastic = [
+        "runtime.backend=ray",
+        "runtime.roles.ps.min=1",
+        "runtime.roles.ps.max=3",
+        "runtime.ray.ps.memory_mb=1",
+        "runtime.scaling.enabled=true",
+        "runtime.scaling.interval_s=0.5",
+        "runtime.scaling.merge_below=0.001",  # ~5 KB shards: no merge, no split here
+    ]
+    ray_run = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "ray")]
+    assert main([*ray_run, *sets(*elastic, "runtime.ps_shards=2", "train.epochs=1")]) == 0
+    first = load_checkpoint(tmp_path / "ray" / "checkpoints").manifest["metadata"]
+    assert first[ROUTING_METADATA]["servers"] == 2
+    # The job now says one shard; the checkpoint had two: two come back.
+    assert main([*ray_run, "--resume", *sets(*elastic, "runtime.ps_shards=1")]) == 0
+    again = load_checkpoint(tmp_path / "ray" / "checkpoints").manifest["metadata"]
+    assert again[ROUTING_METADATA]["servers"] == 2
+    local = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "local")]
+    assert main([*local, *sets("runtime.ps_shards=2")]) == 0
+    assert_same_tables(tmp_path / "ray", tmp_path / "local")

@@ -52,7 +52,7 @@ from estuary.config import JobSpec
 from estuary.config.spec import RoleResources
 from estuary.ps import PSClient, ServerConfig
 from estuary.ps.migration import Migration
-from estuary.ps.sharded import ShardedPSClient
+from estuary.ps.sharded import ROUTING_METADATA, ShardedPSClient
 from estuary.ps.types import PSError
 from estuary.runtime.ray.actors import ServerActor, kill_all
 from estuary.runtime.ray.plane import ActorPSClient
@@ -60,6 +60,7 @@ from estuary.runtime.scaling.controller import Controller
 from estuary.runtime.scaling.metrics import ShardMetrics, Snapshot
 from estuary.runtime.scaling.policy import Bounds, Decision, EstuaryPolicy
 from estuary.runtime.scaling.rebalance import plan_moves
+from estuary.train.checkpoint_chain import CheckpointError, read_manifest, resolve_checkpoint
 
 __all__ = [
     "PSScaling",
@@ -67,6 +68,7 @@ __all__ = [
     "ServerSpawner",
     "elastic_shards",
     "ps_scaling_manager",
+    "resumed_shard_count",
     "split_slots",
 ]
 
@@ -367,6 +369,25 @@ def elastic_shards(job: JobSpec) -> bool:
         and role.max > role.min
         and job.runtime.ray.data_plane == "socket"
     )
+
+
+def resumed_shard_count(job: JobSpec) -> int | None:
+    """The PS shards the newest checkpoint in ``output.dir`` was written with
+    (its manifest's ``ps_routing.servers``: a split or merge changed them), when
+    the job may add and retire shards (``elastic_shards``) and the count lies
+    within ``runtime.roles.ps.min`` and ``max``; else ``None`` (the job's count:
+    the rows are split by its map, none lost)."""
+    if not elastic_shards(job):
+        return None
+    try:
+        folder = resolve_checkpoint(job.resolve(job.output.dir))
+        saved = read_manifest(folder)["metadata"].get(ROUTING_METADATA)
+    except (CheckpointError, OSError):
+        return None
+    if not saved:
+        return None
+    role, servers = job.runtime.resolved_roles()["ps"], int(saved["servers"])
+    return servers if role.min <= servers <= role.max else None
 
 
 def ps_scaling_manager(
