@@ -7,6 +7,7 @@ mid-run, with splits in flight."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +50,24 @@ def test_executors_added_and_removed_mid_run_train_every_row_exactly_once(
     )
     pool = spec()
     driver = Driver(job.data, job.base_dir, batch_size=16, pool=pool, seed=3)
-    # batch -> what happens: grow, more threads, shrink; then, once the retired
-    # executors have stopped (their splits in flight handed on), grow again.
-    schedule = {3: ("resize", 3), 12: ("threads", 2), 25: ("resize", 1)}
-    seen, regrown = [], False
+    # batch -> what happens: grow, a larger memory ask (each executor replaced),
+    # more threads, shrink; then, once the retired executors have stopped (their
+    # splits in flight handed on), grow again.
+    schedule = {3: ("resize", 3), 6: ("memory", 300), 12: ("threads", 2), 25: ("resize", 1)}
+    seen, regrown, swapped = [], False, None
     try:
         for i, batch in enumerate(driver.batches()):
             driver.progress.record(batch.row_ids)
             if i in schedule:
                 what, n = schedule[i]
-                pool.resize(n) if what == "resize" else pool.set_threads(n)
+                {"resize": pool.resize, "threads": pool.set_threads, "memory": pool.set_memory}[
+                    what
+                ](n)
+            elif i == 7:  # the replacements swap in once up (the reads go on meanwhile)
+                deadline = time.monotonic() + 120
+                while pool.starting and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                swapped = (sorted(pool.actors), pool.memory_usage())
             elif i > 25 and not regrown and pool.running == 1:
                 pool.resize(2)
                 regrown = True
@@ -70,6 +79,12 @@ def test_executors_added_and_removed_mid_run_train_every_row_exactly_once(
     # Retired executors stopped once their splits in flight were handed on.
     assert regrown and seen[-1][1:] == (2, 2)
     assert [r["to"] for r in pool.summary()["data_executor_resizes"]] == [3, 1, 2]
+    assert swapped is not None
+    actors, memory = swapped
+    assert actors == [3, 4, 5]  # executors 0-2 replaced, none added or lost
+    assert memory is not None and memory.budget_bytes == 300 * 2**20
+    assert 0 < memory.base_bytes <= memory.peak_bytes
+    assert pool.summary()["data_executor_memory_changes"] == [{"from_mb": None, "to_mb": 300}]
     assert pool.summary()["data_executor_restarts"] == 0
     progress = driver.progress
     assert progress.duplicate_rows == 0
@@ -100,8 +115,9 @@ def test_a_ray_job_with_scaling_on_trains_every_row_once_and_logs_its_timeline(
     raw["data"]["dataset"]["executor"].update(workers=4, lookahead_splits=4)
     raw["runtime"] = {
         "backend": "ray",
-        "roles": {"data_executor": {"count": 1, "min": 1, "max": 3, "cpus": 0.25}},
-        "scaling": {"enabled": True, "interval_s": 0.5},
+        # An ask far below what an executor process holds: the manager raises it.
+        "roles": {"data_executor": {"count": 1, "min": 1, "max": 3, "cpus": 0.25, "memory_mb": 16}},
+        "scaling": {"enabled": True, "interval_s": 0.5, "max_executor_memory_mb": 8192},
     }
     path.write_text(yaml.safe_dump(raw))
     result = RayRuntime().run(load_job(path), progress=False)
@@ -111,12 +127,26 @@ def test_a_ray_job_with_scaling_on_trains_every_row_once_and_logs_its_timeline(
     assert timeline["policy"] == "estuary" and timeline["snapshots"]
     assert timeline["snapshots"][0]["executors"] == 1
     assert all(1 <= s["executors"] <= 3 for s in timeline["snapshots"])
+    memory = [s["executor_memory"] for s in timeline["snapshots"] if s["executor_memory"]]
+    assert memory and all(0 < m["base_bytes"] <= m["peak_bytes"] for m in memory)
     assert all(d["trigger"] and "metrics" in d for d in timeline["decisions"])
     assert timeline["reversed_actions"] == 0
     assert (folder / "scaling.png").stat().st_size > 0
     resizes = result.extra.get("data_executor_resizes", [])
     applied = [d for d in timeline["decisions"] if d["applied"]]
-    assert [r["to"] for r in resizes] == [d["new"] for d in applied]
+    assert [r["to"] for r in resizes] == [d["new"] for d in applied if d["knob"] == "executors"]
+    # The memory ask: raised once, to hold the peak that crossed 0.8 of 16 MiB.
+    # The memory ask: raised (from 16 MiB, far below what an executor holds) in
+    # strides of 1.5x at least, each to hold the peak that crossed 0.8 of it.
+    raised = [d for d in applied if d["knob"] == "executor_memory"]
+    assert 1 <= len(raised) <= 3 and raised[0]["old"] == 16
+    for d in raised:
+        peak = d["metrics"]["executor_peak_bytes"]
+        assert d["new"] >= 1.5 * d["old"] and d["new"] * 2**20 * 0.8 >= min(peak, 8192 * 2**20)
+    changes = result.extra["data_executor_memory_changes"]
+    assert changes == [{"from_mb": d["old"], "to_mb": d["new"]} for d in raised]
+    after = [s["executor_memory"] for s in timeline["snapshots"] if s["executor_memory"]][-1]
+    assert after["budget_bytes"] == raised[-1]["new"] * 2**20
 
 
 def test_on_ray_the_manager_caps_a_growing_ps_shard_before_its_budget(

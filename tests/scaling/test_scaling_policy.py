@@ -12,6 +12,7 @@ from estuary.runtime.scaling import (
     Decision,
     DLRoverRules,
     EstuaryPolicy,
+    ExecutorMemory,
     Hysteresis,
     ShardMetrics,
     Snapshot,
@@ -55,6 +56,51 @@ def test_at_max_executors_the_policy_scales_threads() -> None:
     history = [snap(5, 8, 0.5, 1.0, 100.0), snap(10, 8, 0.5, 1.0, 100.0)]
     (d,) = EstuaryPolicy(SPEC, BOUNDS).decide(history)
     assert (d.knob, d.old, d.new) == ("executor_threads", 1, 2)
+
+
+MB = 2**20
+
+
+def test_an_executor_over_its_memory_target_reads_fewer_splits_at_once() -> None:
+    # base 100 MB + 4 reads x 50 MB = 300 MB against a 300 MB budget (target 240):
+    # 2 reads fit (200 MB), so 4 -> 2, and the throughput rule waits its turn.
+    memory = ExecutorMemory(100 * MB, 300 * MB, 300 * MB)
+    starved = {"executor_threads": 4, "executor_memory": memory}
+    history = [snap(5, 8, 0.5, 1.0, 100.0, **starved), snap(10, 8, 0.5, 1.0, 100.0, **starved)]
+    (d,) = EstuaryPolicy(SPEC, Bounds(1, 8, 8)).decide(history)
+    assert (d.knob, d.old, d.new) == ("executor_threads", 4, 2)
+    assert d.metrics["executor_peak_bytes"] == 300 * MB
+
+
+def test_threads_are_raised_only_as_far_as_the_memory_budget_holds() -> None:
+    # At max executors and starved: 1 -> 2 threads wanted, but one more read
+    # (80 MB over a 100 MB base) would pass 0.8 x 200 MB.
+    tight = ExecutorMemory(100 * MB, 180 * MB, 200 * MB)
+    history = [snap(t, 8, 0.5, 1.0, 100.0, executor_memory=tight) for t in (5, 10)]
+    assert EstuaryPolicy(SPEC, BOUNDS).decide(history) == []
+    roomy = ExecutorMemory(100 * MB, 130 * MB, 400 * MB)
+    history = [snap(t, 8, 0.5, 1.0, 100.0, executor_memory=roomy) for t in (5, 10)]
+    (d,) = EstuaryPolicy(SPEC, BOUNDS).decide(history)
+    assert (d.knob, d.new) == ("executor_threads", 2)
+
+
+def test_at_one_read_the_memory_ask_is_raised_to_its_maximum_at_most() -> None:
+    over = ExecutorMemory(100 * MB, 180 * MB, 200 * MB)  # 0.9 of the budget
+    history = [snap(t, 2, 0.01, 0.9, 400.0, executor_memory=over) for t in (5, 10)]
+    assert EstuaryPolicy(SPEC, BOUNDS).decide(history) == []  # no maximum: nothing to raise
+    raising = ScalingSpec(enabled=True, max_executor_memory_mb=1024)
+    (d,) = EstuaryPolicy(raising, BOUNDS).decide(history)
+    assert (d.knob, d.old, d.new) == ("executor_memory", 200, 300)  # 1.5 x the ask
+    capped = ScalingSpec(enabled=True, max_executor_memory_mb=210)
+    (d,) = EstuaryPolicy(capped, BOUNDS).decide(history)
+    assert d.new == 210
+    far_over = ExecutorMemory(100 * MB, 400 * MB, 200 * MB)
+    history = [snap(t, 2, 0.01, 0.9, 400.0, executor_memory=far_over) for t in (5, 10)]
+    (d,) = EstuaryPolicy(raising, BOUNDS).decide(history)
+    assert d.new == 500  # the peak at 0.8 of it: ceil(400 / 0.8)
+    unbudgeted = ExecutorMemory(100 * MB, 180 * MB, None)
+    history = [snap(t, 2, 0.01, 0.9, 400.0, executor_memory=unbudgeted) for t in (5, 10)]
+    assert EstuaryPolicy(raising, BOUNDS).decide(history) == []
 
 
 def test_a_hot_shard_is_reported() -> None:

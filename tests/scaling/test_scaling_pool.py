@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from estuary.config import job_from_dict
 from estuary.config.scaling import ScalingSpec
-from estuary.runtime.scaling import Bounds, BusyClock, Decision
+from estuary.runtime.scaling import Bounds, BusyClock, Decision, ExecutorMemory
 from estuary.runtime.scaling.pool import PoolScaling, ResizablePool, scaled_steps
 
 DATA = {"sources": [{"path": "x.tsv"}], "schema": {"sparse": ["C1"], "dense": ["I1"]}}
@@ -16,6 +16,7 @@ class StandInPool:
         self.clock = BusyClock()
         self.threads = 1
         self.sizes = [1]
+        self.memory_mb: int | None = None
 
     @property
     def count(self) -> int:
@@ -31,6 +32,12 @@ class StandInPool:
     def set_threads(self, threads: int) -> None:
         self.threads = threads
 
+    def set_memory(self, memory_mb: int) -> None:
+        self.memory_mb = memory_mb
+
+    def memory_usage(self) -> ExecutorMemory | None:
+        return ExecutorMemory(1, 2, None if self.memory_mb is None else self.memory_mb * 2**20)
+
 
 def test_decisions_reach_the_pool_and_foreign_knobs_are_refused() -> None:
     pool = StandInPool()
@@ -38,10 +45,12 @@ def test_decisions_reach_the_pool_and_foreign_knobs_are_refused() -> None:
     scaling = PoolScaling(pool, ScalingSpec(enabled=True), Bounds(1, 8, 2))
     assert scaling.apply(Decision("executors", 1, 5, "t")) is None
     assert scaling.apply(Decision("executor_threads", 1, 2, "t")) is None
-    assert (pool.sizes, pool.threads) == ([1, 5], 2)
+    assert scaling.apply(Decision("executor_memory", 100, 150, "t")) is None
+    assert (pool.sizes, pool.threads, pool.memory_mb) == ([1, 5], 2, 150)
     assert scaling.apply(Decision("shard_rows:0", 10, 5, "t")) is not None
     snapshot = scaling.sample(1.0)
     assert (snapshot.executors, snapshot.executor_threads) == (5, 2)
+    assert snapshot.executor_memory == ExecutorMemory(1, 2, 150 * 2**20)
     assert 0.0 <= snapshot.trainer_wait <= 1.0  # type: ignore[operator]
 
 

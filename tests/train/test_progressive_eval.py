@@ -89,8 +89,9 @@ class StepScores(Callback):
         self.labels.append(self.engine.last_labels.numpy())
 
 
-def job_for(root: Path, hours: int = HOURS) -> JobSpec:
-    """A ``data.dataset`` job over the synthetic hours under ``root/data``."""
+def job_for(root: Path, hours: int = HOURS, **train: Any) -> JobSpec:
+    """A ``data.dataset`` job over the synthetic hours under ``root/data``
+    (``train``: more ``train`` settings)."""
     source = {
         "name": "synth",
         "path": "data/{{YYYY}}{{MM}}{{DD}}/{{HH}}/part-*.tsv",
@@ -117,6 +118,7 @@ def job_for(root: Path, hours: int = HOURS) -> JobSpec:
                 "threads": 1,
                 "dense_optimizer": {"name": "adam", "lr": 0.02},
                 "progressive_eval": True,
+                **train,
             },
             "output": {"dir": "out", "progress": False},
         },
@@ -219,3 +221,19 @@ def test_two_trainers_report_rank_0s_share_of_each_window(tmp_path: Path) -> Non
     assert [w["rows"] for w in report["windows"]] == [ROWS // 2, ROWS // 2]
     assert result.train_rows == 2 * ROWS
     assert report["windows"][1]["auc"] > 0.6  # steps of 100 rows: half as many as W=1
+
+
+def test_two_trainers_with_a_mixed_buffer_score_every_row_on_arrival(tmp_path: Path) -> None:
+    """Rank 0's buffer feeds both ranks, so rank 0 scores every row as it arrives."""
+    from estuary.runtime.launcher import run_distributed
+
+    spec = replace(STEADY, hours=2, burst_at=None)
+    write_synthetic(spec, tmp_path / "data", SynthOutput(format="criteo_tsv"))
+    buffer = {"capacity_bytes": 10**6, "importance": "loss"}
+    job = job_for(tmp_path, hours=2, mixed_buffer=buffer)
+    result = run_distributed(job, trainers=2, startup_timeout_s=60)
+    report = result.extra["progressive"]
+    assert report["scope"].startswith("all rows, scored on arrival by rank 0")
+    assert [w["rows"] for w in report["windows"]] == [ROWS, ROWS]
+    assert result.train_rows == 2 * ROWS and result.extra["rows_dropped"] == 0
+    assert report["windows"][1]["auc"] > 0.6

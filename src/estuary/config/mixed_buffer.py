@@ -38,7 +38,7 @@ class MixedBufferSpec:
         normalize_weights: scale each step's importance weights to mean 1.
         order_by_importance: exponent of importance in the take/evict order.
         importance: ``none``, or ``loss``: each offered row is scored by the
-            model as it arrives (sync mode, one trainer) and its importance is
+            model as it arrives (sync mode; rank 0 scores every rank's rows) and its importance is
             also ``max(|y - p|, loss_floor)`` (rows the model gets wrong are
             kept first, with 1 / q weights).
         loss_floor: the least loss factor (in (0, 1]).

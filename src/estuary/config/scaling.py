@@ -2,10 +2,10 @@
 
 Off by default. When on, a controller on rank 0 looks at the job's metrics every
 ``interval_s`` and resizes what it may while the job runs: the data executors
-(between ``runtime.roles.data_executor.min`` and ``max``), an executor's threads,
-and a PS shard's memory (by tightening its row capacity before the budget is
-crossed, or by adding a PS shard when ``runtime.roles.ps.max`` allows one). A
-decision is never reversed within ``hold_intervals`` intervals.
+(between ``runtime.roles.data_executor.min`` and ``max``), an executor's threads
+and memory ask, and a PS shard's memory (by tightening its row capacity before
+the budget is crossed, or by adding a PS shard when ``runtime.roles.ps.max``
+allows one). A decision is never reversed within ``hold_intervals`` intervals.
 """
 
 from __future__ import annotations
@@ -42,7 +42,12 @@ class ScalingSpec:
             the mean, are merged (down to ``runtime.roles.ps.min``).
         max_executor_threads: most concurrent reads per data executor (vertical
             scaling, once the executors are at ``runtime.roles.data_executor.max``);
-            1: off.
+            1: off. Never raised past what the executors' memory budget holds.
+        max_executor_memory_mb: the most the manager may raise each data
+            executor's memory ask to (``runtime.roles.data_executor.memory_mb``,
+            the budget) when one executor's peak crosses ``memory_target`` of it
+            at one read at a time; ``None``: the ask is never raised (the
+            manager still lowers an executor's concurrent reads to fit).
         timeline: write ``scaling.json`` (every decision, its trigger and its
             measured effect) and ``scaling.png`` to the run folder.
     """
@@ -58,6 +63,7 @@ class ScalingSpec:
     hot_ratio: float = 2.0
     merge_below: float = 0.3
     max_executor_threads: int = 1
+    max_executor_memory_mb: int | None = None
     timeline: bool = True
 
     def validate(self, path: str) -> None:
@@ -75,5 +81,7 @@ class ScalingSpec:
             raise ConfigError(f"{path}.memory_horizon_s", "must be > 0")
         if self.max_executor_threads < 1:
             raise ConfigError(f"{path}.max_executor_threads", "must be >= 1")
+        if self.max_executor_memory_mb is not None and self.max_executor_memory_mb < 1:
+            raise ConfigError(f"{path}.max_executor_memory_mb", "must be >= 1")
         if self.hot_ratio <= 1.0:
             raise ConfigError(f"{path}.hot_ratio", f"must be > 1, got {self.hot_ratio}")

@@ -388,12 +388,6 @@ class GraphFeed:
             raise ConfigError(
                 "train.mixed_buffer", "is not supported with direct data delivery (data executors)"
             )
-        if spec.importance == "loss" and world_size > 1:  # every rank stops here
-            raise ConfigError(
-                "train.mixed_buffer.importance",
-                f"loss scores each row as it arrives, between steps: needs one trainer "
-                f"(got {world_size})",
-            )
         step_rows = job.train.batch_size * world_size
         need = STEPS_HELD * step_rows * min_row_bytes(job)
         if spec.capacity_bytes < need:

@@ -14,10 +14,13 @@ forward, no extra pass over the data) and files every row under:
   (the newest event time a row of the window can have, so the lag is a lower
   bound of each row's own, and exact to within one window).
 
-With ``train.mixed_buffer`` (sync mode, one trainer) rows are scored as they
-**arrive**, before the buffer (``score_on_arrival``): ``record_scores`` files
-every offered row, including those the buffer later drops, by the model as it
-was when the row arrived; the step then files only the lag (``record_lag``).
+With ``train.mixed_buffer`` in sync mode rows are scored as they **arrive**,
+before the buffer (``score_on_arrival``): ``record_scores`` files every offered
+row, including those the buffer later drops, by the model as it was when the row
+arrived; the step then files only the lag (``record_lag``). With several
+trainers rank 0 reads every row (its buffer feeds all ranks), so it scores them
+all with its replica of the dense model (the same as every rank's in sync mode)
+and the PS's rows; the lag is its own share's.
 
 Cost when on: a sigmoid and a device-to-host copy of the (B,) logits (a CPU-GPU
 sync point on CUDA), a pass over the B split codes, and one bitmap probe per id.
@@ -176,28 +179,37 @@ def progressive_for(
 def score_on_arrival(
     feed: Feed, engine: Engine, progressive: ProgressiveEval | None, state: LoopState
 ) -> bool:
-    """With ``train.mixed_buffer`` in sync mode on one trainer: each arriving
-    batch is scored by ``engine.predict`` before the buffer takes it (for
-    ``importance: loss``, and for ``progressive`` at arrival, dropped rows
-    included). Returns whether it is on (the loop then files only the lag of
-    trained steps).
+    """With ``train.mixed_buffer`` in sync mode (rank 0 holds the buffer): each
+    arriving batch is scored by ``engine.predict`` before the buffer takes it
+    (for ``importance: loss``, and for ``progressive`` at arrival, dropped rows
+    included), between two steps. Returns whether it is on (the loop then files
+    only the lag of trained steps).
+
+    In ``hybrid``/``async`` mode rank 0 reads ahead on the prefetch thread while
+    the step runs, so a forward there would race the training step's: rows are
+    scored by the step that trains them instead.
 
     Raises:
-        ConfigError: ``importance: loss`` in another mode or with several trainers.
+        ConfigError: ``importance: loss`` in another mode.
     """
     mixed = feed.mixed if isinstance(feed, GraphFeed) else None
     if mixed is None:
         return False
-    possible = engine.train.mode == "sync" and state.world_size == 1
+    possible = engine.train.mode == "sync"
     if mixed.scores_on_arrival and not possible:
         raise ConfigError(
             "train.mixed_buffer.importance",
             "loss scores each row as it arrives, between steps: needs train.mode=sync "
-            f"and one trainer (got {engine.train.mode}, {state.world_size} trainers)",
+            f"(got {engine.train.mode})",
         )
     if not possible or (progressive is None and not mixed.scores_on_arrival):
         return False
     mixed.scorer = engine.predict
     if progressive is not None:
         mixed.on_scored = progressive.record_scores
+        if state.world_size > 1:
+            progressive.stats.scope = (
+                f"all rows, scored on arrival by rank 0 (lag: rank 0's share of each "
+                f"step, 1 of {state.world_size} trainers)"
+            )
     return progressive is not None

@@ -12,6 +12,7 @@ from typing import Any
 
 import ray
 
+from estuary.data.graph.executor_memory import MemoryWatch
 from estuary.data.graph.executors import SplitReader
 from estuary.data.graph.routing import BlockRows, RemoteBlock
 
@@ -20,15 +21,28 @@ __all__ = ["DataExecutorActor"]
 
 @ray.remote
 class DataExecutorActor:
-    """Reads whole splits (``read_split_whole``) for a remote driver."""
+    """Reads whole splits (``read_split_whole``) for a remote driver, and says
+    how much memory it holds (``memory``)."""
+
+    def __init__(self) -> None:
+        self._memory = MemoryWatch()
 
     def pid(self) -> int:
         return os.getpid()
 
+    def memory(self) -> tuple[int, int]:
+        """``(base, peak)`` resident bytes (``MemoryWatch``); the peak restarts."""
+        return self._memory.take()
+
     def read(self, reader: SplitReader) -> Iterator[Any]:
         """A streaming generator: per block its ``BlockRows`` then its
         ``RemoteBlock`` (payload ``None``), then ``(good rows, last row)``."""
-        for block in reader.blocks():
-            yield BlockRows.of(block)
-            yield RemoteBlock.of(block, None)
-        yield reader.good_rows, reader.last_row
+        self._memory.read_started()
+        try:
+            for block in reader.blocks():
+                self._memory.sample()
+                yield BlockRows.of(block)
+                yield RemoteBlock.of(block, None)
+            yield reader.good_rows, reader.last_row
+        finally:
+            self._memory.read_ended()

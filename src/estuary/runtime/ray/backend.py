@@ -94,8 +94,9 @@ class RayRuntime:
         stop.on_request(self._ask_stop)
         asks = role_asks(job)
         with tracking(self), contextlib.ExitStack() as cleanup:
-            if connect(job.runtime.ray, asks):
-                cleanup.callback(ray.shutdown)
+            disconnect = connect(job.runtime.ray, asks)
+            if disconnect is not None:
+                cleanup.callback(disconnect)
             placement = place(asks, job.runtime.ray.placement_timeout_s)
             cleanup.callback(placement.remove)
 

@@ -7,6 +7,7 @@ import math
 import os
 import signal
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from estuary.config import JobSpec
 from estuary.config.roles import role_resource
 from estuary.config.spec import RaySpec, RoleResources
 
-__all__ = ["Placement", "PlacementError", "RoleAsk", "connect", "place"]
+__all__ = ["Placement", "PlacementError", "RoleAsk", "connect", "place", "restore_environ"]
 
 
 class PlacementError(RuntimeError):
@@ -69,12 +70,17 @@ def role_asks(job: JobSpec) -> list[RoleAsk]:
     return asks
 
 
-def connect(spec: RaySpec, asks: list[RoleAsk]) -> bool:
+def connect(spec: RaySpec, asks: list[RoleAsk]) -> Callable[[], None] | None:
     """Join the cluster ``spec`` names (a local instance when ``address`` is
-    ``null``), unless this process is connected already; returns whether it
-    connected (and so should disconnect when done)."""
+    ``null``), unless this process is connected already. Returns how to leave
+    it again (``None`` when it was connected before): ``ray.shutdown`` and then
+    undo the variables ``ray.init`` set in this process's environment
+    (``RAY_AUTH_MODE=token``, ``PYTHONBREAKPOINT``, ...), which would otherwise
+    reach every subprocess the caller starts afterwards (a Ray Client server,
+    for one, then fails to start)."""
     if ray.is_initialized():
-        return False
+        return None
+    environ = dict(os.environ)
     # ray.init installs its own SIGTERM handler in the driver; the caller's
     # (the CLI's graceful stop) must stay.
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -95,7 +101,22 @@ def connect(spec: RaySpec, asks: list[RoleAsk]) -> bool:
         for sig, handler in handlers.items():
             if handler is not None:
                 signal.signal(sig, handler)
-    return True
+
+    def disconnect() -> None:
+        ray.shutdown()
+        restore_environ(environ)
+
+    return disconnect
+
+
+def restore_environ(saved: dict[str, str]) -> None:
+    """Make ``os.environ`` equal ``saved`` again: drop added variables, put
+    back changed or removed ones."""
+    for name in [n for n in os.environ if n not in saved]:
+        del os.environ[name]
+    for name, value in saved.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 @dataclass

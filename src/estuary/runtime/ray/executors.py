@@ -41,7 +41,7 @@ from estuary.config.spec import JobSpec, RoleResources
 from estuary.data.errors import DataError
 from estuary.data.graph.executor_actor import DataExecutorActor
 from estuary.data.graph.executors import SplitReader
-from estuary.runtime.scaling.metrics import BusyClock
+from estuary.runtime.scaling.metrics import BusyClock, ExecutorMemory
 
 __all__ = ["DataExecutorActor", "DataExecutorLost", "PoolClosed", "RayExecutorPool", "RayExecutors"]
 
@@ -96,8 +96,10 @@ class RayExecutorPool:
     executor takes no new split and is stopped once its split in flight is
     handed on whole, so no split is lost or read twice. ``set_threads(t)`` lets
     each executor read ``t`` splits at once (its actor takes ``max_threads``
-    concurrent calls). ``clock`` measures the executors' busy time and the
-    readers waiting for one (``metrics``).
+    concurrent calls). ``set_memory(mb)`` replaces each executor by one asking
+    ``mb`` of memory, swapped in once it is up (the old one then retires as
+    above); ``memory_usage`` reads what the executors hold. ``clock`` measures
+    the executors' busy time and the readers waiting for one (``metrics``).
     """
 
     def __init__(self, spec: RayExecutors, *, max_threads: int = 1) -> None:
@@ -121,6 +123,7 @@ class RayExecutorPool:
         self._next = 0
         self.restarts: list[dict[str, Any]] = []
         self.resizes: list[dict[str, Any]] = []
+        self.memory_changes: list[dict[str, Any]] = []
         with self._lock:
             for _ in range(spec.count):
                 self._add()
@@ -174,15 +177,16 @@ class RayExecutorPool:
                 return
             self._open(executor)
 
-    def _start(self, executor: int) -> Any:
+    def _start(self, executor: int, *, placed: bool = True) -> Any:
         res = self.spec.resources
         options: dict[str, Any] = {
             "num_cpus": res.cpus,
             "num_gpus": res.gpus,
             "name": f"{self.spec.name}-{executor}",
-            "max_concurrency": self.max_threads,
+            # One call beyond the reads: ``memory`` is answered while they run.
+            "max_concurrency": self.max_threads + 1,
         }
-        if executor < self.spec.count:  # its bundle of the placement group
+        if placed and executor < self.spec.count:  # its bundle of the placement group
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=self.spec.group,
                 placement_group_bundle_index=self.spec.first_bundle + executor,
@@ -200,12 +204,70 @@ class RayExecutorPool:
             while len(self.actors) < count:
                 self._add(when_up=True)
             for executor in sorted(self.actors, reverse=True)[: max(0, len(self.actors) - count)]:
-                self._retired.add(executor)
-                del self.actors[executor]
-                if self._inflight.get(executor, 0) == 0:
-                    self._stop(executor)
+                self._retire(executor)
             self.resizes.append({"from": before, "to": count})
             self.clock.set_slots(len(self.actors) * self.threads)
+
+    def _retire(self, executor: int) -> None:
+        """No new split for ``executor``; stopped once its reads in flight end. Lock held."""
+        self._retired.add(executor)
+        del self.actors[executor]
+        if self._inflight.get(executor, 0) == 0:
+            self._stop(executor)
+
+    def set_memory(self, memory_mb: int) -> None:
+        """Every executor from now on asks ``memory_mb`` MiB (its budget): each
+        running one is replaced by one asking that much, started beside the
+        placement group and swapped in once its process is up."""
+        if memory_mb < 1:
+            raise ValueError(f"a data executor's memory ask must be >= 1 MiB, got {memory_mb}")
+        with self._lock:
+            before = self.spec.resources.memory_mb
+            resources = dataclasses.replace(self.spec.resources, memory_mb=memory_mb)
+            self.spec = dataclasses.replace(self.spec, resources=resources)
+            for old in sorted(self.actors):
+                executor = self._next
+                self._next += 1
+                handle = self._handles[executor] = self._start(executor, placed=False)
+                self._inflight[executor] = 0
+                self._starting.add(executor)
+                threading.Thread(
+                    target=self._swap_when_up, args=(executor, handle, old), daemon=True
+                ).start()
+            self.memory_changes.append({"from_mb": before, "to_mb": memory_mb})
+
+    def _swap_when_up(self, executor: int, handle: Any, old: int) -> None:
+        # Blocking wait: the replacement's process starts (if it died, its first
+        # read finds it dead and replaces it).
+        with contextlib.suppress(RayActorError):
+            ray.get(handle.pid.remote())
+        with self._lock:
+            self._starting.discard(executor)
+            if self._closed:
+                return
+            if old not in self.actors:  # retired meanwhile (a shrink): not needed
+                self._stop(executor)
+                return
+            self.actors[executor] = handle
+            self._retire(old)
+            self._open(executor)
+
+    def memory_usage(self, timeout_s: float = 5.0) -> ExecutorMemory | None:
+        """The executor that peaked highest since the last call (``None``: none
+        answered within ``timeout_s``)."""
+        with self._lock:
+            handles = [h for e, h in self.actors.items() if e not in self._starting]
+        refs = [h.memory.remote() for h in handles]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        seen: list[tuple[int, int]] = []
+        for ref in ready:
+            with contextlib.suppress(RayActorError):
+                seen.append(ray.get(ref))
+        if not seen:
+            return None
+        base, peak = max(seen, key=lambda bp: bp[1])
+        budget = self.spec.resources.memory_mb
+        return ExecutorMemory(base, peak, None if budget is None else budget * 2**20)
 
     def set_threads(self, threads: int) -> None:
         """Concurrent reads per executor, 1 .. ``max_threads``."""
@@ -323,6 +385,8 @@ class RayExecutorPool:
         }
         if self.resizes:
             out["data_executor_resizes"] = list(self.resizes)
+        if self.memory_changes:
+            out["data_executor_memory_changes"] = list(self.memory_changes)
         return out
 
     def close(self) -> None:

@@ -9,7 +9,13 @@ See docs/scaling.md.
 """
 
 from estuary.runtime.scaling.controller import Actuator, Controller
-from estuary.runtime.scaling.metrics import BusyClock, ShardMetrics, Snapshot, WaitClock
+from estuary.runtime.scaling.metrics import (
+    BusyClock,
+    ExecutorMemory,
+    ShardMetrics,
+    Snapshot,
+    WaitClock,
+)
 from estuary.runtime.scaling.policy import (
     Bounds,
     Decision,
@@ -28,6 +34,7 @@ __all__ = [
     "DLRoverRules",
     "Decision",
     "EstuaryPolicy",
+    "ExecutorMemory",
     "Hysteresis",
     "Policy",
     "ShardMetrics",

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-__all__ = ["BusyClock", "ShardMetrics", "Snapshot", "WaitClock"]
+__all__ = ["BusyClock", "ExecutorMemory", "ShardMetrics", "Snapshot", "WaitClock"]
 
 _T = TypeVar("_T")
 
@@ -48,6 +48,30 @@ class ShardMetrics:
 
 
 @dataclass(frozen=True)
+class ExecutorMemory:
+    """The data executor holding the most memory over one interval.
+
+    Args:
+        base_bytes: its resident bytes with no read in flight.
+        peak_bytes: the most resident bytes it reached over the interval.
+        budget_bytes: each executor's memory ask (``runtime.roles.data_executor.
+            memory_mb``); ``None``: none.
+    """
+
+    base_bytes: int
+    peak_bytes: int
+    budget_bytes: int | None = None
+
+    def per_read(self, threads: int) -> float:
+        """Bytes one concurrent read costs, from this interval at ``threads``."""
+        return max(0, self.peak_bytes - self.base_bytes) / max(1, threads)
+
+    def forecast(self, threads: int, now_threads: int) -> float:
+        """Peak bytes at ``threads`` concurrent reads (measured at ``now_threads``)."""
+        return self.base_bytes + threads * self.per_read(now_threads)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """The job over one interval (rates and fractions are over the interval).
 
@@ -63,6 +87,7 @@ class Snapshot:
         executors_starting: executors added and not up yet (counted in ``executors``).
         cpu: role -> CPU use as a fraction of its cores.
         shards: the PS shards.
+        executor_memory: the executors' memory; ``None``: not measured.
     """
 
     t: float
@@ -75,6 +100,7 @@ class Snapshot:
     executors_starting: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
     shards: tuple[ShardMetrics, ...] = ()
+    executor_memory: ExecutorMemory | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -99,6 +125,15 @@ class Snapshot:
                 }
                 for s in self.shards
             ],
+            "executor_memory": (
+                None
+                if self.executor_memory is None
+                else {
+                    "base_bytes": self.executor_memory.base_bytes,
+                    "peak_bytes": self.executor_memory.peak_bytes,
+                    "budget_bytes": self.executor_memory.budget_bytes,
+                }
+            ),
         }
 
 

@@ -11,7 +11,14 @@ return ``Decision``s; the controller applies them (``estuary.runtime.scaling.con
   ``headroom x demand / supply``, one step. Idle executors (idle fraction above
   ``idle_high``) with the trainer not waiting: shrink to ``headroom x`` the busy ones.
 - executor threads (vertical): at the executor maximum and still the
-  bottleneck, double the concurrent reads of each executor (up to its maximum).
+  bottleneck, double the concurrent reads of each executor (up to its maximum
+  and to what its memory budget holds: ``ExecutorMemory.forecast``).
+- executor memory (vertical): when the executor holding the most memory peaks
+  above ``memory_target`` of its budget, lower its concurrent reads to what
+  fits; at one read, raise every executor's memory ask so that peak sits at
+  ``memory_target``, and by ``MEMORY_GROWTH`` x at least (up to
+  ``max_executor_memory_mb``; the pool replaces each executor with one asking
+  that much, handing its split on whole).
 - memory: fit each PS shard's rows to a line over the last intervals; when the
   forecast crosses its budget within ``memory_horizon_s`` (or it is past
   ``memory_target`` already and growing), add a PS shard while the shards are
@@ -55,6 +62,7 @@ __all__ = [
 
 ROW_SLACK = 1.5  # a table's arrays grow by up to 1.5x (hash index) ahead of its rows
 MIN_BUSY = 0.05  # below this the executors' supply rate is not measurable
+MEMORY_GROWTH = 1.5  # an executor memory raise asks at least this multiple of the ask
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,8 @@ class Bounds:
 class Decision:
     """Set ``knob`` from ``old`` to ``new`` because of ``trigger``.
 
-    Knobs: ``executors``, ``executor_threads``, ``shard_rows:P`` (row cap of
+    Knobs: ``executors``, ``executor_threads``, ``executor_memory`` (each
+    executor's memory ask, MiB), ``shard_rows:P`` (row cap of
     shard P), ``shard_memory:P`` (memory budget of shard P), ``hot_shard:P``
     (report only: ``new`` is the mean load), ``ps_shards`` (the PS shard count:
     up one is a split, the shard in ``metrics["shard"]`` triggered it; down one
@@ -182,7 +191,9 @@ class EstuaryPolicy:
     def decide(self, history: Sequence[Snapshot]) -> list[Decision]:
         if not history:
             return []
-        out = self._executors(history)
+        out = self._executor_memory(history)
+        if not out:
+            out = self._executors(history)
         out += self._memory(history)
         out += self._hot(history[-1])
         return out
@@ -210,8 +221,8 @@ class EstuaryPolicy:
                 target = _clamp(max(need, s.executors + 1), b.min_executors, b.max_executors)
                 trigger = "trainer waits for data; executors busy"
                 return [Decision("executors", s.executors, target, trigger, metrics)]
-            if s.executor_threads < b.max_threads:
-                threads = min(b.max_threads, 2 * s.executor_threads)
+            threads = min(b.max_threads, 2 * s.executor_threads, self._threads_that_fit(s))
+            if threads > s.executor_threads:
                 trigger = "executors at max; trainer waits for data"
                 return [Decision("executor_threads", s.executor_threads, threads, trigger, metrics)]
             return []
@@ -224,6 +235,52 @@ class EstuaryPolicy:
                 trigger = "executors idle; trainer not waiting"
                 return [Decision("executors", s.executors, target, trigger, metrics)]
         return []
+
+    def _threads_that_fit(self, s: Snapshot) -> int:
+        """Most concurrent reads per executor whose forecast peak stays within
+        ``memory_target`` of the executors' budget (no budget: no limit)."""
+        m = s.executor_memory
+        if m is None or m.budget_bytes is None:
+            return self.bounds.max_threads
+        per_read = m.per_read(s.executor_threads)
+        room = self.spec.memory_target * m.budget_bytes - m.base_bytes
+        if per_read <= 0:
+            return self.bounds.max_threads
+        return max(1, math.floor(room / per_read))
+
+    def _executor_memory(self, history: Sequence[Snapshot]) -> list[Decision]:
+        s = history[-1]
+        m = s.executor_memory
+        if m is None or m.budget_bytes is None or s.executors_starting or _starting(history):
+            return []
+        target = self.spec.memory_target * m.budget_bytes
+        if m.peak_bytes <= target:
+            return []
+        metrics = {
+            "executor_peak_bytes": float(m.peak_bytes),
+            "executor_base_bytes": float(m.base_bytes),
+            "executor_budget_bytes": float(m.budget_bytes),
+            "executor_threads": float(s.executor_threads),
+        }
+        if s.executor_threads > 1:
+            threads = min(s.executor_threads - 1, self._threads_that_fit(s))
+            trigger = f"executor memory peak above {self.spec.memory_target:g} of its budget"
+            return [Decision("executor_threads", s.executor_threads, threads, trigger, metrics)]
+        most = self.spec.max_executor_memory_mb
+        budget_mb = m.budget_bytes / 2**20
+        if most is None or budget_mb >= most:
+            return []
+        # Enough for the peak at the target, and at least MEMORY_GROWTH x the ask:
+        # a read's memory creeps up over the first ones (caches, JIT), and each
+        # raise replaces every executor, so raises come in strides, not steps.
+        fit = math.ceil(m.peak_bytes / self.spec.memory_target / 2**20)
+        ask = min(most, max(fit, math.ceil(MEMORY_GROWTH * budget_mb)))
+        if ask <= budget_mb:
+            return []
+        trigger = (
+            f"executor memory peak above {self.spec.memory_target:g} of its budget at one read"
+        )
+        return [Decision("executor_memory", budget_mb, ask, trigger, metrics)]
 
     def _memory(self, history: Sequence[Snapshot]) -> list[Decision]:
         s, spec = history[-1], self.spec

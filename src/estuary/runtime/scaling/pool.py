@@ -6,7 +6,8 @@
     rank 0 training thread: for step in PoolScaling.wrap(driver.steps(W)):
                                ^ times each wait for the next step (WaitClock)
     thread "estuary-scaling":  every interval: Snapshot(trainer wait, executors
-                               busy, readers waiting, rows/s) -> policy -> resize
+                               busy, readers waiting, rows/s, executor memory)
+                               -> policy -> resize / threads / memory ask
 
 The manager starts with the first step and stops (writing ``scaling.json`` and
 ``scaling.png``) when the steps end.
@@ -21,7 +22,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from estuary.config import JobSpec
 from estuary.config.scaling import ScalingSpec
 from estuary.runtime.scaling.controller import Controller
-from estuary.runtime.scaling.metrics import BusyClock, Snapshot, WaitClock
+from estuary.runtime.scaling.metrics import BusyClock, ExecutorMemory, Snapshot, WaitClock
 from estuary.runtime.scaling.policy import Bounds, Decision, EstuaryPolicy, Policy
 
 __all__ = ["PoolScaling", "ResizablePool", "scaled_steps"]
@@ -43,6 +44,10 @@ class ResizablePool(Protocol):
     def resize(self, count: int) -> None: ...
 
     def set_threads(self, threads: int) -> None: ...
+
+    def set_memory(self, memory_mb: int) -> None: ...
+
+    def memory_usage(self) -> ExecutorMemory | None: ...
 
 
 class PoolScaling:
@@ -99,6 +104,7 @@ class PoolScaling:
             executor_threads=self.pool.threads,
             executors_starting=self.pool.starting,
             cpu={"trainer": 1.0 - wait, "ps": 1.0 - wait},
+            executor_memory=self.pool.memory_usage(),
         )
 
     def apply(self, decision: Decision) -> str | None:
@@ -107,6 +113,9 @@ class PoolScaling:
             return None
         if decision.knob == "executor_threads":
             self.pool.set_threads(int(decision.new))
+            return None
+        if decision.knob == "executor_memory":
+            self.pool.set_memory(int(decision.new))
             return None
         return f"knob {decision.knob!r} is not the executor pool's"
 

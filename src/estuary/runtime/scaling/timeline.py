@@ -209,4 +209,9 @@ def _effect(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     mem_after = sum(s["memory_bytes"] for s in after["shards"])
     if before["shards"]:
         effect.update(memory_bytes_before=mem_before, memory_bytes_after=mem_after)
+    if before.get("executor_memory") and after.get("executor_memory"):
+        effect.update(
+            executor_peak_bytes_before=before["executor_memory"]["peak_bytes"],
+            executor_peak_bytes_after=after["executor_memory"]["peak_bytes"],
+        )
     return effect
