@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from estuary.ps.sharded import ShardedPSClient, restore_routing, routing_metadata
+from estuary.ps.snapshots import ServerSnapshot
 
 from .test_split import connect, servers, sorted_state
 
@@ -87,3 +88,29 @@ def test_a_chain_across_a_split_resumes_into_the_split_count_or_any_other() -> N
         np.testing.assert_array_equal(np.sort(got), np.sort(ids))
     state, _ = resume(2, base, delta, saved)  # another count: the client's own map
     assert_same(state, want)
+
+
+def test_a_server_snapshot_records_the_map_its_parts_were_captured_at() -> None:
+    """An asynchronous checkpoint's ``ps_routing`` is the map at the capture: a
+    split by another client since this one last routed is seen (three parts,
+    three servers)."""
+    with servers(2, spare=1, world_size=1) as (a, b, c):
+        trainer = ShardedPSClient([connect(a), connect(b)])
+        mover = ShardedPSClient([connect(a), connect(b)])
+        try:
+            table = trainer.table("u")
+            ids = np.arange(64, dtype=np.int64)
+            table.apply_gradients(ids, table.lookup(ids, train=True) + 0.1)
+            table.wait_applied()
+            mover.add_server(connect(c))
+            assert trainer.servers == 2  # it has not routed since
+            snapshot = ServerSnapshot({"u": table}, delta=False)
+            try:
+                assert snapshot.parts == {"u": 3}
+                assert snapshot.routing is not None and snapshot.routing["servers"] == 3
+                assert snapshot.routing["version"] == mover.slot_map.version
+            finally:
+                snapshot.drop()
+        finally:
+            trainer.close()
+            mover.close()

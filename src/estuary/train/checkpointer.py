@@ -331,6 +331,8 @@ class Checkpointer:
                 for name, written in files.items():
                     staged.add_files(name, servers.parts[name], written)
                 chains.update(server_chains)
+                if servers.routing is not None:  # the map the parts were captured at
+                    snapshot.metadata[ROUTING_METADATA] = servers.routing
             parent = staged.parent
             if parent is not None and not parent.accepts(chains):
                 raise _Inconsistent("a table was marked since its parent checkpoint")
