@@ -27,6 +27,7 @@ from estuary.runtime.ray.scaling import (
     elastic_shards,
     ps_scaling_manager,
     resumed_shard_count,
+    spare_shard_cpus,
 )
 from estuary.runtime.recovery import DistributedError, supervise
 from estuary.runtime.types import (
@@ -94,7 +95,7 @@ class RayRuntime:
         stop.on_request(self._ask_stop)
         asks = role_asks(job)
         with tracking(self), contextlib.ExitStack() as cleanup:
-            disconnect = connect(job.runtime.ray, asks)
+            disconnect = connect(job.runtime.ray, asks, spare_shard_cpus(job))
             if disconnect is not None:
                 cleanup.callback(disconnect)
             placement = place(asks, job.runtime.ray.placement_timeout_s)

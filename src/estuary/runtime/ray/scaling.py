@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from estuary.config import JobSpec
 from estuary.config.spec import RoleResources
@@ -69,6 +70,7 @@ __all__ = [
     "elastic_shards",
     "ps_scaling_manager",
     "resumed_shard_count",
+    "spare_shard_cpus",
     "split_slots",
 ]
 
@@ -86,7 +88,7 @@ class ServerSpawner:
 
     config: ServerConfig
     resources: RoleResources = field(default_factory=RoleResources)
-    timeout_s: float = 120.0
+    timeout_s: float = 60.0
     client_timeout_s: float = 600.0
 
     def __call__(self) -> tuple[Any, PSClient]:
@@ -101,6 +103,11 @@ class ServerSpawner:
             kill_all([actor])
             raise
         return actor, PSClient(address, key, timeout_s=self.client_timeout_s)
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def split_slots(owners: np.ndarray, servers: int) -> np.ndarray:
@@ -162,6 +169,7 @@ class RayShards:
         self.retired: list[Any] = []
         self.started: list[Any] = []
         self._retiring: list[_Retiring] = []
+        self._no_spawn: str | None = None  # why splits stopped (a server did not start)
 
     def _conn(self, p: int) -> Any:
         assert self.client is not None
@@ -196,7 +204,10 @@ class RayShards:
         self.last_detail = None
         kind, _, shard = decision.knob.partition(":")
         if kind == "shard_rows":
-            ray.get(self.servers[int(shard)].cap_rows.remote(int(decision.new)))
+            try:
+                ray.get(self.servers[int(shard)].cap_rows.remote(int(decision.new)))
+            except RayTaskError as exc:  # e.g. a table without eviction.capacity_rows
+                return f"row cap refused: {_last_line(exc)}"
             return None
         if kind == "hot_shard":
             return self._rebalance(int(shard))
@@ -210,6 +221,8 @@ class RayShards:
         """Why the shard count cannot change here (``None``: it can)."""
         if self.spawn is None:
             return "no server spawner: the shard count is fixed"
+        if self._no_spawn is not None:
+            return self._no_spawn
         if self.client is None or any(not c.authkey for c in self.client.clients):
             return "splits and merges need socket clients of the servers (data_plane: socket)"
         return None
@@ -220,7 +233,15 @@ class RayShards:
         if why_not is not None:
             return why_not
         assert self.client is not None and self.spawn is not None
-        actor, conn = self.spawn()
+        try:
+            actor, conn = self.spawn()
+        except (GetTimeoutError, RayError) as exc:
+            # No room in the cluster (or the actor failed): splits stop here.
+            self._no_spawn = (
+                f"a new PS shard did not start within {self.spawn.timeout_s:g} s "
+                f"(room in the cluster for runtime.ray.ps?): {type(exc).__name__}"
+            )
+            return self._no_spawn
         try:
             slot_map = self.client.refresh_routing()
             slots = split_slots(slot_map.owners, self.client.servers)
@@ -369,6 +390,15 @@ def elastic_shards(job: JobSpec) -> bool:
         and role.max > role.min
         and job.runtime.ray.data_plane == "socket"
     )
+
+
+def spare_shard_cpus(job: JobSpec) -> float:
+    """CPUs of the PS shards the manager may add beyond the job's count
+    (``runtime.roles.ps.max``), for a local Ray instance the runtime starts."""
+    if not elastic_shards(job):
+        return 0.0
+    role = job.runtime.resolved_roles()["ps"]
+    return max(0, role.max - job.runtime.ps_shards) * job.runtime.ray.ps.cpus
 
 
 def resumed_shard_count(job: JobSpec) -> int | None:
