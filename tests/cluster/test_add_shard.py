@@ -253,3 +253,26 @@ def test_a_resume_starts_the_shards_the_checkpoint_had(ray_instance: Any, tmp_pa
     local = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "local")]
     assert main([*local, *sets("runtime.ps_shards=2")]) == 0
     assert_same_tables(tmp_path / "ray", tmp_path / "local")
+
+
+def test_a_shard_the_cluster_has_no_room_for_is_not_applied_and_splits_stop(
+    ray_instance: Any,
+) -> None:
+    config = ServerConfig({"t": HostedTable(SPEC, SEED)}, world_size=1, staleness=0)
+    servers, conns = start_servers(ray_instance, config, 1)
+    spawn = ServerSpawner(config, RoleResources(cpus=100), timeout_s=1.0)
+    shards = RayShards(
+        servers,
+        BUDGET,
+        client=ShardedPSClient([PSClient(conns[0].address, conns[0].authkey)]),
+        spawn=spawn,
+    )
+    try:
+        split = Decision("ps_shards", 1, 2, "test: split", {"shard": 0.0})
+        why_not = shards.apply(split)
+        assert why_not is not None and "did not start within 1 s" in why_not
+        assert shards.apply(split) == why_not  # no second wait
+        assert shards.servers == servers and not shards.started
+    finally:
+        shards.close()
+        kill_all(servers)

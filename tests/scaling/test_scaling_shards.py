@@ -6,6 +6,8 @@ is not reversed within the hold (``Hysteresis``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from estuary.config.scaling import ScalingSpec
 from estuary.runtime.scaling import Bounds, EstuaryPolicy, Hysteresis, ShardMetrics, Snapshot
 from estuary.runtime.scaling.policy import forecast_crossing
@@ -87,3 +89,28 @@ def test_a_merge_right_after_a_split_is_dropped_by_the_hysteresis() -> None:
     assert merge.knob == "ps_shards" and merge.direction == -1
     assert not hold.allow(merge, 7)
     assert hold.allow(merge, 8)
+
+
+def test_shards_may_change_only_with_a_budget_a_max_and_the_socket_plane(tmp_path: Any) -> None:
+    from estuary.config import load_job
+    from estuary.runtime.ray.scaling import elastic_shards, spare_shard_cpus
+
+    from ..distributed.conftest import write_job
+
+    path = write_job(tmp_path)
+    on = [
+        "runtime.backend=ray",
+        "runtime.roles.ps.max=3",
+        "runtime.ray.ps.memory_mb=64",
+        "runtime.ray.ps.cpus=0.5",
+        "runtime.scaling.enabled=true",
+    ]
+    job = load_job(path, on)
+    assert elastic_shards(job) and spare_shard_cpus(job) == 1.0  # 2 more shards x 0.5
+    for off in (
+        "runtime.ray.data_plane=actor",
+        "runtime.roles.ps.max=1",
+        "runtime.scaling.enabled=false",
+    ):
+        job = load_job(path, [*on, off])
+        assert not elastic_shards(job) and spare_shard_cpus(job) == 0.0, off
