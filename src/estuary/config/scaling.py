@@ -3,8 +3,9 @@
 Off by default. When on, a controller on rank 0 looks at the job's metrics every
 ``interval_s`` and resizes what it may while the job runs: the data executors
 (between ``runtime.roles.data_executor.min`` and ``max``), an executor's threads
-and memory ask, and a PS shard's memory (by tightening its row capacity before the budget is
-crossed). A decision is never reversed within ``hold_intervals`` intervals.
+and memory ask, and a PS shard's memory (by tightening its row capacity before
+the budget is crossed, or by adding a PS shard when ``runtime.roles.ps.max``
+allows one). A decision is never reversed within ``hold_intervals`` intervals.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class ScalingSpec:
         memory_target: a memory action brings the shard back to this fraction of
             its budget.
         hot_ratio: a PS shard with this multiple of the mean shard load is hot.
+        merge_below: with ``runtime.roles.ps.max`` above the shard count (shards
+            may be added), two shards whose memory together is forecast below
+            this fraction of one shard's budget, the retired one no hotter than
+            the mean, are merged (down to ``runtime.roles.ps.min``).
         max_executor_threads: most concurrent reads per data executor (vertical
             scaling, once the executors are at ``runtime.roles.data_executor.max``);
             1: off. Never raised past what the executors' memory budget holds.
@@ -56,6 +61,7 @@ class ScalingSpec:
     memory_horizon_s: float = 30.0
     memory_target: float = 0.8
     hot_ratio: float = 2.0
+    merge_below: float = 0.3
     max_executor_threads: int = 1
     max_executor_memory_mb: int | None = None
     timeline: bool = True
@@ -65,7 +71,7 @@ class ScalingSpec:
             raise ConfigError(f"{path}.interval_s", "must be > 0")
         if self.hold_intervals < 0:
             raise ConfigError(f"{path}.hold_intervals", "must be >= 0")
-        for name in ("wait_high", "idle_high", "memory_target"):
+        for name in ("wait_high", "idle_high", "memory_target", "merge_below"):
             value = getattr(self, name)
             if not 0.0 < value < 1.0:
                 raise ConfigError(f"{path}.{name}", f"must be in (0, 1), got {value}")

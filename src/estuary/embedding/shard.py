@@ -536,6 +536,13 @@ class EmbeddingShard:
         """Most rows this shard holds; ``None``: unbounded."""
         return self._policy.capacity_rows
 
+    @property
+    def allocated_rows(self) -> int:
+        """Rows its arrays hold before they grow (rows removed leave room reused
+        by later admissions)."""
+        with self._lock:
+            return max(0, self._storage.capacity_rows - 1)  # row 0 is reserved
+
     def stats(self) -> TableStats:
         """Counters since construction (``load_state_dict`` keeps them)."""
         with self._lock:

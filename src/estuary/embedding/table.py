@@ -204,6 +204,11 @@ class EmbeddingTable:
         caps = [shard.capacity_rows for shard in self.shards]
         return None if any(c is None for c in caps) else sum(c for c in caps if c is not None)
 
+    @property
+    def allocated_rows(self) -> int:
+        """Rows its arrays hold before they grow (its shards' sum)."""
+        return sum(shard.allocated_rows for shard in self.shards)
+
     def stats(self) -> TableStats:
         """Counters summed over shards."""
         total = TableStats()

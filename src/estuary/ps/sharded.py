@@ -43,7 +43,7 @@ import contextlib
 import math
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -69,7 +69,15 @@ from estuary.ps.types import Address, HostedTable, PSConnectionError, PSError
 if TYPE_CHECKING:
     from estuary.ps.migration import Migration
 
-__all__ = ["ShardedPSClient", "ShardedTable", "connect_servers", "server_share"]
+__all__ = [
+    "ROUTING_METADATA",
+    "ShardedPSClient",
+    "ShardedTable",
+    "connect_servers",
+    "restore_routing",
+    "routing_metadata",
+    "server_share",
+]
 
 T = TypeVar("T")
 State = dict[str, np.ndarray]
@@ -94,14 +102,19 @@ def server_share(table: HostedTable, servers: int) -> HostedTable:
 
 
 def connect_servers(
-    addresses: Sequence[Address], authkeys: Sequence[bytes], **client_args: Any
+    addresses: Sequence[Address],
+    authkeys: Sequence[bytes],
+    *,
+    sharded: bool = False,
+    **client_args: Any,
 ) -> PSClient | ShardedPSClient:
     """A client of the servers at ``addresses``: a ``PSClient`` for one server, a
-    ``ShardedPSClient`` for several (``client_args``: as ``PSClient``'s)."""
+    ``ShardedPSClient`` for several or when ``sharded`` (one server whose job may
+    add more: the client follows a split; ``client_args``: as ``PSClient``'s)."""
     if len(addresses) != len(authkeys) or not addresses:
         raise ValueError(f"need one key per server address, got {len(addresses)} addresses")
     clients = [PSClient(a, k, **client_args) for a, k in zip(addresses, authkeys, strict=True)]
-    return clients[0] if len(clients) == 1 else ShardedPSClient(clients)
+    return clients[0] if len(clients) == 1 and not sharded else ShardedPSClient(clients)
 
 
 STALE_RETRIES = 8  # a lookup refused as stale fetches the map and goes again
@@ -622,7 +635,10 @@ class ShardedTable:
     def _split(self, state: Mapping[str, np.ndarray]) -> list[State]:
         self.client.refresh_routing()  # every server that holds rows now
         saved = SlotMap.from_state(state, len(self.parts))
-        if saved is not None and saved != self.client.slot_map:
+        # A newer map than the servers' (a fresh job): route as the saved run did.
+        # An older one (a delta chain's base, its run's map set from the newest
+        # checkpoint first: ``restore_routing``) is not gone back to.
+        if saved is not None and saved.version > self.client.slot_map.version:
             self.client.set_routing(saved)
         rows = {k: v for k, v in state.items() if not k.startswith(ROUTING_PREFIX)}
         return split_for_servers(
@@ -668,6 +684,49 @@ class ShardedTable:
     def set_admission_counting(self, enabled: bool) -> None:
         """As ``RemoteTable.set_admission_counting``, on every server."""
         self.client.each(lambda p: self.parts[p].set_admission_counting(enabled))
+
+
+ROUTING_METADATA = "ps_routing"
+"""The checkpoint manifest's metadata key of the servers' slot map."""
+
+
+def routing_metadata(tables: Iterable[object]) -> dict[str, Any] | None:
+    """The slot map of the servers holding ``tables`` (the first ``ShardedTable``'s
+    client), for a checkpoint's manifest (``ROUTING_METADATA``): ``servers``,
+    ``version`` and, once slots moved (version > 0), ``owners`` (S ints). A
+    resume reads the server count from it (a split or merge changed it) and
+    routes as the run did (``restore_routing``). ``None``: no sharded table."""
+    for table in tables:
+        if isinstance(table, ShardedTable):
+            slot_map = table.client.slot_map
+            out: dict[str, Any] = {"servers": slot_map.servers, "version": slot_map.version}
+            if slot_map.version > 0:
+                out["owners"] = slot_map.owners.tolist()
+            return out
+    return None
+
+
+def restore_routing(tables: Iterable[object], saved: Mapping[str, Any] | None) -> bool:
+    """Before a load: make the map ``routing_metadata`` saved the servers' (the
+    first ``ShardedTable``'s client) when they are as many, so every row lands
+    where the checkpointed run held it; returns whether it did. Other counts
+    route by the client's own map (rows are split by it: none lost)."""
+    if not saved or "owners" not in saved:
+        return False
+    for table in tables:
+        if isinstance(table, ShardedTable):
+            client = table.client
+            client.refresh_routing()
+            servers = int(saved["servers"])
+            if client.servers != servers:
+                return False
+            slot_map = SlotMap(
+                np.asarray(saved["owners"], np.int64), servers, int(saved["version"])
+            )
+            if slot_map != client.slot_map:
+                client.set_routing(slot_map)
+            return True
+    return False
 
 
 def _address(address: Any) -> Address:

@@ -34,7 +34,7 @@ import numpy as np
 
 from estuary.embedding.delta import BASE, FULL, LINEAGE, VERSION
 from estuary.ps.client import PSClient, RemoteTable
-from estuary.ps.sharded import ShardedTable
+from estuary.ps.sharded import ShardedTable, routing_metadata
 from estuary.ps.types import PSError
 
 __all__ = ["MixedSnapshotError", "ServerSnapshot", "held_by_servers"]
@@ -66,7 +66,8 @@ class ServerSnapshot:
         paths: ``paths(name, parts)``: where the parts of table ``name`` go, in
             part order; the servers write them once captured (else ``write``).
 
-    ``parts``: per table, how many servers hold (and will write) a part of it.
+    ``parts``: per table, how many servers hold (and will write) a part of it;
+    ``routing``: the servers' slot map at the capture (``routing_metadata``).
     """
 
     def __init__(
@@ -86,6 +87,8 @@ class ServerSnapshot:
             for client in {id(c): c for c in sharded}.values():
                 holds.enter_context(client.holding())
             self._register(tables, delta, paths)
+            # The map the parts were captured at (a checkpoint's ``ps_routing``).
+            self.routing = routing_metadata(tables.values())
 
     def _register(
         self,

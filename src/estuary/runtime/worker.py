@@ -63,6 +63,8 @@ class WorkerLaunch:
             reach the ranks and every rank fetches its rows (``PartRoutes``).
         embedding_workers: per rank, its embedding worker's Ray actor
             (``runtime.embedding_workers``); empty: the trainer looks up itself.
+        sharded_ps: a sharded client even of one server: the scaling manager may
+            add servers (``estuary.runtime.ray.scaling``), the client follows.
     """
 
     job: JobSpec
@@ -82,6 +84,7 @@ class WorkerLaunch:
     split_pool: Any = None
     part_routes: Any = None
     embedding_workers: tuple[Any, ...] = ()
+    sharded_ps: bool = False
 
 
 def _loopback_interface() -> str | None:
@@ -118,6 +121,7 @@ def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient | Shard
         client = connect_servers(
             launch.addresses,
             launch.authkeys,
+            sharded=launch.sharded_ps,
             timeout_s=launch.ps_timeout_s,
             connect_timeout_s=launch.startup_timeout_s,
         )

@@ -30,6 +30,7 @@ from estuary.config import JobSpec, to_dict
 from estuary.embedding.delta import BASE, LINEAGE
 from estuary.metrics.training import TrainingMetrics
 from estuary.ps.held import ReadyState, Snapshot
+from estuary.ps.sharded import ROUTING_METADATA, restore_routing, routing_metadata
 from estuary.ps.snapshots import MixedSnapshotError, ServerSnapshot, held_by_servers
 from estuary.train.callbacks import LoopState
 from estuary.train.checkpoint import (
@@ -216,6 +217,7 @@ class Checkpointer:
     def _metadata(self, state: LoopState) -> dict[str, Any]:
         if self._job_dict is None:  # the job never changes: resolved once
             self._job_dict = to_dict(self.job, resolve_paths=True)
+        routing = routing_metadata(self.tables.values())  # PS shards: count and slot map
         return {
             "job": self._job_dict,
             "epoch": state.epoch,
@@ -224,6 +226,7 @@ class Checkpointer:
             "dense": self.dense,
             "restarts": state.restarts,
             **({"data_progress": self.data_progress} if self.data_progress else {}),
+            **({ROUTING_METADATA: routing} if routing is not None else {}),
         }
 
     def save_consistent(self, updater: SparseUpdater, state: LoopState) -> Path:
@@ -328,6 +331,8 @@ class Checkpointer:
                 for name, written in files.items():
                     staged.add_files(name, servers.parts[name], written)
                 chains.update(server_chains)
+                if servers.routing is not None:  # the map the parts were captured at
+                    snapshot.metadata[ROUTING_METADATA] = servers.routing
             parent = staged.parent
             if parent is not None and not parent.accepts(chains):
                 raise _Inconsistent("a table was marked since its parent checkpoint")
@@ -377,6 +382,8 @@ class Checkpointer:
             ckpt, self.job, self.engine.model, self.engine.optimizer, tables=tables
         )
         if tables:
+            # The run's slot map first (as many servers): rows land where they were.
+            restore_routing(self.tables.values(), ckpt.manifest["metadata"].get(ROUTING_METADATA))
             ckpt.restore_tables(self.tables)  # a delta: its full checkpoint, then each delta
             self.link = ckpt.link
         metadata = ckpt.manifest["metadata"]

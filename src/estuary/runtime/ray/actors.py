@@ -60,13 +60,20 @@ class ServerActor:
         """One request of the actor data plane (``ActorPSClient``)."""
         return self.server.handle(header, arrays)
 
-    def table_stats(self) -> dict[str, tuple[int, int, int, int | None]]:
+    def table_stats(self) -> dict[str, tuple[int, int, int, int | None, int]]:
         """Per hosted table: (rows, memory bytes, ids looked up, row cap or
-        ``None``), for the scaling manager (``estuary.runtime.ray.scaling``)."""
+        ``None``, rows its arrays hold before they grow), for the scaling
+        manager (``estuary.runtime.ray.scaling``)."""
         out = {}
         for name, table in self.server.tables.items():
             stats = table.stats()
-            out[name] = (stats.rows, stats.bytes, stats.lookups, table.capacity_rows)
+            out[name] = (
+                stats.rows,
+                stats.bytes,
+                stats.lookups,
+                table.capacity_rows,
+                table.allocated_rows,
+            )
         return out
 
     def cap_rows(self, rows: int) -> int:

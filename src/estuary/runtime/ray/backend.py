@@ -21,7 +21,14 @@ from estuary.runtime.ray.cluster import Placement, PlacementError, connect, plac
 from estuary.runtime.ray.delivery import RayPartRoutes
 from estuary.runtime.ray.embedding_workers import EmbeddingWorkerActor
 from estuary.runtime.ray.executors import RayExecutors
-from estuary.runtime.ray.scaling import ps_scaling_manager
+from estuary.runtime.ray.scaling import (
+    PSScaling,
+    RayShards,
+    elastic_shards,
+    ps_scaling_manager,
+    resumed_shard_count,
+    spare_shard_cpus,
+)
 from estuary.runtime.recovery import DistributedError, supervise
 from estuary.runtime.types import (
     FailurePolicy,
@@ -88,7 +95,7 @@ class RayRuntime:
         stop.on_request(self._ask_stop)
         asks = role_asks(job)
         with tracking(self), contextlib.ExitStack() as cleanup:
-            disconnect = connect(job.runtime.ray, asks)
+            disconnect = connect(job.runtime.ray, asks, spare_shard_cpus(job))
             if disconnect is not None:
                 cleanup.callback(disconnect)
             placement = place(asks, job.runtime.ray.placement_timeout_s)
@@ -118,22 +125,28 @@ class RayRuntime:
         runtime = job.runtime
         world = runtime.trainers
         plan = TrainPlan.from_job(job)
+        # A resume after a split or merge starts the shards the checkpoint had.
+        shards = resumed_shard_count(job) if resume else None
+        count = runtime.ps_shards if shards is None else shards
         config = ServerConfig(
-            {name: server_share(t, runtime.ps_shards) for name, t in plan.hosted_tables().items()},
+            {name: server_share(t, count) for name, t in plan.hosted_tables().items()},
             world_size=world,
             staleness=plan.staleness,
             wait_timeout_s=self.ps_wait_timeout_s,
         )
         ps_res, tr_res = runtime.ray.ps, runtime.ray.trainer
-        keys = [os.urandom(32) for _ in range(runtime.ps_shards)]
+        keys = [os.urandom(32) for _ in range(count)]
         servers = [
             ServerActor.options(  # type: ignore[attr-defined]
                 num_cpus=ps_res.cpus,
                 num_gpus=ps_res.gpus,
-                scheduling_strategy=placement.strategy("ps", p),
+                # Shards past the placement group's (a resume after a split): their own ask.
+                scheduling_strategy=(
+                    placement.strategy("ps", p) if p < runtime.ps_shards else "DEFAULT"
+                ),
                 name=None,
             ).remote(config, keys[p])
-            for p in range(runtime.ps_shards)
+            for p in range(count)
         ]
         trainers = [
             TrainerActor.options(  # type: ignore[attr-defined]
@@ -147,6 +160,7 @@ class RayRuntime:
         self.roles.update({("ps", p): RoleState.STARTING for p in range(len(servers))})
         self.roles.update({("trainer", r): RoleState.STARTING for r in range(world)})
         self.pids: dict[tuple[str, int], int] = {}
+        started: list[Any] = []  # shards the scaling manager added
         try:
             endpoints = self._get([s.endpoint.remote() for s in servers], "ps")
             host, port, pid0 = self._get([trainers[0].rendezvous.remote()], "trainer")[0]
@@ -173,19 +187,30 @@ class RayRuntime:
                 split_pool=executors,
                 part_routes=RayPartRoutes(trainers[0]) if executors and executors.direct else None,
                 embedding_workers=self._embedding_workers(job, placement, endpoints, keys, servers),
+                sharded_ps=elastic_shards(job),
             )
             runs = {t.run.remote(r, launch): r for r, t in enumerate(trainers)}
             watches = {s.serve.remote(): p for p, s in enumerate(servers)}
             self.roles.update({key: RoleState.RUNNING for key in self.roles})
             running()
-            memory = ps_scaling_manager(job, servers)  # runtime.scaling: PS memory, hot shards
+            # runtime.scaling: PS memory (row caps, added and merged shards), hot shards
+            scaling = ps_scaling_manager(
+                job,
+                servers,
+                endpoints=[e[0] for e in endpoints],
+                keys=keys,
+                config=config,
+                timeout_s=self.ps_wait_timeout_s + 60.0,
+            )
             try:
-                return self._watch(runs, watches, trainers, policy)
+                serving = {ref: servers[p] for ref, p in watches.items()}
+                return self._watch(runs, watches, trainers, policy, scaling, serving)
             finally:
-                if memory is not None:
-                    memory.close()
+                if scaling is not None:
+                    scaling.close()
+                    started.extend(scaling.shards.started)
         finally:
-            kill_all([*trainers, *servers, *self._extra_actors])
+            kill_all([*trainers, *servers, *started, *self._extra_actors])
             self._extra_actors = []
 
     def _executors(self, job: JobSpec, placement: Placement) -> RayExecutors | None:
@@ -231,6 +256,7 @@ class RayRuntime:
                 r,
                 job.runtime.trainers,
                 self.ps_wait_timeout_s + 60.0,
+                elastic_shards(job),
             )
             for r in range(job.runtime.trainers)
         )
@@ -251,12 +277,19 @@ class RayRuntime:
         watches: dict[Any, int],
         trainers: list[Any],
         policy: FailurePolicy,
+        scaling: PSScaling | None = None,
+        servers: dict[Any, Any] | None = None,
     ) -> FitResult:
         """The controller: forward stops, collect results, turn the first failure
-        into the policy's decision."""
+        into the policy's decision. Shards the scaling manager adds are watched
+        too; one it retired ends without failing the job."""
         out: FitResult | TrainingStopped | None = None
         forwarded = False
+        actors: dict[Any, Any] = {}  # serve call -> actor, of the shards added
+        first = len(watches)
         while runs:
+            if scaling is not None:
+                _follow_shards(scaling.shards, watches, actors, first)
             if self._stop_signum and not forwarded:
                 for trainer in trainers:
                     trainer.stop.remote(self._stop_signum)
@@ -266,6 +299,8 @@ class RayRuntime:
             for ref in ready:
                 if ref in watches:
                     rank = watches.pop(ref)
+                    if scaling is not None and _retired(scaling.shards, ref, actors, servers):
+                        continue
                     self._fail(RoleFailure("ps", rank, _reason(ref)), policy)
                 rank = runs.pop(ref)
                 try:
@@ -290,6 +325,27 @@ class RayRuntime:
         self.roles[(failure.role, failure.rank)] = RoleState.FAILED
         noticed = time.monotonic()
         act(policy.decide(failure), failure, cause or DistributedError(failure.reason), noticed)
+
+
+def _follow_shards(
+    shards: RayShards, watches: dict[Any, int], actors: dict[Any, Any], first: int
+) -> None:
+    """Watch (``serve``) the shards the scaling manager started and ``actors``
+    (serve call -> actor) does not hold yet, numbered from ``first``."""
+    known = {id(a) for a in actors.values()}
+    for actor in shards.started:
+        if id(actor) not in known:
+            ref = actor.serve.remote()
+            watches[ref] = first + len(actors)
+            actors[ref] = actor
+
+
+def _retired(
+    shards: RayShards, ref: Any, added: dict[Any, Any], first: dict[Any, Any] | None
+) -> bool:
+    """Whether the ``serve`` call ``ref`` is a shard's the scaling manager retired."""
+    actor = added.get(ref) or (first or {}).get(ref)
+    return actor is not None and any(actor is r for r in shards.retired)
 
 
 def _lost_server(watches: dict[Any, int], grace_s: float) -> RoleFailure | None:

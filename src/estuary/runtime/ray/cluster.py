@@ -70,9 +70,12 @@ def role_asks(job: JobSpec) -> list[RoleAsk]:
     return asks
 
 
-def connect(spec: RaySpec, asks: list[RoleAsk]) -> Callable[[], None] | None:
+def connect(
+    spec: RaySpec, asks: list[RoleAsk], spare_cpus: float = 0.0
+) -> Callable[[], None] | None:
     """Join the cluster ``spec`` names (a local instance when ``address`` is
-    ``null``), unless this process is connected already. Returns how to leave
+    ``null``, with room for ``asks`` and ``spare_cpus`` more: PS shards the
+    scaling manager may add), unless this process is connected already. Returns how to leave
     it again (``None`` when it was connected before): ``ray.shutdown`` and then
     undo the variables ``ray.init`` set in this process's environment
     (``RAY_AUTH_MODE=token``, ``PYTHONBREAKPOINT``, ...), which would otherwise
@@ -86,7 +89,7 @@ def connect(spec: RaySpec, asks: list[RoleAsk]) -> Callable[[], None] | None:
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if spec.address is None:
-            wanted = sum(a.count * a.resources.cpus for a in asks)
+            wanted = sum(a.count * a.resources.cpus for a in asks) + spare_cpus
             cpus = spec.num_cpus or max(os.cpu_count() or 1, math.ceil(wanted))
             # "local": a new instance, never one `ray start` left running on this machine.
             ray.init(

@@ -71,6 +71,7 @@ class EmbeddingWorkerActor:
             ``server_actors``: their actors, for the actor data plane).
         rank, world_size: the trainer it serves (its pushes are that rank's).
         timeout_s: longest a server request may take.
+        sharded: a sharded client even of one server (the job may add shards).
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class EmbeddingWorkerActor:
         rank: int,
         world_size: int,
         timeout_s: float,
+        sharded: bool = False,
     ) -> None:
         client: PSClient | ShardedPSClient
         if server_actors:
@@ -90,7 +92,11 @@ class EmbeddingWorkerActor:
             client = clients[0] if len(clients) == 1 else ShardedPSClient(clients)
         else:
             client = connect_servers(
-                addresses, authkeys, timeout_s=timeout_s, connect_timeout_s=timeout_s
+                addresses,
+                authkeys,
+                sharded=sharded,
+                timeout_s=timeout_s,
+                connect_timeout_s=timeout_s,
             )
         self.client = client
         self.tables = client.tables(rank=rank, grad_scale=1.0 / world_size)

@@ -3,9 +3,10 @@
 (``controller``), and the log of each decision with its trigger and measured
 effect (``timeline``). Knobs: the Ray data executors, added and removed live
 (``estuary.runtime.ray.executors.RayExecutorPool.resize``), their concurrent
-reads, a PS shard's row cap (``tables``), and on Ray a hot PS shard's slots
-moved to the coldest shard (``rebalance``, ``estuary.runtime.ray.scaling``).
-See docs/scaling.md.
+reads, a PS shard's row cap (``tables``), and on Ray the PS shard count (a
+shard added before one crosses its memory budget, two cold ones merged) and a
+hot PS shard's slots moved to the coldest shard (``rebalance``,
+``estuary.runtime.ray.scaling``). See docs/scaling.md.
 """
 
 from estuary.runtime.scaling.controller import Actuator, Controller

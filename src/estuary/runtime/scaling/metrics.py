@@ -34,6 +34,8 @@ class ShardMetrics:
         memory_bytes: memory held by its tables.
         budget_bytes: its memory budget (``runtime.roles.ps.memory_mb``); ``None``: none.
         capacity_rows: its row cap now; ``None``: none.
+        allocated_rows: rows its arrays hold before they grow (rows moved or
+            evicted away leave room that new rows reuse); ``None``: not known.
     """
 
     shard: int
@@ -42,6 +44,7 @@ class ShardMetrics:
     memory_bytes: int
     budget_bytes: int | None = None
     capacity_rows: int | None = None
+    allocated_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class Snapshot:
                     "memory_bytes": s.memory_bytes,
                     "budget_bytes": s.budget_bytes,
                     "capacity_rows": s.capacity_rows,
+                    "allocated_rows": s.allocated_rows,
                 }
                 for s in self.shards
             ],

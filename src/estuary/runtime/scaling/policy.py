@@ -21,7 +21,11 @@ return ``Decision``s; the controller applies them (``estuary.runtime.scaling.con
   that much, handing its split on whole).
 - memory: fit each PS shard's rows to a line over the last intervals; when the
   forecast crosses its budget within ``memory_horizon_s`` (or it is past
-  ``memory_target`` already), cap its rows so it stays at ``memory_target``.
+  ``memory_target`` already and growing), add a PS shard while the shards are
+  below ``Bounds.max_shards`` (a split: every shard gives the new one a share of
+  its slots), else cap its rows so it stays at ``memory_target``. With shards
+  that may be added, two shards forecast together below ``merge_below`` of one
+  budget, the smaller no hotter than the mean, are merged (``min_shards``).
 - hot shard: a shard with ``hot_ratio`` x the mean load is reported.
 
 A knob is decided again only after a whole interval at its current value, with
@@ -69,11 +73,16 @@ class Bounds:
         min_executors: fewest data executors.
         max_executors: most data executors.
         max_threads: most concurrent reads per executor (1: no vertical scaling).
+        min_shards: fewest PS shards a merge leaves.
+        max_shards: most PS shards a split makes; ``None``: shards are neither
+            added nor retired (memory is held by row caps alone).
     """
 
     min_executors: int = 1
     max_executors: int = 8
     max_threads: int = 1
+    min_shards: int = 1
+    max_shards: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,9 @@ class Decision:
     Knobs: ``executors``, ``executor_threads``, ``executor_memory`` (each
     executor's memory ask, MiB), ``shard_rows:P`` (row cap of
     shard P), ``shard_memory:P`` (memory budget of shard P), ``hot_shard:P``
-    (report only: ``new`` is the mean load).
+    (report only: ``new`` is the mean load), ``ps_shards`` (the PS shard count:
+    up one is a split, the shard in ``metrics["shard"]`` triggered it; down one
+    a merge of ``metrics["retire"]`` into ``metrics["into"]``).
     """
 
     knob: str
@@ -125,18 +136,27 @@ def _settled(history: Sequence[Snapshot], attr: str) -> bool:
     return bool(getattr(history[-1], attr) == getattr(history[-2], attr))
 
 
+def _settled_shards(history: Sequence[Snapshot]) -> bool:
+    """The newest interval ran wholly with the shards it shows (none added or retired)."""
+    return len(history) < 2 or len(history[-1].shards) == len(history[-2].shards)
+
+
 def _starting(history: Sequence[Snapshot]) -> bool:
     """Executors came up during the newest interval (it ran partly without them)."""
     return len(history) >= 2 and history[-2].executors_starting > 0
 
 
 def forecast_crossing(
-    series: Sequence[tuple[float, int, int]], horizon_s: float, cap_rows: int | None = None
+    series: Sequence[tuple[float, int, int]],
+    horizon_s: float,
+    cap_rows: int | None = None,
+    allocated_rows: int | None = None,
 ) -> tuple[float, float]:
     """(rows per second, bytes forecast ``horizon_s`` ahead) of a shard from its
     ``(t, rows, bytes)`` series: rows on a least-squares line (never past
-    ``cap_rows``), each new one at the newest bytes per row times ``ROW_SLACK``
-    (arrays grow ahead of their rows)."""
+    ``cap_rows``), each one past what the arrays hold already (``allocated_rows``,
+    default the rows now: rows moved or evicted away leave room) at the newest
+    bytes per held row times ``ROW_SLACK`` (arrays grow ahead of their rows)."""
     _, rows_last, bytes_last = series[-1]
     if len(series) < 2 or rows_last <= 0:
         return 0.0, float(bytes_last)
@@ -149,11 +169,12 @@ def forecast_crossing(
         if var > 0
         else 0.0
     )
-    per_row = bytes_last / rows_last
+    held = max(rows_last, allocated_rows or 0)
+    per_row = bytes_last / held
     new_rows = max(0.0, slope) * horizon_s
     if cap_rows is not None:
         new_rows = min(new_rows, max(0, cap_rows - rows_last))
-    ahead = new_rows * per_row * ROW_SLACK
+    ahead = max(0.0, rows_last + new_rows - held) * per_row * ROW_SLACK
     return slope, float(bytes_last) + ahead
 
 
@@ -262,37 +283,92 @@ class EstuaryPolicy:
         return [Decision("executor_memory", budget_mb, ask, trigger, metrics)]
 
     def _memory(self, history: Sequence[Snapshot]) -> list[Decision]:
-        out: list[Decision] = []
+        s, spec = history[-1], self.spec
+        if not _settled_shards(history):
+            return []  # shards just added or retired: the next interval says more
+        over: list[tuple[ShardMetrics, dict[str, float]]] = []
+        ahead_of: dict[int, float] = {}
         recent = history[-self.window :]
-        for shard in history[-1].shards:
+        for shard in s.shards:
             if shard.budget_bytes is None or shard.rows <= 0:
                 continue
             series = [
-                (s.t, m.rows, m.memory_bytes)
-                for s in recent
-                for m in s.shards
+                (h.t, m.rows, m.memory_bytes)
+                for h in recent
+                for m in h.shards
                 if m.shard == shard.shard
             ]
             slope, ahead = forecast_crossing(
-                series, self.spec.memory_horizon_s, shard.capacity_rows
+                series, spec.memory_horizon_s, shard.capacity_rows, shard.allocated_rows
             )
-            target_bytes = self.spec.memory_target * shard.budget_bytes
-            if ahead <= shard.budget_bytes and shard.memory_bytes <= target_bytes:
-                continue
+            ahead_of[shard.shard] = ahead
+            target_bytes = spec.memory_target * shard.budget_bytes
+            # Past the target already, and growing (not living in room it has).
+            past = shard.memory_bytes > target_bytes and (
+                shard.allocated_rows is None or ahead > shard.memory_bytes
+            )
+            if ahead > shard.budget_bytes or past:
+                metrics = {
+                    "shard": float(shard.shard),
+                    "memory_bytes": float(shard.memory_bytes),
+                    "budget_bytes": float(shard.budget_bytes),
+                    "forecast_bytes": ahead,
+                    "rows_per_s": slope,
+                }
+                over.append((shard, metrics))
+        count, b = len(s.shards), self.bounds
+        if over and b.max_shards is not None and count < b.max_shards:
+            # Add a shard (split): it takes rows from every shard, none is capped.
+            worst = max(over, key=lambda o: o[1]["forecast_bytes"] / o[1]["budget_bytes"])
+            trigger = (
+                f"memory forecast of shard {worst[0].shard} crosses the budget within "
+                f"{spec.memory_horizon_s:g} s: add a shard"
+            )
+            return [Decision("ps_shards", count, count + 1, trigger, worst[1])]
+        if not over:
+            return self._merge(s, ahead_of)
+        out: list[Decision] = []
+        for shard, metrics in over:
+            assert shard.budget_bytes is not None
             per_row = shard.memory_bytes / shard.rows
-            cap = int(target_bytes / (per_row * ROW_SLACK))
+            cap = int(spec.memory_target * shard.budget_bytes / (per_row * ROW_SLACK))
             if shard.capacity_rows is not None and cap >= shard.capacity_rows:
                 continue  # capped at or below this already
-            metrics = {
-                "memory_bytes": float(shard.memory_bytes),
-                "budget_bytes": float(shard.budget_bytes),
-                "forecast_bytes": ahead,
-                "rows_per_s": slope,
-            }
             old = float(shard.capacity_rows if shard.capacity_rows is not None else shard.rows)
-            trigger = f"memory forecast crosses the budget within {self.spec.memory_horizon_s:g} s"
+            trigger = f"memory forecast crosses the budget within {spec.memory_horizon_s:g} s"
             out.append(Decision(f"shard_rows:{shard.shard}", old, cap, trigger, metrics))
         return out
+
+    def _merge(self, s: Snapshot, ahead_of: dict[int, float]) -> list[Decision]:
+        """Retire the shard forecast smallest into the next smallest when both fit
+        in ``merge_below`` of one budget and the retired one is no hotter than the
+        mean (shards may be added: ``max_shards``; down to ``min_shards``)."""
+        b, count = self.bounds, len(s.shards)
+        budgets = {m.budget_bytes for m in s.shards}
+        if b.max_shards is None or count <= max(1, b.min_shards) or None in budgets:
+            return []
+        if len(ahead_of) != count:
+            return []
+        budget = float(next(iter(budgets)) or 0)
+        small, into = sorted(ahead_of, key=ahead_of.__getitem__)[:2]
+        together = ahead_of[small] + ahead_of[into]
+        mean = sum(m.load for m in s.shards) / count
+        load = next(m.load for m in s.shards if m.shard == small)
+        if together > self.spec.merge_below * budget or load > mean:
+            return []
+        metrics = {
+            "retire": float(small),
+            "into": float(into),
+            "forecast_bytes": together,
+            "budget_bytes": budget,
+            "load": load,
+            "mean_load": mean,
+        }
+        trigger = (
+            f"shards {small} and {into} together forecast at {together / budget:.0%} of one "
+            f"budget (merge below {self.spec.merge_below:.0%}); shard {small} not hot: merge"
+        )
+        return [Decision("ps_shards", count, count - 1, trigger, metrics)]
 
     def _hot(self, s: Snapshot) -> list[Decision]:
         return hot_shards(s.shards, self.spec.hot_ratio)

@@ -12,6 +12,9 @@ triggered it), written as ``scaling.json`` plus a plot ``scaling.png``.
                    {"knob": "hot_shard:0", ..., "migration": {"slots": 310, "rows": ...,
                     "pause_ms": ..., "to": 1, ...},
                     "effect": {"load_share_before": 0.81, "load_share_after": 0.52, ...}},
+                   {"knob": "ps_shards", "old": 1, "new": 2, "migration": {"kind": "split",
+                    "rows": ..., "pause_ms": ..., "memory_bytes_after": [...], ...},
+                    "effect": {"shards_after": 2, "max_shard_memory_after": ..., ...}},
                    ...],
      "n_scale_actions": 1, "reversed_actions": 0}
 """
@@ -71,6 +74,8 @@ class Timeline:
             knob, _, shard = decision["knob"].partition(":")
             if knob == "hot_shard":
                 effect.update(_load_shares(int(shard), decision["before"], row))
+            if knob == "ps_shards":
+                effect.update(_shard_memory(decision["before"], row))
             decision["effect"] = {"interval": interval, **effect}
             del decision["before"]
         self._pending = []
@@ -178,6 +183,19 @@ def _load_shares(shard: int, before: dict[str, Any], after: dict[str, Any]) -> d
         return round(loads.get(shard, 0.0) / total, 4) if total > 0 else None
 
     return {"load_share_before": share(before), "load_share_after": share(after)}
+
+
+def _shard_memory(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    # A split or merge: the shard count and the largest shard's memory, before and after.
+    def largest(row: dict[str, Any]) -> int:
+        return max((s["memory_bytes"] for s in row["shards"]), default=0)
+
+    return {
+        "shards_before": len(before["shards"]),
+        "shards_after": len(after["shards"]),
+        "max_shard_memory_before": largest(before),
+        "max_shard_memory_after": largest(after),
+    }
 
 
 def _effect(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
