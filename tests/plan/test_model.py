@@ -41,6 +41,22 @@ def test_a_shared_machine_caps_by_cores_and_per_process_share(costs: Costs) -> N
     assert capped.rows_per_s == pytest.approx(0.25 / (0.011024 / 1024))
 
 
+def test_a_shared_machine_takes_the_larger_bound_not_their_product(costs: Costs) -> None:
+    # A process gets 0.4 of a core and the job's one process 0.4 cores: both say
+    # the step takes 2.5x the free one, and it does (not 2.5 x 2.5 = 6.25x).
+    lay = Layout(1, 0, batch_rows=1024, preloaded=True)
+    free = predict(costs, lay)
+    p = predict_shared(costs, lay, cores_1=0.4, cores_n=0.4)
+    assert p.step_s == pytest.approx(free.step_s / 0.4)
+    assert p.rows_per_s == pytest.approx(free.rows_per_s * 0.4)
+    # Two trainers and a shard on 0.5 cores: the contention bound (all their CPU
+    # over 0.5 cores) is above the per-process stretch and sets the step.
+    two = Layout(2, 1, batch_rows=1024, preloaded=True)
+    q = predict_shared(costs, two, cores_1=0.9, cores_n=0.5)
+    assert q.step_s == pytest.approx(predict(costs, two, cores=0.5).step_s)
+    assert q.step_s > predict(costs, two).step_s / 0.9
+
+
 def test_network_latency_lengthens_the_step() -> None:
     c = simple_costs(net_latency_s=1e-3)
     p = predict(c, Layout(2, 1, batch_rows=1024, preloaded=True))

@@ -221,16 +221,21 @@ def ps_memory_bytes(costs: Costs, ids: float, shards: int) -> float:
 
 def predict_shared(costs: Costs, layout: Layout, *, cores_1: float, cores_n: float) -> Prediction:
     """``predict`` on a shared machine: one process gets ``cores_1`` of a core, the
-    job's processes together ``cores_n`` cores (both probed while the job ran)."""
-    free = predict(costs, layout, cores=cores_n)
-    limits = dict(free.limits)
-    limits["trainers"] *= min(cores_1, 1.0)
+    job's processes together ``cores_n`` cores (both probed while the job ran).
+
+    Two bounds on the step; the larger holds: the free machine's step with every
+    phase at ``cores_1`` of a core, and the step with the job's phases contending
+    for ``cores_n`` cores (``predict(cores=cores_n)``). They are not multiplied:
+    ``cores_n`` already counts the other processes' share, so a step bound by it
+    is not slowed again by ``cores_1``.
+    """
+    share = min(cores_1, 1.0)
+    alone = predict(costs, layout)
+    shared = predict(costs, layout, cores=cores_n)
+    step = max(alone.step_s / share, shared.step_s)
+    limits = dict(shared.limits)
+    limits["trainers"] = shared.limits["trainers"] * shared.step_s / step
     bottleneck = min(limits, key=lambda k: limits[k])
     return Prediction(
-        limits[bottleneck],
-        bottleneck,
-        limits,
-        free.step_s / min(cores_1, 1.0),
-        free.cpu_s_per_row,
-        free.busy,
+        limits[bottleneck], bottleneck, limits, step, shared.cpu_s_per_row, shared.busy
     )
