@@ -242,7 +242,11 @@ def _trainer_costs(
 
 
 def _layout_costs(
-    job: Any, unique: list[dict[str, np.ndarray]], steps: int = 30, warmup: int = 10
+    job: Any,
+    unique: list[dict[str, np.ndarray]],
+    steps: int = 30,
+    warmup: int = 10,
+    rounds: int = 2,
 ) -> dict[str, float]:
     """The PS request costs and the all-reduce, each from a direct timing of the
     real code in its multi-process layout (``estuary.plan.probes``), after warm-up.
@@ -252,7 +256,7 @@ def _layout_costs(
     ids) and on the same batches cut to one id per table: the client's CPU per
     step and the server's, solved into a per-request part (2 requests a step per
     server) and a per-id part. Two gloo processes' DDP steps of the job's dense
-    model against one process's steps, at 8 rows a batch (best of two
+    model against one process's steps, at 8 rows a batch (best of ``rounds``
     interleaved rounds each): the CPU per step DDP adds (the gradients'
     all-reduce, its hooks and buffer broadcasts; none of it grows with the rows).
     """
@@ -280,7 +284,7 @@ def _layout_costs(
     # all-reduce, hooks, buffer broadcast) does not grow with the rows, so a
     # small batch keeps it from being a small difference of two large figures.
     one, two = float("inf"), float("inf")
-    for _ in range(2):
+    for _ in range(rounds):
         one = min(one, dense_layout(job, 1, 8, steps=steps, warmup=warmup).client_cpu_s)
         two = min(two, dense_layout(job, 2, 8, steps=steps, warmup=warmup).client_cpu_s)
     return {
@@ -299,7 +303,8 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
 
     Args:
         job: a loaded ``JobSpec`` with ``data.sources`` (its files are read).
-        repeats: timings per figure; the best is kept.
+        repeats: timings per figure; the best is kept. The multi-process probes
+            time 10 steps per repeat (after up to 10 of warm-up).
     """
     parse, hash_per_id, unique, row_bytes, dataset = _data_costs(job, repeats)
     features = list(unique[0])
@@ -311,7 +316,10 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
 
     bytes_per_row, dim = _bytes_per_row(job, unique)
     t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
-    layout = _layout_costs(job, unique)
+    # 30 timed steps after 10 of warm-up at the default 3 repeats; fewer with fewer.
+    layout = _layout_costs(
+        job, unique, steps=10 * repeats, warmup=min(10, 4 * repeats), rounds=min(2, repeats)
+    )
     latency, bw, cpu_per_byte = measure_network(repeats)
     return Costs(
         rpc_s_per_request=layout["rpc_s_per_request"],
