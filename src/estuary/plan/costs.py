@@ -62,7 +62,9 @@ class Costs:
             all-reduce over gloo adds when W > 1 (measured at W = 2).
         net_latency_s: one request's round trip between two processes.
         net_bytes_per_s: bytes per second one connection carries.
-        net_cpu_s_per_byte: CPU seconds (both ends together) to move one byte.
+        net_cpu_s_per_byte: CPU seconds (both ends together) to move one byte (for
+            reference: the rate law takes the PS copies' CPU from the ``rpc_*`` and
+            ``ps_*`` per-id figures, timed with the copies in them).
         cores: logical CPUs of the calibrated machine.
         machine: free-form notes (host, load average, versions).
         version: file format version.

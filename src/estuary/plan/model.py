@@ -170,7 +170,7 @@ def predict(
     limits = {"trainers": w * b / step / straggler}
     if s:
         # The hottest shard's CPU of one step (W x b rows) on its cores.
-        limits["ps"] = w * b * layout.ps_cpus / hottest_cpu
+        limits["ps"] = w * b * layout.ps_cpus / max(hottest_cpu, 1e-12)
     if not layout.preloaded:
         limits["executors"] = layout.executors * layout.executor_cpus / parse_cpu
         # Each shard's link carries its 1/S of every trainer's traffic.
