@@ -7,10 +7,12 @@
 1. Calibration (``estuary.plan.calibration``): per-component costs of the real
    code on this machine with examples/criteo.yaml at batch 1024 (parse, hash,
    table lookup/update, dense step, bytes per row, an IPC round trip and
-   bandwidth); ``--costs`` loads a saved calibration instead.
+   bandwidth, the PS requests' client and server CPU and DDP's all-reduce timed
+   in their multi-process layout); ``--costs`` loads a saved calibration instead.
 2. Validation: real ``estuary train`` runs with W trainers and S PS shards
    (bench/simulate_real.py: 1x0, 2x1, 2x2, 3x1, i.e. 1-4 processes, one torch
-   thread each, median of ``--repeats`` interleaved rounds; ``--real`` reuses
+   thread each, rows/s in the steady state after the first epoch, median of
+   ``--repeats`` interleaved rounds; ``--real`` reuses
    saved runs, pooling the rounds of several). Each round's prediction is
    ``model.predict_shared`` given the cores a probe found free around that run
    (the machine is shared);

@@ -8,9 +8,14 @@ runtime.ps_shards=S`` (``1x0``: one process, in-process tables) with one torch
 thread per trainer (``train.threads=1``: on a shared 2-core machine two threads
 per trainer slow the step 3-5x whenever another process holds a core), batch
 1024 rows per trainer, ``--epochs`` passes over the 31k training rows. The figure
-is the run's ``samples_per_s`` (rows over rank 0's training-loop wall time; start-up
-and data loading excluded); rounds interleave the configs and the median over
-``--repeats`` rounds is kept, with every round's value and the load average.
+is the steady state the simulator predicts: rows over wall time from the end of
+the first epoch to the last step, from rank 0's ``timeseries.jsonl`` samples (the
+first epoch holds every id's first insert, the first calls into numba's and
+torch's code and DDP's first-step set-up: the first step alone took 0.37 s in a
+2x1 run, ~8 steady steps); ``rows_per_s_with_warmup`` keeps the run's
+``samples_per_s`` (rows over the whole training loop). Rounds interleave the
+configs and the median over ``--repeats`` rounds is kept, with every round's value
+and the load average.
 Around each run a probe measures the CPU the machine has free (busy loops for
 1 s, before and after; their mean): ``cores_1`` for one process, ``cores_n`` for
 as many as the run has. The simulator is given those cores, since on a shared
@@ -58,6 +63,21 @@ def probe_cores(processes: int, seconds: float = 1.0) -> float:
     return cpu / seconds
 
 
+def steady_rows_per_s(timeseries: Path, rows_per_epoch: int) -> float | None:
+    """Rows/s between the first sample at or past the end of the first epoch and
+    the last sample of ``timeseries`` (rank 0's ``timeseries.jsonl``: cumulative
+    ``rows`` and wall ``time`` at sampled steps); ``None`` with fewer than two."""
+    samples = []
+    for line in timeseries.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "sample" and "rows" in record:
+            samples.append((float(record["time"]), int(record["rows"])))
+    after = [s for s in samples if s[1] >= rows_per_epoch]
+    if len(after) < 2 or after[-1][0] <= after[0][0]:
+        return None
+    return (after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0])
+
+
 def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
     """One ``estuary train`` run; its summary's rows/s and profile, and the cores
     a probe got just before and just after it (``cores_1``: one process;
@@ -88,9 +108,12 @@ def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
         load = os.getloadavg()[0]
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         summary = json.loads((Path(out) / "summary.json").read_text())
+        per_epoch = int(summary["train_rows"]) // max(epochs, 1)
+        steady = steady_rows_per_s(Path(out) / "timeseries.jsonl", per_epoch)
     after_1, after_n = probe_cores(1), probe_cores(processes)
     return {
-        "rows_per_s": summary["samples_per_s"],
+        "rows_per_s": summary["samples_per_s"] if steady is None else steady,
+        "rows_per_s_with_warmup": summary["samples_per_s"],
         "load_avg_1m": load,
         "cores_1": (before_1 + after_1) / 2,
         "cores_n": (before_n + after_n) / 2,

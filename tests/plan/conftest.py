@@ -10,7 +10,8 @@ from estuary.plan.costs import Costs
 def simple_costs(**changes: float) -> Costs:
     """Round numbers that make rates hand-computable: a 1024-row step costs
     10 ms of dense work and, for its 1024 unique ids (unique_exp 1, coef 1 per
-    feature / F), 1 ms of table work; no fixed parts; free network."""
+    feature / F), 1 ms of table work (in-process, or on the PS shards); no fixed
+    parts, no RPC or all-reduce CPU; free network."""
     base = Costs(
         parse_s_per_row=1e-5,
         hash_s_per_id=0.0,
@@ -30,6 +31,11 @@ def simple_costs(**changes: float) -> Costs:
         unique_exp=1.0,
         rpc_s_per_request=0.0,
         rpc_s_per_id=0.0,
+        rpc_sharded_s_per_request=0.0,
+        rpc_sharded_s_per_id=0.0,
+        ps_s_per_request=0.0,
+        ps_s_per_id=1e-6,
+        allreduce_s_per_step=0.0,
         net_latency_s=0.0,
         net_bytes_per_s=1e15,
         net_cpu_s_per_byte=0.0,

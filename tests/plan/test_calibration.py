@@ -13,7 +13,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "criteo.yaml"
 
 @pytest.mark.slow
 def test_calibration_of_the_real_code_round_trips(tmp_path: Path) -> None:
-    """One repeat of every timed run on the Criteo sample (~1 minute): every
+    """One repeat of every timed run on the Criteo sample (~1-2 minutes): every
     figure is positive where the code does work, and the file reads back equal."""
     job = load_job(EXAMPLE, ["train.batch_size=512"])
     costs = calibrate(job, repeats=1)

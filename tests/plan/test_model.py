@@ -41,6 +41,22 @@ def test_a_shared_machine_caps_by_cores_and_per_process_share(costs: Costs) -> N
     assert capped.rows_per_s == pytest.approx(0.25 / (0.011024 / 1024))
 
 
+def test_a_shared_machine_takes_the_larger_bound_not_their_product(costs: Costs) -> None:
+    # A process gets 0.4 of a core and the job's one process 0.4 cores: both say
+    # the step takes 2.5x the free one, and it does (not 2.5 x 2.5 = 6.25x).
+    lay = Layout(1, 0, batch_rows=1024, preloaded=True)
+    free = predict(costs, lay)
+    p = predict_shared(costs, lay, cores_1=0.4, cores_n=0.4)
+    assert p.step_s == pytest.approx(free.step_s / 0.4)
+    assert p.rows_per_s == pytest.approx(free.rows_per_s * 0.4)
+    # Two trainers and a shard on 0.5 cores: the contention bound (all their CPU
+    # over 0.5 cores) is above the per-process stretch and sets the step.
+    two = Layout(2, 1, batch_rows=1024, preloaded=True)
+    q = predict_shared(costs, two, cores_1=0.9, cores_n=0.5)
+    assert q.step_s == pytest.approx(predict(costs, two, cores=0.5).step_s)
+    assert q.step_s > predict(costs, two).step_s / 0.9
+
+
 def test_network_latency_lengthens_the_step() -> None:
     c = simple_costs(net_latency_s=1e-3)
     p = predict(c, Layout(2, 1, batch_rows=1024, preloaded=True))
@@ -57,14 +73,31 @@ def test_a_shard_serves_every_trainer_of_a_sync_step_in_turn(costs: Costs) -> No
         assert p.rows_per_s == pytest.approx(w * 1024 / p.step_s)
 
 
-def test_rpc_cpu_is_split_between_trainer_and_shard_phases() -> None:
-    # 2 ms per request, 2 requests per shard: 4 ms (S=1) or 8 ms (S=2) of RPC CPU
-    # a trainer step, half in the trainer phase, half over the shards' phases.
-    c = simple_costs(rpc_s_per_request=2e-3)
+def test_request_costs_fall_on_the_trainer_and_on_every_shard() -> None:
+    # Client: 1 ms a request through one server's client, 1.5 ms through the
+    # sharded one, 2 requests per shard a step. Server: 2 ms a request (every
+    # table's fixed per-call cost: it is paid on each shard, not split), 2
+    # requests per trainer per shard, plus the shard's 1/S of the ids.
+    c = simple_costs(
+        rpc_s_per_request=1e-3, rpc_sharded_s_per_request=1.5e-3, ps_s_per_request=2e-3
+    )
     one = predict(c, Layout(2, 1, batch_rows=1024, preloaded=True))
-    assert one.step_s == pytest.approx((0.010 + 0.002) + 2 * (0.001024 + 0.002))
+    assert one.step_s == pytest.approx((0.010 + 2 * 1e-3) + 2 * (2 * 2e-3 + 0.001024))
     two = predict(c, Layout(2, 2, batch_rows=1024, preloaded=True))
-    assert two.step_s == pytest.approx((0.010 + 0.004) + 2 * (0.001024 + 0.004) / 2)
+    assert two.step_s == pytest.approx((0.010 + 4 * 1.5e-3) + 2 * (2 * 2e-3 + 0.000512))
+    # All shards' CPU of a step: W trainers x 2 requests x S shards, and every id once.
+    assert two.cpu_s_per_row["ps"] == pytest.approx(2 * (2 * 2 * 2e-3 + 0.001024) / 2048)
+
+
+def test_per_id_client_cost_and_the_all_reduce_are_trainer_cpu() -> None:
+    c = simple_costs(rpc_s_per_id=1e-6, rpc_sharded_s_per_id=2e-6, allreduce_s_per_step=3e-3)
+    # One trainer: no all-reduce; 1024 ids through one server's client.
+    solo = predict(c, Layout(1, 1, batch_rows=1024, preloaded=True))
+    assert solo.step_s == pytest.approx(0.010 + 0.001024 + 0.001024)
+    # Two trainers on two shards: the all-reduce and the sharded client's per-id CPU.
+    pair = predict(c, Layout(2, 2, batch_rows=1024, preloaded=True))
+    assert pair.step_s == pytest.approx((0.010 + 0.003 + 0.002048) + 2 * 0.000512)
+    assert pair.cpu_s_per_row["trainer"] == pytest.approx((0.010 + 0.003 + 0.002048) / 1024)
 
 
 def test_trainers_and_shards_contend_for_a_shared_machines_cores(costs: Costs) -> None:

@@ -77,7 +77,7 @@ def test_estuary_plan_names_a_bad_calibration_file(
     bad.write_text(json.dumps({"parse_s_per_row": 1.0}))
     rc = main(["plan", str(EXAMPLE), "--nodes", "4", "--costs", str(bad)])
     assert rc == 2
-    assert f"error: {bad}.bytes_per_row: missing" in capsys.readouterr().err  # sorted first
+    assert f"error: {bad}.allreduce_s_per_step: missing" in capsys.readouterr().err  # sorted first
 
 
 def test_the_grid_is_geometric_and_covers_both_ends() -> None:
@@ -87,15 +87,17 @@ def test_the_grid_is_geometric_and_covers_both_ends() -> None:
 
 
 def test_costly_requests_make_sizing_choose_fewer_shards(costs: Costs) -> None:
-    # Every trainer sends 2 requests to every shard: at 5 ms each, more shards
-    # lengthen every step, so the answer keeps them near what memory needs.
+    # Every trainer sends 2 requests to every shard: at 5 ms of trainer CPU each,
+    # more shards lengthen every step, so the answer keeps them near what memory needs.
     cluster = ClusterSpec(nodes=10)
     cheap = size_job(costs, 1e8, cluster)
-    dear = size_job(replace(costs, rpc_s_per_request=5e-3), 1e8, cluster)
+    dear = size_job(
+        replace(costs, rpc_s_per_request=5e-3, rpc_sharded_s_per_request=5e-3), 1e8, cluster
+    )
     assert dear.layout.ps_shards < cheap.layout.ps_shards
     assert dear.prediction.rows_per_s < cheap.prediction.rows_per_s
     # The answer is at least as fast as the same trainers with one shard more.
-    dear_costs = replace(costs, rpc_s_per_request=5e-3)
+    dear_costs = replace(costs, rpc_s_per_request=5e-3, rpc_sharded_s_per_request=5e-3)
     lay = dear.layout
     more = _layout_for(dear_costs, lay.trainers, lay.ps_shards + 1, cluster, 1.2)
     assert predict(dear_costs, more).rows_per_s <= dear.prediction.rows_per_s * (1 + 0.01)

@@ -1,6 +1,6 @@
 """Short calibration runs of the real code, one thread each, into ``Costs``.
 
-Each component is timed on the job's own data and model (~10-30 s in all):
+Each component is timed on the job's own data and model (~1-2 min in all):
 
   parse / hash   ``TabularDataset`` loads the job's sources on one thread; the
                  hashing share is timed apart with ``hash_feature`` on as many
@@ -14,6 +14,12 @@ Each component is timed on the job's own data and model (~10-30 s in all):
   network        a spawned echo process over a ``multiprocessing`` connection (the
                  parameter server's transport): a small message's round trip
                  (latency) and a 4 MiB one's (bytes/s).
+  PS requests    a client process against one and against two ``ServerProcess``es
+                 (``estuary.plan.probes.ps_layout``), the data's batches and the
+                 same cut to one id per table, after warm-up: client and server
+                 CPU per step, each solved into per-request and per-id parts.
+  all-reduce     the dense step alone and in a 2-process DDP group
+                 (``probes.dense_layout``): the CPU per step DDP adds.
 
 CPU time (``time.process_time``) is used where one process does all the work, so
 other jobs on a shared machine disturb the figures less; the best of
@@ -28,7 +34,6 @@ import platform
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -236,87 +241,61 @@ def _trainer_costs(
     }
 
 
-def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _layout_costs(
+    job: Any,
+    unique: list[dict[str, np.ndarray]],
+    steps: int = 30,
+    warmup: int = 10,
+    rounds: int = 2,
+) -> dict[str, float]:
+    """The PS request costs and the all-reduce, each from a direct timing of the
+    real code in its multi-process layout (``estuary.plan.probes``), after warm-up.
 
-
-def _rpc_costs(job: Any, unique: list[dict[str, np.ndarray]], repeats: int) -> tuple[float, float]:
-    """(CPU s per request, CPU s per id) a parameter server in other processes adds
-    over in-process tables, through the real client (``connect_servers``: a
-    ``PSClient`` for one ``ServerProcess``, a ``ShardedPSClient`` for two, which
-    routes every table's ids and calls both servers at once). Every batch's
-    ``lookup_many`` (train) + ``apply_gradients_many``, CPU of all the processes:
-    on one server at the batch size and with 1/8 of each batch's ids (the per-id
-    part, from which ``calibrate`` takes the tables' own per-id work), and on two
-    servers (2 requests more a step, and the routing: the per-request part)."""
-    from estuary.ps.process import ServerProcess
-    from estuary.ps.sharded import connect_servers, server_share
-    from estuary.ps.types import HostedTable, ServerConfig
+    One client process against one ``ServerProcess`` (``PSClient``) and against
+    two (``ShardedPSClient``), each on the data's batches (every table's unique
+    ids) and on the same batches cut to one id per table: the client's CPU per
+    step and the server's, solved into a per-request part (2 requests a step per
+    server) and a per-id part. Two gloo processes' DDP steps of the job's dense
+    model against one process's steps, at 8 rows a batch (best of ``rounds``
+    interleaved rounds each): the CPU per step DDP adds (the gradients'
+    all-reduce, its hooks and buffer broadcasts; none of it grows with the rows).
+    """
+    from estuary.plan.probes import dense_layout, ps_layout
+    from estuary.ps.types import HostedTable
 
     features = list(unique[0])
+    tables = {f: HostedTable(job.table_spec(f), seed=i) for i, f in enumerate(features)}
     full = [[b[f] for f in features] for b in unique]
-    small = [[a[: max(a.size // 8, 1)] for a in b] for b in full]
-    rng = np.random.default_rng(0)
+    tiny = [[a[:1] for a in b] for b in full]
+    n_full = float(np.mean([sum(a.size for a in b) for b in full]))
+    n_tiny = float(len(features))
 
-    def measure(servers: int, sets: list[list[list[np.ndarray]]]) -> list[float]:
-        tables = {f: HostedTable(job.table_spec(f), seed=i) for i, f in enumerate(features)}
-        config = ServerConfig(
-            tables={f: server_share(t, servers) for f, t in tables.items()},
-            world_size=1,
-            staleness=0,
-        )
-        procs = [ServerProcess(config) for _ in range(servers)]
-        client = connect_servers([p.address for p in procs], [p.authkey for p in procs])
-        try:
-            remote = client.tables()
-            stores = [remote[f] for f in features]
+    def probe(shards: int) -> tuple[tuple[float, float], tuple[float, float]]:
+        big = ps_layout(tables, full, features, 1, shards, steps=steps, warmup=warmup)
+        small = ps_layout(tables, tiny, features, 1, shards, steps=steps, warmup=warmup)
+        client = _affine((n_tiny, small.client_cpu_s), (n_full, big.client_cpu_s))
+        server = _affine((n_tiny, small.server_cpu_s), (n_full, big.server_cpu_s))
+        return client, server
 
-            def steps(batches: list[list[np.ndarray]]) -> Callable[[], None]:
-                grads = [
-                    [
-                        rng.normal(size=(a.size, remote[f].dim)).astype(np.float32)
-                        for f, a in zip(features, b, strict=True)
-                    ]
-                    for b in batches
-                ]
-
-                def go() -> None:
-                    for b, g in zip(batches, grads, strict=True):
-                        client.lookup_many(stores, b, train=True)
-                        client.apply_gradients_many(stores, b, g)
-
-                return go
-
-            for _ in range(2):  # admission (min_count) and first inserts
-                steps(full)()
-            out = []
-            for batches in sets:
-                go = steps(batches)
-                best = float("inf")
-                for _ in range(repeats):
-                    c0 = time.process_time()
-                    s0 = sum(_proc_cpu_s(p.pid or 0) for p in procs)
-                    go()
-                    server_s = sum(_proc_cpu_s(p.pid or 0) for p in procs) - s0
-                    best = min(best, time.process_time() - c0 + server_s)
-                out.append(best / len(batches))
-            return out
-        finally:
-            client.close()
-            for p in procs:
-                p.stop()
-
-    t_small, t_full = measure(1, [small, full])
-    (t_two,) = measure(2, [full])
-    steps_n = len(unique)
-    n_small = sum(a.size for b in small for a in b) / steps_n
-    n_full = sum(a.size for b in full for a in b) / steps_n
-    _, per_id = _affine((n_small, t_small), (n_full, t_full))
-    # Two servers: the same ids and table work, 2 requests more a step (+ routing).
-    per_request = max(t_two - t_full, 0.0) / 2
-    return per_request, per_id
+    (c1_fixed, c1_id), (s1_fixed, s1_id) = probe(1)
+    (c2_fixed, c2_id), _ = probe(2)
+    # Interleaved, best of two each: one process's CPU per dense step alone and
+    # in a 2-process DDP group, at 8 rows a batch: DDP's work (the gradients'
+    # all-reduce, hooks, buffer broadcast) does not grow with the rows, so a
+    # small batch keeps it from being a small difference of two large figures.
+    one, two = float("inf"), float("inf")
+    for _ in range(rounds):
+        one = min(one, dense_layout(job, 1, 8, steps=steps, warmup=warmup).client_cpu_s)
+        two = min(two, dense_layout(job, 2, 8, steps=steps, warmup=warmup).client_cpu_s)
+    return {
+        "rpc_s_per_request": c1_fixed / 2,
+        "rpc_s_per_id": c1_id,
+        "rpc_sharded_s_per_request": c2_fixed / 4,
+        "rpc_sharded_s_per_id": c2_id,
+        "ps_s_per_request": s1_fixed / 2,
+        "ps_s_per_id": s1_id,
+        "allreduce_s_per_step": max(two - one, 0.0),
+    }
 
 
 def calibrate(job: Any, *, repeats: int = 3) -> Costs:
@@ -324,7 +303,8 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
 
     Args:
         job: a loaded ``JobSpec`` with ``data.sources`` (its files are read).
-        repeats: timings per figure; the best is kept.
+        repeats: timings per figure; the best is kept. The multi-process probes
+            time 10 steps per repeat (after up to 10 of warm-up).
     """
     parse, hash_per_id, unique, row_bytes, dataset = _data_costs(job, repeats)
     features = list(unique[0])
@@ -336,13 +316,19 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
 
     bytes_per_row, dim = _bytes_per_row(job, unique)
     t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
-    rpc_request, rpc_id = _rpc_costs(job, unique, repeats)
-    # The tables' own per-id work happens in the server too: what remains is the RPC's.
-    rpc_id = max(rpc_id - t["lookup_s_per_id"] - t["update_s_per_id"], 0.0)
+    # 30 timed steps after 10 of warm-up at the default 3 repeats; fewer with fewer.
+    layout = _layout_costs(
+        job, unique, steps=10 * repeats, warmup=min(10, 4 * repeats), rounds=min(2, repeats)
+    )
     latency, bw, cpu_per_byte = measure_network(repeats)
     return Costs(
-        rpc_s_per_request=rpc_request,
-        rpc_s_per_id=rpc_id,
+        rpc_s_per_request=layout["rpc_s_per_request"],
+        rpc_s_per_id=layout["rpc_s_per_id"],
+        rpc_sharded_s_per_request=layout["rpc_sharded_s_per_request"],
+        rpc_sharded_s_per_id=layout["rpc_sharded_s_per_id"],
+        ps_s_per_request=layout["ps_s_per_request"],
+        ps_s_per_id=layout["ps_s_per_id"],
+        allreduce_s_per_step=layout["allreduce_s_per_step"],
         parse_s_per_row=parse,
         hash_s_per_id=hash_per_id,
         lookup_s_per_id=t["lookup_s_per_id"],

@@ -21,7 +21,7 @@ from estuary.config.errors import ConfigError
 
 __all__ = ["COSTS_VERSION", "Costs", "load_costs", "save_costs"]
 
-COSTS_VERSION = 1
+COSTS_VERSION = 2  # 2: the PS figures from the multi-process probes
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,25 @@ class Costs:
         unique_coef: unique ids of one feature in a batch of b rows are
             ``unique_coef * b ** unique_exp`` (fitted on the data's batches).
         unique_exp: see ``unique_coef`` (1.0: every id distinct).
-        rpc_s_per_request: CPU (trainer and PS together) of one PS request beyond
-            the tables' work: encoding, dispatch, copies.
-        rpc_s_per_id: CPU of one id's share of a request (ids, rows, gradients).
+        rpc_s_per_request: trainer: client CPU of one request to one PS server
+            (``PSClient``: encoding, send, wait, decode), ids aside.
+        rpc_s_per_id: trainer: client CPU per unique id of a step (its lookup
+            and push: ids, rows and gradients copied).
+        rpc_sharded_s_per_request: as ``rpc_s_per_request`` through the sharded
+            client (S >= 2 servers: a thread per server, routing), per server.
+        rpc_sharded_s_per_id: as ``rpc_s_per_id`` through the sharded client
+            (routing and scattering the rows back included).
+        ps_s_per_request: PS server: CPU of one request (a lookup or a push of
+            every table, ids aside: dispatch, the tables' fixed per-call costs).
+        ps_s_per_id: PS server: CPU per unique id of one trainer's step (its
+            lookup, the update, the copies in and out).
+        allreduce_s_per_step: trainer: CPU per step that DDP's gradient
+            all-reduce over gloo adds when W > 1 (measured at W = 2).
         net_latency_s: one request's round trip between two processes.
         net_bytes_per_s: bytes per second one connection carries.
-        net_cpu_s_per_byte: CPU seconds (both ends together) to move one byte.
+        net_cpu_s_per_byte: CPU seconds (both ends together) to move one byte (for
+            reference: the rate law takes the PS copies' CPU from the ``rpc_*`` and
+            ``ps_*`` per-id figures, timed with the copies in them).
         cores: logical CPUs of the calibrated machine.
         machine: free-form notes (host, load average, versions).
         version: file format version.
@@ -75,6 +88,11 @@ class Costs:
     unique_exp: float
     rpc_s_per_request: float
     rpc_s_per_id: float
+    rpc_sharded_s_per_request: float
+    rpc_sharded_s_per_id: float
+    ps_s_per_request: float
+    ps_s_per_id: float
+    allreduce_s_per_step: float
     net_latency_s: float
     net_bytes_per_s: float
     net_cpu_s_per_byte: float

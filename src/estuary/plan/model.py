@@ -3,31 +3,35 @@
 A trainer step of ``b`` rows (``b`` = the per-trainer batch) costs:
 
   dense   ``dense_s_per_step + b * dense_s_per_row`` on the trainer, divided by the
-          speed-up of its threads;
-  tables  for its ``n = unique_ids(b)`` ids, ``F`` lookup and update calls plus
-          ``n`` ids' lookup and update work: in the trainer when the tables are
-          in-process (``ps_shards == 0``), else on the PS shards, ``1/S`` each
-          (the hottest shard ``hot_factor`` times its share);
-  network with a PS: 3 round trips (lookup, push, wait for the update) and
-          ``n * (2 * 4D + 16)`` bytes each way at the connection's bandwidth, plus
-          the CPU to copy them and the RPC's own CPU (``2S`` requests of
-          ``rpc_s_per_request`` and ``n * rpc_s_per_id``), half in the trainer,
-          half in the shards; with ``W > 1`` trainers an all-reduce of the
-          dense gradients (``ceil(log2 W)`` round trips).
+          speed-up of its threads, plus ``allreduce_s_per_step`` (DDP over gloo)
+          when ``W > 1``;
+  tables  in-process (``ps_shards == 0``): ``F`` lookup and update calls plus
+          ``n = unique_ids(b)`` ids' lookup and update work, in the trainer;
+  PS      with ``S`` shards, measured in the multi-process layout
+          (``estuary.plan.probes``): the trainer's client CPU, a lookup and a
+          push to each shard (``2S`` requests of ``rpc_s_per_request``, or
+          ``rpc_sharded_s_per_request`` through the sharded client) and
+          ``n * rpc_s_per_id`` (``rpc_sharded_s_per_id``); on each shard, for
+          every trainer, 2 requests of ``ps_s_per_request`` (every table's fixed
+          per-call cost is in it: each shard pays it, it does not split over
+          shards) and ``n / S`` ids of ``ps_s_per_id`` (the hottest shard
+          ``hot_factor`` times that);
+  network 3 round trips (lookup, push, wait for the update) and
+          ``n * (2 * 4D + 16)`` bytes each way at the connection's bandwidth; with
+          ``W > 1`` trainers ``ceil(log2 W)`` round trips of all-reduce.
 
 In sync mode the step is two phases in series. The trainer phase: the dense
-work and the trainer's half of the RPC. The shard phase: all ``W`` trainers'
-requests reach every shard at once (they left the same all-reduce), so each
-shard serves ``W`` trainers' shares (its tables' work and its half of the
-RPC) before the slowest trainer's reply, and the phase lasts ``W`` times one
-trainer's share of a shard. With ``cores`` given (a shared machine) a phase
-lasts at least its CPU over all processes over ``cores`` (``W`` trainers'
-phases, or all shards' work, contend for the same cores). The job's rate is
-the least of
+work (and the all-reduce) and the trainer's client CPU. The shard phase: all
+``W`` trainers' requests reach every shard at once (they left the same
+all-reduce), so a shard serves all ``W`` trainers' requests before the slowest
+trainer's reply: the phase lasts the hottest shard's CPU of the step. With
+``cores`` given (a shared machine) a phase lasts at least its CPU over all
+processes over ``cores`` (``W`` trainers' phases, or all shards' work, contend
+for the same cores). The job's rate is the least of
 
   trainers   ``W * b / step_s`` (slowed by ``straggler``: every trainer waits for
              the slowest at the all-reduce);
-  ps         ``S * ps_cpus`` cores over the tables' CPU per row (hottest shard);
+  ps         the hottest shard's cores over its CPU per step's ``W b`` rows;
   executors  ``E * executor_cpus`` cores over parse + hash per row, unless the data
              is preloaded (``estuary train`` with ``data.sources`` parses first);
   network    each shard's link: ``S * net_bytes_per_s`` over the bytes per row;
@@ -46,7 +50,14 @@ from dataclasses import dataclass, field
 
 from estuary.plan.costs import Costs
 
-__all__ = ["Layout", "Prediction", "predict", "predict_shared", "ps_memory_bytes"]
+__all__ = [
+    "Layout",
+    "Prediction",
+    "predict",
+    "predict_shared",
+    "ps_memory_bytes",
+    "rpc_client_cpu",
+]
 
 ROUND_TRIPS_PER_STEP = 3  # lookup, push, wait for the applied step
 
@@ -125,22 +136,23 @@ def predict(
     n = c.unique_ids(b)
     f = c.sparse_features
     dense_cpu = c.dense_s_per_step + c.dense_s_per_row * b
+    if w > 1:
+        dense_cpu += c.allreduce_s_per_step  # DDP's all-reduce of the dense gradients
     table_cpu = f * (c.lookup_s_per_call + c.update_s_per_call) + n * (
         c.lookup_s_per_id + c.update_s_per_id
     )
     dense_wall = dense_cpu / c.speedup(layout.trainer_cpus)
-    net_cpu, wire_bytes, step = 0.0, 0.0, 0.0
+    wire_bytes, step = 0.0, 0.0
     if s == 0:
         trainer_phase, trainer_cpu = dense_wall + table_cpu, dense_cpu + table_cpu
-        shard_phase = shard_cpu = 0.0
+        shard_phase = shard_cpu = hottest_cpu = 0.0
     else:
         wire_bytes = n * (2 * 4 * c.embedding_dim + 16)
-        # Two requests (lookup, push) to each of S shards, plus every id's share.
-        net_cpu = wire_bytes * c.net_cpu_s_per_byte + 2 * s * c.rpc_s_per_request
-        net_cpu += n * c.rpc_s_per_id
-        trainer_phase = dense_wall + net_cpu / 2
-        trainer_cpu = dense_cpu + net_cpu / 2
-        shard_phase, shard_cpu = _shard_phase(table_cpu, net_cpu, w, s, layout.ps_cpus, hot_factor)
+        client_cpu = rpc_client_cpu(c, s, n)
+        trainer_phase = dense_wall + client_cpu
+        trainer_cpu = dense_cpu + client_cpu
+        hottest_cpu, shard_cpu = _shard_cpu(c, n, w, s, hot_factor)
+        shard_phase = hottest_cpu / max(layout.ps_cpus, 1e-9)
         step += ROUND_TRIPS_PER_STEP * c.net_latency_s + wire_bytes / c.net_bytes_per_s
     if cores is not None:
         # W trainers' (then the shards') work of one step shares the machine's cores.
@@ -151,13 +163,14 @@ def predict(
         step += math.ceil(math.log2(w)) * c.net_latency_s
     parse_cpu = c.parse_s_per_row + c.hash_s_per_id * c.ids_per_row
     cpu = {
-        "trainer": (dense_cpu + (table_cpu if s == 0 else net_cpu / 2)) / b,
-        "ps": (table_cpu + net_cpu / 2) / b if s else 0.0,
+        "trainer": trainer_cpu / b,
+        "ps": shard_cpu / (w * b) if s else 0.0,
         "executor": 0.0 if layout.preloaded else parse_cpu,
     }
     limits = {"trainers": w * b / step / straggler}
     if s:
-        limits["ps"] = s * layout.ps_cpus / (cpu["ps"] * hot_factor)
+        # The hottest shard's CPU of one step (W x b rows) on its cores.
+        limits["ps"] = w * b * layout.ps_cpus / max(hottest_cpu, 1e-12)
     if not layout.preloaded:
         limits["executors"] = layout.executors * layout.executor_cpus / parse_cpu
         # Each shard's link carries its 1/S of every trainer's traffic.
@@ -175,19 +188,30 @@ def predict(
     return Prediction(rate, bottleneck, limits, step, cpu, busy)
 
 
-def _shard_phase(
-    table_cpu: float, net_cpu: float, w: int, s: int, ps_cpus: float, hot_factor: float
-) -> tuple[float, float]:
-    """(wall, CPU) of the PS part of one sync step of ``w`` trainers on ``s`` shards.
+def rpc_client_cpu(costs: Costs, shards: int, ids: float) -> float:
+    """Trainer CPU of one step's PS requests: a lookup and a push to each of
+    ``shards`` servers (through the sharded client when more than one) for
+    ``ids`` unique ids."""
+    c = costs
+    if shards == 1:
+        return 2 * c.rpc_s_per_request + ids * c.rpc_s_per_id
+    return 2 * shards * c.rpc_sharded_s_per_request + ids * c.rpc_sharded_s_per_id
 
-    One trainer's tables' work and half its RPC CPU (the server's end) split over
-    the shards, the hottest ``hot_factor`` times its share; in a sync step all
-    ``w`` trainers' requests reach every shard together, so a shard serves ``w``
-    of them before the last trainer's reply leaves: its wall is ``w`` times one
-    trainer's share on ``ps_cpus`` cores. The CPU is all shards' work of the step.
+
+def _shard_cpu(costs: Costs, ids: float, w: int, s: int, hot_factor: float) -> tuple[float, float]:
+    """(hottest shard, all shards) CPU of one sync step of ``w`` trainers on ``s`` shards.
+
+    Every trainer sends each shard a lookup and a push (``2 w`` requests a shard,
+    each with every table's fixed per-call costs: they do not split over shards)
+    and 1/S of its ``ids`` (the hottest shard ``hot_factor`` times that). In a
+    sync step all ``w`` trainers' requests reach every shard together, so a shard
+    serves all of them before the last trainer's reply leaves: the phase lasts
+    the hottest shard's work (on its cores).
     """
-    per_trainer = (table_cpu * hot_factor + net_cpu / 2) / s
-    return w * per_trainer / max(ps_cpus, 1e-9), w * (table_cpu + net_cpu / 2)
+    c = costs
+    hottest = w * (2 * c.ps_s_per_request + ids / s * c.ps_s_per_id * hot_factor)
+    every = w * (2 * s * c.ps_s_per_request + ids * c.ps_s_per_id)
+    return hottest, every
 
 
 def ps_memory_bytes(costs: Costs, ids: float, shards: int) -> float:
@@ -197,16 +221,21 @@ def ps_memory_bytes(costs: Costs, ids: float, shards: int) -> float:
 
 def predict_shared(costs: Costs, layout: Layout, *, cores_1: float, cores_n: float) -> Prediction:
     """``predict`` on a shared machine: one process gets ``cores_1`` of a core, the
-    job's processes together ``cores_n`` cores (both probed while the job ran)."""
-    free = predict(costs, layout, cores=cores_n)
-    limits = dict(free.limits)
-    limits["trainers"] *= min(cores_1, 1.0)
+    job's processes together ``cores_n`` cores (both probed while the job ran).
+
+    Two bounds on the step; the larger holds: the free machine's step with every
+    phase at ``cores_1`` of a core, and the step with the job's phases contending
+    for ``cores_n`` cores (``predict(cores=cores_n)``). They are not multiplied:
+    ``cores_n`` already counts the other processes' share, so a step bound by it
+    is not slowed again by ``cores_1``.
+    """
+    share = min(cores_1, 1.0)
+    alone = predict(costs, layout)
+    shared = predict(costs, layout, cores=cores_n)
+    step = max(alone.step_s / share, shared.step_s)
+    limits = dict(shared.limits)
+    limits["trainers"] = shared.limits["trainers"] * shared.step_s / step
     bottleneck = min(limits, key=lambda k: limits[k])
     return Prediction(
-        limits[bottleneck],
-        bottleneck,
-        limits,
-        free.step_s / min(cores_1, 1.0),
-        free.cpu_s_per_row,
-        free.busy,
+        limits[bottleneck], bottleneck, limits, step, shared.cpu_s_per_row, shared.busy
     )

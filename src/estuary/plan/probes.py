@@ -1,0 +1,308 @@
+"""Timings of the real components in a multi-process layout, for the calibration.
+
+Two probes, each a set of spawned processes doing one part of a sync training
+step, ``steps`` times after ``warmup`` steps (first inserts, JIT and allocator
+warm-up excluded):
+
+  ``ps_layout``     W client processes against S ``ServerProcess``es (staleness 0,
+                    world size W): every step each client's ``lookup_many`` (train)
+                    and ``apply_gradients_many`` of its share of a fixed batch
+                    stream, through the real client (``connect_servers``: a
+                    ``PSClient`` for one server, a ``ShardedPSClient`` for more).
+                    The figures: wall seconds per step (rank 0's), CPU seconds per
+                    step of one client (their mean) and of all servers together.
+  ``dense_layout``  W processes in a gloo process group, one torch thread each,
+                    the job's dense model (wrapped in DDP when W > 1) on synthetic
+                    inputs of the job's shapes: forward, backward (the embedding
+                    input has a gradient, as in training) and the dense optimizer
+                    step. Wall and CPU seconds per step of one process (the mean).
+
+Nothing here is fitted to an ``estuary train`` run: these are the same code paths
+timed on their own, so the request costs come from direct timings rather than from
+differences of end-to-end figures.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LayoutTiming", "dense_layout", "proc_cpu_s", "ps_layout"]
+
+
+@dataclass(frozen=True)
+class LayoutTiming:
+    """Per-step figures of one probe.
+
+    Args:
+        trainers: W.
+        shards: S (0 for the dense probe).
+        wall_s: wall seconds of one step.
+        client_cpu_s: CPU seconds of one step in one trainer/client process (mean).
+        server_cpu_s: CPU seconds of one step in all servers together.
+        steps: timed steps.
+    """
+
+    trainers: int
+    shards: int
+    wall_s: float
+    client_cpu_s: float
+    server_cpu_s: float
+    steps: int
+
+
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _ps_client(
+    rank: int,
+    world: int,
+    addresses: list[Any],
+    authkeys: list[bytes],
+    features: list[str],
+    batches: list[list[np.ndarray]],
+    warmup: int,
+    compute_s: float,
+    barrier: Any,
+    out: Any,
+) -> None:
+    from estuary.ps.sharded import connect_servers
+
+    client = connect_servers(addresses, authkeys)
+    try:
+        remote = client.tables(rank=rank, grad_scale=1.0 / world)
+        stores = [remote[f] for f in features]
+        rng = np.random.default_rng(rank)
+        grads = [
+            [
+                rng.normal(size=(a.size, remote[f].dim)).astype(np.float32)
+                for f, a in zip(features, b, strict=True)
+            ]
+            for b in batches
+        ]
+        t0 = c0 = 0.0
+        for i, (ids, g) in enumerate(zip(batches, grads, strict=True)):
+            if i == warmup:
+                barrier.wait()  # the parent reads the servers' CPU here
+                t0, c0 = time.perf_counter(), time.process_time()
+            client.lookup_many(stores, ids, train=True)
+            if compute_s > 0:  # the trainer's dense step: CPU time, not a sleep
+                until = time.process_time() + compute_s
+                while time.process_time() < until:
+                    pass
+            client.apply_gradients_many(stores, ids, g)
+        for table in stores:
+            table.wait_applied()  # Blocking wait: every rank's last step has landed.
+        out.put((rank, time.perf_counter() - t0, time.process_time() - c0))
+        barrier.wait()  # the parent reads the servers' CPU before anyone leaves
+    finally:
+        client.close()
+
+
+def ps_layout(
+    tables: dict[str, Any],
+    batches: list[list[np.ndarray]],
+    features: list[str],
+    trainers: int,
+    shards: int,
+    *,
+    steps: int,
+    warmup: int,
+    compute_s: float = 0.0,
+) -> LayoutTiming:
+    """Time W = ``trainers`` clients against S = ``shards`` servers (see module doc).
+
+    Args:
+        tables: table name -> ``HostedTable`` (the job's tables as a server hosts them).
+        batches: the stream, per batch the unique ids of each of ``features``;
+            rank r takes batches ``r, r + W, ...`` (cycled to ``warmup + steps``).
+        features: table names, in the order of each batch's arrays.
+        compute_s: CPU seconds each client spends between its lookup and its push
+            (a stand-in for the dense step; 0: none).
+    """
+    from estuary.ps.process import ServerProcess
+    from estuary.ps.sharded import server_share
+    from estuary.ps.types import ServerConfig
+
+    if trainers < 1 or shards < 1:
+        raise ValueError(f"ps_layout needs >= 1 trainer and shard, got {trainers}x{shards}")
+    total = warmup + steps
+    config = ServerConfig(
+        tables={f: server_share(t, shards) for f, t in tables.items()},
+        world_size=trainers,
+        staleness=0,
+    )
+    ctx = multiprocessing.get_context("spawn")
+    servers = [ServerProcess(config) for _ in range(shards)]
+    barrier = ctx.Barrier(trainers + 1)
+    out = ctx.SimpleQueue()
+    clients = []
+    try:
+        for r in range(trainers):
+            mine = [batches[(r + trainers * i) % len(batches)] for i in range(total)]
+            args = (
+                r,
+                trainers,
+                [s.address for s in servers],
+                [s.authkey for s in servers],
+                features,
+                mine,
+                warmup,
+                compute_s,
+                barrier,
+                out,
+            )
+            clients.append(ctx.Process(target=_ps_client, args=args, daemon=True))
+        for p in clients:
+            p.start()
+        barrier.wait()  # Blocking wait: every client has done its warm-up steps
+        s0 = sum(proc_cpu_s(s.pid or 0) for s in servers)
+        barrier.wait()  # Blocking wait: every client's last step has landed
+        server_s = sum(proc_cpu_s(s.pid or 0) for s in servers) - s0
+        got = sorted(out.get() for _ in range(trainers))
+        for p in clients:
+            p.join(timeout=30)
+    finally:
+        for p in clients:
+            if p.is_alive():
+                p.kill()
+        for s in servers:
+            s.stop()
+    return LayoutTiming(
+        trainers=trainers,
+        shards=shards,
+        wall_s=got[0][1] / steps,
+        client_cpu_s=float(np.mean([g[2] for g in got])) / steps,
+        server_cpu_s=server_s / steps,
+        steps=steps,
+    )
+
+
+def _dense_worker(
+    rank: int,
+    world: int,
+    init: str,
+    model_args: dict[str, Any],
+    optimizer: tuple[str, float],
+    batch_rows: int,
+    total: int,
+    warmup: int,
+    out: Any,
+) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from estuary.nn.models import build_model
+    from estuary.train.build import DENSE_OPTIMIZERS
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model(**model_args)
+    opt = DENSE_OPTIMIZERS.get(optimizer[0], "train.dense_optimizer.name")(
+        model.parameters(), lr=optimizer[1]
+    )
+    if world > 1:
+        dist.init_process_group(
+            "gloo",
+            init_method=init,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=300),
+        )
+        train_model: torch.nn.Module = DistributedDataParallel(model)
+    else:
+        train_model = model
+    g = torch.Generator().manual_seed(rank)
+    f, d = model_args["num_sparse"], model_args["embedding_dim"]
+    dense = torch.randn(batch_rows, model_args["num_dense"], generator=g)
+    labels = (torch.rand(batch_rows, generator=g) < 0.25).float()
+    t0 = c0 = 0.0
+    for i in range(total):
+        if i == warmup:
+            if world > 1:
+                dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+        sparse = torch.randn(batch_rows, f, d, generator=g).requires_grad_(True)
+        logits = train_model(dense, sparse)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    out.put((rank, time.perf_counter() - t0, time.process_time() - c0))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def dense_layout(
+    job: Any, trainers: int, batch_rows: int, *, steps: int, warmup: int
+) -> LayoutTiming:
+    """Time W = ``trainers`` processes' dense steps of ``job``'s model (module doc)."""
+    from estuary.train.plan import TrainPlan
+
+    plan = TrainPlan.from_job(job)
+    features = list(plan.features)
+    dims = {job.table_spec(plan.feature_tables[f]).dim for f in features}
+    if len(dims) != 1:
+        raise ValueError(f"dense_layout: the features' embedding dims differ: {sorted(dims)}")
+    model_args = {
+        "name": job.model.type,
+        "params": dict(job.model.params),
+        "num_dense": len(job.data.schema.dense),
+        "num_sparse": len(features),
+        "embedding_dim": dims.pop(),
+        "features": features,
+    }
+    optimizer = (job.train.dense_optimizer.name, job.train.dense_optimizer.lr)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory(prefix="estuary-probe-") as folder:
+        init = f"file://{os.path.join(folder, 'rendezvous')}"
+        procs = [
+            ctx.Process(
+                target=_dense_worker,
+                args=(
+                    r,
+                    trainers,
+                    init,
+                    model_args,
+                    optimizer,
+                    batch_rows,
+                    warmup + steps,
+                    warmup,
+                    out,
+                ),
+                daemon=True,
+            )
+            for r in range(trainers)
+        ]
+        try:
+            for p in procs:
+                p.start()
+            got = [out.get() for _ in range(trainers)]  # Blocking wait: every rank's figures
+            for p in procs:
+                p.join(timeout=30)
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+    return LayoutTiming(
+        trainers=trainers,
+        shards=0,
+        wall_s=float(np.mean([g[1] for g in got])) / steps,
+        client_cpu_s=float(np.mean([g[2] for g in got])) / steps,
+        server_cpu_s=0.0,
+        steps=steps,
+    )
