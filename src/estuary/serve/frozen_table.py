@@ -88,6 +88,35 @@ class FrozenTable:
         self.shards = shards
         self._lookups = self._hits = 0
 
+    @classmethod
+    def from_sorted(
+        cls,
+        name: str,
+        ids: Int64Array,
+        weights: np.ndarray,
+        unknown: np.ndarray,
+        shards: int,
+        scale: np.ndarray | None = None,
+    ) -> FrozenTable:
+        """A table over rows already in its layout (``ids`` sorted and unique,
+        ``weights`` in their order, e.g. ``estuary.serve.prepared``'s): the arrays
+        are kept as given (no sort, no copy), only their shapes checked."""
+        if weights.ndim != 2 or weights.shape[0] != ids.size:
+            raise ValueError(f"{name}: weights shape {weights.shape} does not fit {ids.size} ids")
+        decode_rows(weights[:0], None if scale is None else scale[:0])
+        if unknown.ndim != 2 or unknown.shape[1] != weights.shape[1]:
+            raise ValueError(
+                f"{name}: unknown rows {unknown.shape} do not fit dim {weights.shape[1]}"
+            )
+        if unknown.shape[0] != shards:
+            unknown = np.repeat(unknown.mean(axis=0, keepdims=True), shards, axis=0)
+        table = cls.__new__(cls)
+        table.name, table.ids, table.weights, table.scale = name, ids, weights, scale
+        table.unknown = np.ascontiguousarray(unknown, np.float32)
+        table.shards = shards
+        table._lookups = table._hits = 0
+        return table
+
     @property
     def dim(self) -> int:
         return int(self.weights.shape[1])
