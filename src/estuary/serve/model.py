@@ -285,11 +285,15 @@ class ServingModel:
         replaced = self.engine.model if model is not None else None
         with self._lock:
             started = time.perf_counter()
+            # The tables replaced are freed after the lock (unmapping a version's
+            # file takes milliseconds), not inside it.
+            old = [live[name].current for name in tables]  # type: ignore[attr-defined]
             for name, table in tables.items():
                 live[name].current = table  # type: ignore[attr-defined]
             if model is not None:
                 self.engine.model = model
             self._serve(self.engine, self.tables, version, started)
+        del old
         self._spare_dense = replaced if replaced is not model else None
 
     def _serve(

@@ -4,19 +4,21 @@ Started by a server following a run (``estuary.serve.process_follow``), it does
 the work of an update off the server's interpreter and GIL: every ``--poll-s``
 it prepares the run's newest checkpoint (``Preparer``: read, verify, merge the
 deltas into whole sorted tables), writes it as one handoff file into
-``OUT_DIR`` (``write_version``: a memory-backed folder) and tells the server.
+``OUT_DIR`` (``SlotWriter``: files of a memory-backed folder, reused in
+turn) and tells the server.
 
 Protocol (JSON lines; the process's own stdout is moved to stderr, so nothing
 else reaches the server's pipe):
 
 - to the server, on the original stdout: ``{"checkpoint": NAME, "kind":
-  "delta"|"full", "file": PATH, "committed": MTIME, "cpu_s": S, "bytes": N}``
+  "delta"|"full", "file": PATH, "bytes": N, "committed": MTIME, "cpu_s": S}``
   for a prepared version, or ``{"error": MESSAGE, "checkpoint": NAME}`` when the
   newest checkpoint does not load (retried at the next poll);
-- from the server, on stdin: one line after each prepared version, once it has
-  mapped the file (the next version is prepared only then, so files never pile
-  up). End of stdin (the server stopped, or died: the kernel closes its pipes)
-  ends this process, which removes a file the server did not take.
+- from the server, on stdin: one line after each prepared version: ``served``
+  once it serves it (the next version goes to the other slot, which the server
+  no longer reads), or ``skipped`` when it could not (the next one goes to the
+  same slot). The next version is prepared only after this line. End of stdin (the server stopped, or died:
+  the kernel closes its pipes) ends this process, which removes its files.
 
 ``--from FOLDER``: the checkpoint the server serves now; it is prepared first
 (not sent), so the next one is reached by its deltas.
@@ -36,7 +38,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from estuary.serve.prepared import write_version
+from estuary.serve.prepared import SlotWriter
 from estuary.serve.preparer import Preparer
 from estuary.train.checkpoint_chain import MANIFEST, CheckpointError
 
@@ -54,14 +56,14 @@ def _send(out: IO[str], message: dict[str, Any]) -> None:
     out.flush()
 
 
-def _wait_for_server(timeout: float | None) -> bool:
-    """Whether the server is still there after up to ``timeout`` seconds (``None``:
-    until it writes a line); a line read is consumed."""
+def _wait_for_server(timeout: float | None) -> bytes:
+    """The server's next line, or ``b""`` when it has gone (end of stdin); after
+    ``timeout`` seconds without one (``None``: wait), an empty line."""
     if timeout is not None:
         ready, _, _ = select.select([sys.stdin.buffer], [], [], timeout)
         if not ready:
-            return True
-    return bool(sys.stdin.buffer.readline())
+            return b"\n"
+    return sys.stdin.buffer.readline()
 
 
 def serve_versions(run_dir: Path, out_dir: Path, start: str | None, poll_s: float) -> int:
@@ -72,36 +74,39 @@ def serve_versions(run_dir: Path, out_dir: Path, start: str | None, poll_s: floa
     if start is not None:
         with contextlib.suppress(CheckpointError, OSError):  # else: the next one whole
             preparer.load(Path(start))
-    sent = 0
-    while _wait_for_server(poll_s):
-        cpu = time.process_time()
-        try:
-            prepared = preparer.step()
-        except (CheckpointError, OSError) as exc:
-            logger.warning("prepare %s: not prepared (retrying): %s", run_dir, exc)
-            _send(protocol, {"error": str(exc)})
-            continue
-        if prepared is None:
-            continue
-        sent += 1
-        path = out_dir / f"{os.getpid()}-{sent:08d}-{prepared.checkpoint.name}.prepared"
-        size = write_version(path, prepared.tables, prepared.dense)
-        _send(
-            protocol,
-            {
-                "checkpoint": prepared.checkpoint.name,
-                "kind": prepared.kind.value,
-                "file": str(path),
-                "committed": (prepared.checkpoint / MANIFEST).stat().st_mtime,
-                "cpu_s": time.process_time() - cpu,
-                "bytes": size,
-            },
-        )
-        taken = _wait_for_server(None)
-        with contextlib.suppress(FileNotFoundError):  # the server unlinks what it maps
-            path.unlink()
-        if not taken:
-            break
+    slots = SlotWriter(out_dir)
+    try:
+        while _wait_for_server(poll_s):
+            cpu = time.process_time()
+            try:
+                prepared = preparer.step()
+            except (CheckpointError, OSError) as exc:
+                logger.warning("prepare %s: not prepared (retrying): %s", run_dir, exc)
+                _send(protocol, {"error": str(exc)})
+                continue
+            if prepared is None:
+                continue
+            path, size = slots.write(prepared.tables, prepared.dense)
+            _send(
+                protocol,
+                {
+                    "checkpoint": prepared.checkpoint.name,
+                    "kind": prepared.kind.value,
+                    "file": str(path),
+                    "bytes": size,
+                    "committed": (prepared.checkpoint / MANIFEST).stat().st_mtime,
+                    "cpu_s": time.process_time() - cpu,
+                },
+            )
+            reply = _wait_for_server(None)
+            if not reply:
+                break
+            if reply.strip() == b"served":  # the other slot is free now
+                slots.served()
+    finally:
+        slots.close()
+        with contextlib.suppress(OSError):  # the folder, once empty (a server killed)
+            out_dir.rmdir()
     return 0
 
 

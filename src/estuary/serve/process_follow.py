@@ -4,11 +4,12 @@ The in-process ``Follower`` reads, verifies and writes each delta on a thread
 of the serving process: CPU time under the GIL that the event loop and the
 prediction thread wait for. Here a child process
 (``python -m estuary.serve.prepare_process``) does all of that and hands over
-each new version whole, as one file in a memory-backed folder; the serving
-process maps it, views its arrays (``read_version``), points its ``LiveTable``s
-at them and, when due, refills its spare dense network: per update, a few
-hundred microseconds of its own CPU (``last_cpu_s``, exported as
-``estuary_serve_update_cpu_seconds``) instead of tens of milliseconds.
+each new version whole, in one of two files of a memory-backed folder that it
+writes in turn; the serving process maps each file once, views a version's
+arrays in it (``SlotReader``), points its ``LiveTable``s at them and, when due,
+refills its spare dense network: per update about a millisecond of its own CPU
+(``last_cpu_s``, exported as ``estuary_serve_update_cpu_seconds``) instead of
+tens (docs/serving.md).
 
 Lifetime: the child reads its stdin; the server closes it on ``stop``, and the
 kernel closes it when the server dies in any way, so the child never outlives
@@ -41,7 +42,7 @@ from estuary.serve.frozen_table import FrozenTable
 from estuary.serve.live_table import LiveTable
 from estuary.serve.model import ServingModel
 from estuary.serve.pipeline import FeaturePipeline
-from estuary.serve.prepared import read_version
+from estuary.serve.prepared import SlotReader
 from estuary.serve.preparer import Prepared
 from estuary.train.checkpoint_chain import MANIFEST, CheckpointError
 from estuary.train.plan import TrainPlan
@@ -141,6 +142,7 @@ class ProcessFollower:
         self._child: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._dir: Path | None = None
+        self._reader = SlotReader()
 
     @property
     def child_pid(self) -> int | None:
@@ -187,6 +189,10 @@ class ProcessFollower:
             if self._stop.is_set():
                 return
             status = child.wait()
+            self._reader.forget()
+            assert self._dir is not None
+            for path in self._dir.glob(f"{child.pid}-*"):  # its files (our views live on)
+                path.unlink(missing_ok=True)
             error = RuntimeError(
                 f"the preparing process {child.pid} exited with status {status}; "
                 f"a new one starts in {delay:g} s (serving {self.model.version} meanwhile)"
@@ -202,6 +208,7 @@ class ProcessFollower:
         assert child.stdout is not None and child.stdin is not None
         applied = 0
         for line in child.stdout:  # Blocking read (the GIL released): the next message
+            reply = b"skipped\n"
             try:
                 message = json.loads(line)
                 if "error" in message:
@@ -209,11 +216,12 @@ class ProcessFollower:
                     continue
                 self._apply(message)
                 applied += 1
+                reply = b"served\n"
             except Exception as exc:  # reported; the thread follows on (serving goes on)
                 logger.warning("follow %s: not applied: %s", self.run_dir, exc)
                 self._failed(exc)
             try:
-                child.stdin.write(b"\n")  # taken: the child may prepare the next
+                child.stdin.write(reply)  # the child may prepare the next
                 child.stdin.flush()
             except (BrokenPipeError, ValueError):
                 break
@@ -225,7 +233,7 @@ class ProcessFollower:
 
     def _apply(self, message: dict[str, Any]) -> None:
         cpu = time.thread_time()
-        version = read_version(Path(message["file"]))
+        version = self._reader.read(Path(message["file"]), int(message["bytes"]))
         name = str(message["checkpoint"])
         kind = UpdateKind(message["kind"])
         dense_due = (
