@@ -17,8 +17,9 @@ else reaches the server's pipe):
 - from the server, on stdin: one line after each prepared version: ``served``
   once it serves it (the next version goes to the other slot, which the server
   no longer reads), or ``skipped`` when it could not (the next one goes to the
-  same slot). The next version is prepared only after this line. End of stdin (the server stopped, or died:
-  the kernel closes its pipes) ends this process, which removes its files.
+  same slot). The next version is prepared only after this line. End of
+  stdin (the server stopped, or died: the kernel closes its pipes) ends this
+  process, which removes its files.
 
 ``--from FOLDER``: the checkpoint the server serves now; it is prepared first
 (not sent), so the next one is reached by its deltas.
