@@ -23,9 +23,11 @@ from __future__ import annotations
 from typing import NoReturn
 
 import numpy as np
+from numba import njit
 
 from estuary.embedding.delta import IDS, UNKNOWN_PREFIX, WEIGHTS
-from estuary.embedding.hashing import as_ids, shard_of
+from estuary.embedding.hashing import _ROUTE_SALT as ROUTE_SALT
+from estuary.embedding.hashing import as_ids, mix64, shard_of
 from estuary.embedding.storage import rows_out
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 
@@ -35,6 +37,33 @@ State = dict[str, np.ndarray]
 SCALE = "weights.scale"
 """The int8 encoding's per-row float32 scale (row = int8 values x scale)."""
 _UNKNOWN = UNKNOWN_PREFIX + WEIGHTS
+
+
+@njit(cache=True, nogil=True)
+def _gather_sorted(
+    sorted_ids: Int64Array,
+    weights: Float32Array,
+    unknown: Float32Array,
+    ids: Int64Array,
+    out: Float32Array,
+) -> int:
+    """``FrozenTable.lookup`` of float32 rows: each id's row found in
+    ``sorted_ids`` copied from ``weights`` into ``out``, else its shard's
+    unknown row (``shard_of``'s routing over S = ``unknown.shape[0]`` shards);
+    returns how many ids had a row."""
+    n = sorted_ids.size
+    shards = np.uint64(unknown.shape[0])
+    found = 0
+    for i in range(ids.size):
+        j = np.searchsorted(sorted_ids, ids[i])
+        if j < n and sorted_ids[j] == ids[i]:
+            out[i, :] = weights[j, :]
+            found += 1
+        elif shards > 1:
+            out[i, :] = unknown[np.int64(mix64(np.uint64(ids[i]) ^ ROUTE_SALT) % shards), :]
+        else:
+            out[i, :] = unknown[0, :]
+    return found
 
 
 def decode_rows(weights: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
@@ -137,6 +166,17 @@ class FrozenTable:
         ids = as_ids(ids)
         out = rows_out(out, ids.size, self.dim)
         if ids.size == 0:
+            return out
+        if (
+            self.weights.dtype == np.float32
+            and self.ids.size
+            and self.unknown.shape[0] == self.shards
+        ):
+            # One compiled call finds and copies the rows (the GIL released):
+            # per table, ~10 numpy calls fewer on the request path.
+            found = _gather_sorted(self.ids, self.weights, self.unknown, ids, out)
+            self._lookups += int(ids.size)
+            self._hits += int(found)
             return out
         at = np.searchsorted(self.ids, ids)
         at[at == self.ids.size] = 0
