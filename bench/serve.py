@@ -1,7 +1,7 @@
 """Benchmark: the prediction server's latency and throughput, still and under live updates.
 
     python bench/serve.py [--json PATH] [--duration-s 10] [--rounds 3] [--concurrency 8]
-                          [--rows 180000]
+                          [--rows 180000] [--prepare process|thread]
 
 Needs ``hey`` (a standard HTTP load generator; Debian package ``hey``, see
 bench/install-extras.sh) and the serve extra. Everything runs on loopback
@@ -15,9 +15,9 @@ Steps:
    columns, Zipf ids over vocabularies of 1e3..1e5) in a TSV; a DLRM (dim 16,
    bottom 13-64-16, top 64-1) trained one epoch with batch 512 and a checkpoint
    every 4 steps, the first full and the rest deltas of one chain.
-2. The server: ``estuary serve --follow RUN --dense-every-s 10 --poll-s 0.05``
-   in a subprocess, following a folder that holds only the first (full)
-   checkpoint.
+2. The server: ``estuary serve --follow RUN --dense-every-s 10 --poll-s 0.05
+   --prepare P`` (``--prepare``: process by default) in a subprocess,
+   following a folder that holds only the first (full) checkpoint.
 3. Still: hey posts one fixed body of 1 row (``--concurrency`` clients), then
    one of 256 rows (``--concurrency`` / 2 clients), each for ``--duration-s``:
    p50 / p99 latency over every reply (hey's per-request CSV), rows/s.
@@ -28,9 +28,12 @@ Steps:
    and swaps the dense network every 10 s. Freshness: a thread reads /healthz
    every 20 ms; a checkpoint's event -> servable time is from its ``latest``
    replace to the first /healthz naming it.
-   Steps 3 and 4 alternate for ``--rounds`` rounds; each figure is its best
-   round (lowest p99): other processes on a shared machine only slow a load
-   down. Every round's figures are in the JSON (``rounds``).
+   Steps 3 and 4 alternate for ``--rounds`` rounds (even rounds still first,
+   odd rounds under updates first, so a drift of the machine's load favours
+   neither). The ratio judged is pooled: the p99 of every reply under updates,
+   all rounds, over the p99 of every reply still. The latency figures are each
+   its best round (lowest p99): other processes on a shared machine only slow
+   a load down. Every round's figures are in the JSON (``rounds``).
 5. Row encodings: the run's final checkpoint exported with float32, float16,
    bfloat16 and int8 rows, each served in-process on the held-out last 20% of
    the rows: AUC, table file bytes and the served tables' resident bytes.
@@ -42,10 +45,17 @@ trainer's CPU competing with it on this machine.
 JSON keys: ``latency.b1.p50_ms``, ``latency.b1.p99_ms``, ``latency.b256.p50_ms``,
 ``latency.b256.p99_ms``, ``rows_per_s.b1``, ``rows_per_s.b256`` (still), the same
 under ``under_updates``, ``ratios.p99_under_updates`` (the larger of the b1 and
-b256 ratios p99 under updates / p99 still, each also given), ``failed_requests``
+b256 ratios pooled p99 under updates / pooled p99 still, each also given as
+``ratios.p99_under_updates_b1`` / ``_b256``; the pooled p99s in
+``pooled_p99_ms``), ``ratios.best_round`` (the ratio of the best rounds' p99s,
+the judged figure before), ``ratios.per_round`` and ``ratios.median_of_rounds``
+(each round's ratio, and their median), ``failed_requests``
 (non-200 replies and transport errors, all loads), ``freshness_p50_s``,
 ``freshness_max_s``, ``updates_applied``, ``update_stall_mean_ms`` (how long an
-update held predictions back, from the server's metrics), ``rows.<encoding>.auc``,
+update held predictions back, from the server's metrics), ``update_cpu_mean_ms``
+(the serving process's CPU time per update: its follower thread's),
+``prepare_cpu_mean_ms`` (the preparing process's, ``--prepare process``),
+``rows.<encoding>.auc``,
 ``.table_bytes`` (files) and ``.resident_table_bytes`` (the loaded export's
 tables, ``ServingModel.table_bytes``), and the machine's ``cpus`` and load average.
 """
