@@ -99,7 +99,7 @@ def serve_versions(run_dir: Path, out_dir: Path, start: str | None, poll_s: floa
                     "cpu_s": time.process_time() - cpu,
                 },
             )
-            reply = _wait_for_server(None)
+            reply = _wait_for_server(None)  # Blocking wait: the server's answer
             if not reply:
                 break
             if reply.strip() == b"served":  # the other slot is free now

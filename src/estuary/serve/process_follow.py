@@ -166,7 +166,7 @@ class ProcessFollower:
         if child is not None:
             _end(child, timeout_s)
         if self._thread is not None:
-            self._thread.join(timeout_s)
+            self._thread.join(timeout_s)  # Blocking wait: the follower thread ends
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -188,7 +188,7 @@ class ProcessFollower:
             applied = self._follow(child)
             if self._stop.is_set():
                 return
-            status = child.wait()
+            status = child.wait()  # Blocking wait: its pipe ended, so it has exited
             self._reader.forget()
             assert self._dir is not None
             for path in self._dir.glob(f"{child.pid}-*"):  # its files (our views live on)
@@ -266,7 +266,7 @@ def _end(child: subprocess.Popen[bytes], timeout_s: float) -> None:
         with contextlib.suppress(OSError):
             child.stdin.close()
     try:
-        child.wait(timeout_s)
+        child.wait(timeout_s)  # Blocking wait: at most timeout_s
     except subprocess.TimeoutExpired:
         child.kill()
-        child.wait()
+        child.wait()  # Blocking wait: killed
