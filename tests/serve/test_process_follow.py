@@ -15,10 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from estuary.serve.checkpoints import model_from_checkpoint
 from estuary.serve.follow import Follower, UpdateKind
 from estuary.serve.frozen_table import FrozenTable
+from estuary.serve.prepared import PreparedTable, SlotReader, SlotWriter
 from estuary.serve.preparer import Preparer
 from estuary.serve.process_follow import ProcessFollower, model_from_prepared
 from estuary.train.checkpoint import load_checkpoint
@@ -184,3 +186,28 @@ def test_the_preparing_process_dies_with_the_server(tiny_run: TinyRun, tmp_path:
         return False
 
     wait_for(gone, f"the preparing process {child} ends")
+
+
+def test_slots_keep_the_served_version_and_grow_in_new_files(tmp_path: Path) -> None:
+    def table(n: int, value: float) -> PreparedTable:
+        ids = np.arange(n, dtype=np.int64) * 3
+        weights = np.full((n, 2), value, np.float32)
+        return PreparedTable("t", ids, weights, np.zeros((1, 2), np.float32), 1, n)
+
+    dense = {"w": torch.arange(4, dtype=torch.bfloat16), "b": torch.ones(2)}
+    writer, reader = SlotWriter(tmp_path), SlotReader()
+    first, size = writer.write({"t": table(4, 1.0)}, dense)
+    served = reader.read(first, size)
+    writer.served()
+    skipped, _ = writer.write({"t": table(4, 2.0)}, dense)  # the server did not take it
+    second, size = writer.write({"t": table(4000, 3.0)}, dense)  # same slot, grown: a new file
+    assert skipped != first and second != first and not skipped.exists()
+    ids, weights, _ = served.tables["t"]  # the version served is untouched
+    np.testing.assert_array_equal(ids, np.arange(4) * 3)
+    assert (weights == 1.0).all()
+    ids, weights, _ = reader.read(second, size).tables["t"]
+    assert ids.size == 4000 and (weights == 3.0).all()
+    assert served.dense["w"].dtype == torch.bfloat16
+    torch.testing.assert_close(served.dense["w"], dense["w"])
+    writer.close()
+    assert list(tmp_path.iterdir()) == []
