@@ -281,7 +281,9 @@ class SlotWriter:
         self._next = (self._next + 1) % len(self.slots)
 
     def _grow(self, old: _Slot | None, size: int) -> _Slot:
-        capacity = size + size // 4 + 4096  # room for the tables to grow
+        # Room for the tables to double: a new file is mapped anew by the server
+        # (and its pages faulted in), so it should be rare while a run grows.
+        capacity = 2 * size + 4096
         self._files += 1
         path = self.folder / f"{os.getpid()}-{self._files}.slot"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -343,7 +345,10 @@ class SlotReader:
         except OSError as exc:
             raise CheckpointError(f"{path}: prepared version missing ({exc})") from exc
         try:
-            buf = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            # Every page mapped now (MAP_POPULATE; the GIL released during the
+            # call), not faulted in one by one by the lookups after the swap.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            buf = mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
         self._maps[str(path)] = buf
