@@ -1,7 +1,7 @@
 """Benchmark: the prediction server's latency and throughput, still and under live updates.
 
     python bench/serve.py [--json PATH] [--duration-s 10] [--rounds 3] [--concurrency 8]
-                          [--rows 180000]
+                          [--rows 180000] [--prepare process|thread]
 
 Needs ``hey`` (a standard HTTP load generator; Debian package ``hey``, see
 bench/install-extras.sh) and the serve extra. Everything runs on loopback
@@ -15,9 +15,9 @@ Steps:
    columns, Zipf ids over vocabularies of 1e3..1e5) in a TSV; a DLRM (dim 16,
    bottom 13-64-16, top 64-1) trained one epoch with batch 512 and a checkpoint
    every 4 steps, the first full and the rest deltas of one chain.
-2. The server: ``estuary serve --follow RUN --dense-every-s 10 --poll-s 0.05``
-   in a subprocess, following a folder that holds only the first (full)
-   checkpoint.
+2. The server: ``estuary serve --follow RUN --dense-every-s 10 --poll-s 0.05
+   --prepare P`` (``--prepare``: process by default) in a subprocess,
+   following a folder that holds only the first (full) checkpoint.
 3. Still: hey posts one fixed body of 1 row (``--concurrency`` clients), then
    one of 256 rows (``--concurrency`` / 2 clients), each for ``--duration-s``:
    p50 / p99 latency over every reply (hey's per-request CSV), rows/s.
@@ -28,9 +28,12 @@ Steps:
    and swaps the dense network every 10 s. Freshness: a thread reads /healthz
    every 20 ms; a checkpoint's event -> servable time is from its ``latest``
    replace to the first /healthz naming it.
-   Steps 3 and 4 alternate for ``--rounds`` rounds; each figure is its best
-   round (lowest p99): other processes on a shared machine only slow a load
-   down. Every round's figures are in the JSON (``rounds``).
+   Steps 3 and 4 alternate for ``--rounds`` rounds (even rounds still first,
+   odd rounds under updates first, so a drift of the machine's load favours
+   neither). The ratio judged is pooled: the p99 of every reply under updates,
+   all rounds, over the p99 of every reply still. The latency figures are each
+   its best round (lowest p99): other processes on a shared machine only slow
+   a load down. Every round's figures are in the JSON (``rounds``).
 5. Row encodings: the run's final checkpoint exported with float32, float16,
    bfloat16 and int8 rows, each served in-process on the held-out last 20% of
    the rows: AUC, table file bytes and the served tables' resident bytes.
@@ -42,10 +45,17 @@ trainer's CPU competing with it on this machine.
 JSON keys: ``latency.b1.p50_ms``, ``latency.b1.p99_ms``, ``latency.b256.p50_ms``,
 ``latency.b256.p99_ms``, ``rows_per_s.b1``, ``rows_per_s.b256`` (still), the same
 under ``under_updates``, ``ratios.p99_under_updates`` (the larger of the b1 and
-b256 ratios p99 under updates / p99 still, each also given), ``failed_requests``
+b256 ratios pooled p99 under updates / pooled p99 still, each also given as
+``ratios.p99_under_updates_b1`` / ``_b256``; the pooled p99s in
+``pooled_p99_ms``), ``ratios.best_round`` (the ratio of the best rounds' p99s,
+the judged figure before), ``ratios.per_round`` and ``ratios.median_of_rounds``
+(each round's ratio, and their median), ``failed_requests``
 (non-200 replies and transport errors, all loads), ``freshness_p50_s``,
 ``freshness_max_s``, ``updates_applied``, ``update_stall_mean_ms`` (how long an
-update held predictions back, from the server's metrics), ``rows.<encoding>.auc``,
+update held predictions back, from the server's metrics), ``update_cpu_mean_ms``
+(the serving process's CPU time per update: its follower thread's),
+``prepare_cpu_mean_ms`` (the preparing process's, ``--prepare process``),
+``rows.<encoding>.auc``,
 ``.table_bytes`` (files) and ``.resident_table_bytes`` (the loaded export's
 tables, ``ServingModel.table_bytes``), and the machine's ``cpus`` and load average.
 """
@@ -76,6 +86,7 @@ NUM_DENSE, NUM_SPARSE = 13, 26
 BATCH = 512
 EVERY_STEPS = 4
 KEYS = ("b1", "b256")
+PHASES = ("still", "under_updates")
 
 
 def write_data(path: Path, rows: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -165,9 +176,12 @@ def hey(url: str, body: Path, clients: int, requests: int) -> tuple[list[float],
     return ok, requests - len(ok)
 
 
-def load(url: str, body: Path, clients: int, duration_s: float) -> dict[str, float]:
+def load(
+    url: str, body: Path, clients: int, duration_s: float, pool: list[float] | None = None
+) -> dict[str, float]:
     """hey runs of 20 requests a client, one after another, for ``duration_s``:
-    p50/p99 latency (ms), requests, failures, rows/s."""
+    p50/p99 latency (ms), requests, failures, rows/s; every reply's latency (s)
+    is also added to ``pool``."""
     rows = len(json.loads(body.read_text())["instances"])
     latencies: list[float] = []
     failed = requests = 0
@@ -178,6 +192,8 @@ def load(url: str, body: Path, clients: int, duration_s: float) -> dict[str, flo
         failed += bad
         requests += len(ok) + bad
     wall_s = time.perf_counter() - started
+    if pool is not None:
+        pool += latencies
     return {
         "p50_ms": float(np.percentile(latencies, 50) * 1000) if latencies else float("nan"),
         "p99_ms": float(np.percentile(latencies, 99) * 1000) if latencies else float("nan"),
@@ -188,12 +204,23 @@ def load(url: str, body: Path, clients: int, duration_s: float) -> dict[str, flo
     }
 
 
-def loads(url: str, bodies: dict[str, Path], clients: int, duration_s: float) -> Any:
-    """The b1 load (``clients`` clients), then the b256 load (half as many)."""
+def loads(
+    url: str,
+    bodies: dict[str, Path],
+    clients: int,
+    duration_s: float,
+    pools: dict[str, list[float]],
+) -> Any:
+    """The b1 load (``clients`` clients), then the b256 load (half as many);
+    latencies added to ``pools[key]``."""
     return {
-        "b1": load(url, bodies["b1"], clients, duration_s),
-        "b256": load(url, bodies["b256"], max(1, clients // 2), duration_s),
+        "b1": load(url, bodies["b1"], clients, duration_s, pools["b1"]),
+        "b256": load(url, bodies["b256"], max(1, clients // 2), duration_s, pools["b256"]),
     }
+
+
+def p99_ms(latencies: list[float]) -> float:
+    return float(np.percentile(latencies, 99) * 1000) if latencies else float("nan")
 
 
 def encodings(run: Path, held: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
@@ -225,6 +252,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="hey clients (b1)")
     parser.add_argument("--rows", type=int, default=180_000, help="training rows")
     parser.add_argument("--rounds", type=int, default=3, help="still + updating rounds")
+    parser.add_argument(
+        "--prepare",
+        choices=("process", "thread"),
+        default="process",
+        help="the server's --prepare: updates prepared in a child process or on a thread",
+    )
     args = parser.parse_args()
     if shutil.which("hey") is None:
         sys.exit("bench/serve.py needs hey: apt-get install -y hey (bench/install-extras.sh)")
@@ -248,6 +281,7 @@ def main() -> None:
         base = f"http://127.0.0.1:{port}"
         serve = ["serve", "--follow", str(followed.parent), "--host", "127.0.0.1"]
         serve += ["--port", str(port), "--dense-every-s", "10", "--poll-s", "0.05", "-q"]
+        serve += ["--prepare", args.prepare]
         server = subprocess.Popen([sys.executable, "-m", "estuary.cli", *serve])
         try:
             deadline = time.monotonic() + 120
@@ -292,12 +326,21 @@ def main() -> None:
             for thread in threads:
                 thread.start()
             rounds: list[dict[str, Any]] = []
-            for i in range(args.rounds):  # still, then under updates, interleaved
-                still = loads(url, bodies, args.concurrency, args.duration_s)
-                landing.set()
-                updating = loads(url, bodies, args.concurrency, args.duration_s)
-                landing.clear()
-                rounds.append({"still": still, "under_updates": updating})
+            pools: dict[str, dict[str, list[float]]] = {
+                phase: {k: [] for k in KEYS} for phase in PHASES
+            }
+            for i in range(args.rounds):  # still and under updates, interleaved
+                # Even rounds run still first, odd ones under updates first, so a
+                # drift of the machine's load does not favour one phase.
+                figures: dict[str, Any] = {}
+                for phase in PHASES if i % 2 == 0 else PHASES[::-1]:
+                    if phase == "under_updates":
+                        landing.set()
+                    figures[phase] = loads(
+                        url, bodies, args.concurrency, args.duration_s, pools[phase]
+                    )
+                    landing.clear()
+                rounds.append({phase: figures[phase] for phase in PHASES})
                 print(f"round {i}: {json.dumps(rounds[-1])}", file=sys.stderr)
             stop.set()
             for thread in threads:
@@ -320,8 +363,20 @@ def main() -> None:
                     return float(line.split()[-1])
             return 0.0
 
+        def mean_ms(name: str) -> float | None:
+            """The mean of a histogram of seconds, in ms (``None``: no sample)."""
+            count = sample(f"{name}_count")
+            return round(1000 * sample(f"{name}_sum") / count, 4) if count else None
+
         fresh = [seen[name] - at for name, at in landed.items() if name in seen]
-        ratios = {key: updating[key]["p99_ms"] / still[key]["p99_ms"] for key in KEYS}
+        # p99 of every reply of a phase, all rounds pooled: the ratio judged.
+        pooled = {phase: {k: p99_ms(pools[phase][k]) for k in KEYS} for phase in PHASES}
+        ratios = {key: pooled["under_updates"][key] / pooled["still"][key] for key in KEYS}
+        best_ratios = {key: updating[key]["p99_ms"] / still[key]["p99_ms"] for key in KEYS}
+        per_round = {
+            key: [r["under_updates"][key]["p99_ms"] / r["still"][key]["p99_ms"] for r in rounds]
+            for key in KEYS
+        }
         failed = sum(r[phase][k]["failed"] for r in rounds for phase in r for k in KEYS)
         result: dict[str, Any] = {
             "latency": {k: {m: round(still[k][m], 3) for m in ("p50_ms", "p99_ms")} for k in still},
@@ -333,9 +388,15 @@ def main() -> None:
                 },
                 "rows_per_s": {k: round(updating[k]["rows_per_s"], 1) for k in updating},
             },
+            "pooled_p99_ms": {p: {k: round(v, 3) for k, v in f.items()} for p, f in pooled.items()},
             "ratios": {
                 "p99_under_updates": round(max(ratios.values()), 3),
                 **{f"p99_under_updates_{k}": round(v, 3) for k, v in ratios.items()},
+                "best_round": {k: round(v, 3) for k, v in best_ratios.items()},
+                "per_round": {k: [round(v, 3) for v in vs] for k, vs in per_round.items()},
+                "median_of_rounds": {
+                    k: round(float(np.median(v)), 3) for k, v in per_round.items()
+                },
             },
             "requests": sum(r[phase][k]["requests"] for r in rounds for phase in r for k in KEYS),
             "rounds": rounds,
@@ -349,6 +410,8 @@ def main() -> None:
             "update_stall_mean_ms": round(1000 * sample("update_stall_seconds_sum") / count, 4)
             if (count := sample("update_stall_seconds_count"))
             else None,
+            "update_cpu_mean_ms": mean_ms("update_cpu_seconds"),
+            "prepare_cpu_mean_ms": mean_ms("prepare_cpu_seconds"),
             "freshness_p50_s": round(float(np.median(fresh)), 3) if fresh else None,
             "freshness_max_s": round(max(fresh), 3) if fresh else None,
             "rows": encodings(work / "run", held, work),
@@ -360,6 +423,7 @@ def main() -> None:
                 "concurrency_b256": max(1, args.concurrency // 2),
                 "training_rows": args.rows,
                 "rounds": args.rounds,
+                "prepare": args.prepare,
             },
         }
     finally:

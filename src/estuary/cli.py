@@ -268,6 +268,13 @@ def _serving_parsers(sub: Any, logs: argparse.ArgumentParser) -> None:
         "table deltas apply at every checkpoint)",
     )
     srv.add_argument(
+        "--prepare",
+        choices=("process", "thread"),
+        default="process",
+        help="--follow: prepare updates in a child process (default; the server only swaps "
+        "them in) or on a thread of the server",
+    )
+    srv.add_argument(
         "--threads", type=int, default=1, help="torch threads for the forward (1: lowest latency)"
     )
     srv.add_argument("--ray", action="store_true", help="deploy on Ray Serve")
@@ -537,6 +544,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         poll_s=args.poll_s,
         dense_every_s=args.dense_every_s,
         threads=args.threads,
+        prepare=args.prepare,
     )
     what = args.follow if args.follow is not None else args.export_dir
     if args.ray:

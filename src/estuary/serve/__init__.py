@@ -7,7 +7,11 @@
 - ``model``: ``ServingModel``, tables + dense network, updated atomically.
 - ``batching``: ``MicroBatcher``, concurrent requests -> one forward.
 - ``app``: the ASGI application (``/predict``, ``/healthz``, ``/metrics``).
-- ``follow``: ``Follower``, applies a run's new checkpoints while serving.
+- ``follow``: ``Follower``, applies a run's new checkpoints on a thread while serving
+  (``--prepare thread``).
+- ``process_follow``: ``ProcessFollower``, the same with each update prepared in a
+  child process (``prepare_process``: ``Preparer`` over ``prepared``'s sorted
+  tables) and swapped in whole (``LiveTable`` over ``FrozenTable``; the default).
 - ``ray_serve``: the same application as a Ray Serve deployment.
 
 See docs/serving.md.

@@ -137,6 +137,7 @@ class Follower:
         self.on_update = on_update
         self.on_failure = on_failure
         self._dense_at = time.monotonic()
+        self.last_cpu_s = 0.0  # this thread's CPU time for the newest update
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -174,6 +175,7 @@ class Follower:
         latest = resolve_checkpoint(self.run_dir)
         if latest.name == self.served.name:  # nothing new: no manifest parsed
             return UpdateKind.NONE
+        cpu = time.thread_time()
         manifest = read_manifest(latest)
         dense_due = time.monotonic() - self._dense_at >= self.dense_every_s
         decision = plan_update(self.served.name, latest.name, chain_of(latest, manifest), dense_due)
@@ -209,6 +211,7 @@ class Follower:
         elif decision.kind is UpdateKind.NONE:
             return decision.kind
         self.served = latest
+        self.last_cpu_s = time.thread_time() - cpu
         if self.on_update is not None:
             committed = (latest / MANIFEST).stat().st_mtime
             self.on_update(decision.kind, time.time() - committed)

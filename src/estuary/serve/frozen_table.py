@@ -23,9 +23,11 @@ from __future__ import annotations
 from typing import NoReturn
 
 import numpy as np
+from numba import njit
 
 from estuary.embedding.delta import IDS, UNKNOWN_PREFIX, WEIGHTS
-from estuary.embedding.hashing import as_ids, shard_of
+from estuary.embedding.hashing import _ROUTE_SALT as ROUTE_SALT
+from estuary.embedding.hashing import as_ids, mix64, shard_of
 from estuary.embedding.storage import rows_out
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 
@@ -35,6 +37,33 @@ State = dict[str, np.ndarray]
 SCALE = "weights.scale"
 """The int8 encoding's per-row float32 scale (row = int8 values x scale)."""
 _UNKNOWN = UNKNOWN_PREFIX + WEIGHTS
+
+
+@njit(cache=True, nogil=True)
+def _gather_sorted(
+    sorted_ids: Int64Array,
+    weights: Float32Array,
+    unknown: Float32Array,
+    ids: Int64Array,
+    out: Float32Array,
+) -> int:
+    """``FrozenTable.lookup`` of float32 rows: each id's row found in
+    ``sorted_ids`` copied from ``weights`` into ``out``, else its shard's
+    unknown row (``shard_of``'s routing over S = ``unknown.shape[0]`` shards);
+    returns how many ids had a row."""
+    n = sorted_ids.size
+    shards = np.uint64(unknown.shape[0])
+    found = 0
+    for i in range(ids.size):
+        j = np.searchsorted(sorted_ids, ids[i])
+        if j < n and sorted_ids[j] == ids[i]:
+            out[i, :] = weights[j, :]
+            found += 1
+        elif shards > 1:
+            out[i, :] = unknown[np.int64(mix64(np.uint64(ids[i]) ^ ROUTE_SALT) % shards), :]
+        else:
+            out[i, :] = unknown[0, :]
+    return found
 
 
 def decode_rows(weights: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
@@ -88,6 +117,35 @@ class FrozenTable:
         self.shards = shards
         self._lookups = self._hits = 0
 
+    @classmethod
+    def from_sorted(
+        cls,
+        name: str,
+        ids: Int64Array,
+        weights: np.ndarray,
+        unknown: np.ndarray,
+        shards: int,
+        scale: np.ndarray | None = None,
+    ) -> FrozenTable:
+        """A table over rows already in its layout (``ids`` sorted and unique,
+        ``weights`` in their order, e.g. ``estuary.serve.prepared``'s): the arrays
+        are kept as given (no sort, no copy), only their shapes checked."""
+        if weights.ndim != 2 or weights.shape[0] != ids.size:
+            raise ValueError(f"{name}: weights shape {weights.shape} does not fit {ids.size} ids")
+        decode_rows(weights[:0], None if scale is None else scale[:0])
+        if unknown.ndim != 2 or unknown.shape[1] != weights.shape[1]:
+            raise ValueError(
+                f"{name}: unknown rows {unknown.shape} do not fit dim {weights.shape[1]}"
+            )
+        if unknown.shape[0] != shards:
+            unknown = np.repeat(unknown.mean(axis=0, keepdims=True), shards, axis=0)
+        table = cls.__new__(cls)
+        table.name, table.ids, table.weights, table.scale = name, ids, weights, scale
+        table.unknown = np.ascontiguousarray(unknown, np.float32)
+        table.shards = shards
+        table._lookups = table._hits = 0
+        return table
+
     @property
     def dim(self) -> int:
         return int(self.weights.shape[1])
@@ -108,6 +166,17 @@ class FrozenTable:
         ids = as_ids(ids)
         out = rows_out(out, ids.size, self.dim)
         if ids.size == 0:
+            return out
+        if (
+            self.weights.dtype == np.float32
+            and self.ids.size
+            and self.unknown.shape[0] == self.shards
+        ):
+            # One compiled call finds and copies the rows (the GIL released):
+            # per table, ~10 numpy calls fewer on the request path.
+            found = _gather_sorted(self.ids, self.weights, self.unknown, ids, out)
+            self._lookups += int(ids.size)
+            self._hits += int(found)
             return out
         at = np.searchsorted(self.ids, ids)
         at[at == self.ids.size] = 0

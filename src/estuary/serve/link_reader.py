@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import struct
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -90,7 +91,7 @@ def read_verified(path: Path, info: Mapping[str, Any]) -> bytearray:
 
 
 def parse_safetensors(
-    buf: bytearray, path: Path, keep: Callable[[str], bool] | None = None
+    buf: bytearray | mmap.mmap, path: Path, keep: Callable[[str], bool] | None = None
 ) -> tuple[State, set[str]]:
     """The tensors of a safetensors file's bytes, as writable numpy views of ``buf``
     (only those ``keep`` accepts, when given), and the keys stored as BF16.

@@ -9,6 +9,8 @@ estuary_serve_update_failures_total      checkpoints that could not be applied
 estuary_serve_update_age_seconds         seconds since the newest update
 estuary_serve_freshness_seconds          checkpoint commit -> served
 estuary_serve_table_bytes                bytes the serving tables hold (a standby copy not counted)
+estuary_serve_update_cpu_seconds         serving process's CPU time per update (follower thread)
+estuary_serve_prepare_cpu_seconds        preparing process's CPU time per update
 """
 
 from __future__ import annotations
@@ -83,5 +85,19 @@ class ServeMetrics:
             "estuary_serve_freshness_seconds",
             "Time from a checkpoint's commit to its rows being served.",
             buckets=(0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+            registry=r,
+        )
+        _cpu_buckets = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
+        self.update_cpu = Histogram(
+            "estuary_serve_update_cpu_seconds",
+            "CPU time the serving process's follower thread spent per update (time the "
+            "event loop and the prediction thread may wait for the GIL).",
+            buckets=_cpu_buckets,
+            registry=r,
+        )
+        self.prepare_cpu = Histogram(
+            "estuary_serve_prepare_cpu_seconds",
+            "CPU time the preparing process spent per update (--prepare process).",
+            buckets=_cpu_buckets,
             registry=r,
         )

@@ -35,6 +35,8 @@ from torch import nn
 from estuary.config import JobSpec
 from estuary.data.types import Batch
 from estuary.nn.types import SequenceEmbedding, Sequences
+from estuary.serve.frozen_table import FrozenTable
+from estuary.serve.live_table import LiveTable
 from estuary.serve.pipeline import FeaturePipeline, RequestError
 from estuary.train.build import TableStore, build_engine, build_tables
 from estuary.train.engine import Engine
@@ -258,6 +260,40 @@ class ServingModel:
         # The copy served until now catches up.
         _apply(*self._standby, deltas, model, yield_gil=True)
         # No engine holds the replaced network now: the next new_dense refills it.
+        self._spare_dense = replaced if replaced is not model else None
+
+    def serve_tables(
+        self,
+        version: str,
+        tables: Mapping[str, FrozenTable],
+        model: nn.Module | None = None,
+    ) -> None:
+        """From the next batch on, serve ``version``: every table replaced whole by
+        ``tables`` (for a model built over ``LiveTable``s) and ``model`` as the
+        dense network (when given, from ``new_dense``). Predictions wait only for
+        references to change.
+
+        Raises:
+            ValueError: ``tables`` are not this model's tables, or they are not
+                ``LiveTable``s.
+        """
+        if sorted(tables) != sorted(self.tables):
+            raise ValueError(f"tables {sorted(tables)}, the model has {sorted(self.tables)}")
+        live = {name: self.tables[name] for name in tables}
+        if not all(isinstance(t, LiveTable) for t in live.values()):
+            raise ValueError("serve_tables: the model's tables are not LiveTables")
+        replaced = self.engine.model if model is not None else None
+        with self._lock:
+            started = time.perf_counter()
+            # The tables replaced are freed after the lock (unmapping a version's
+            # file takes milliseconds), not inside it.
+            old = [live[name].current for name in tables]  # type: ignore[attr-defined]
+            for name, table in tables.items():
+                live[name].current = table  # type: ignore[attr-defined]
+            if model is not None:
+                self.engine.model = model
+            self._serve(self.engine, self.tables, version, started)
+        del old
         self._spare_dense = replaced if replaced is not model else None
 
     def _serve(

@@ -12,6 +12,7 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -20,7 +21,10 @@ from estuary.serve.export import load_export
 from estuary.serve.follow import Follower, UpdateKind
 from estuary.serve.metrics import ServeMetrics
 from estuary.serve.model import ServingModel
+from estuary.serve.preparer import Preparer
+from estuary.serve.process_follow import ProcessFollower, model_from_prepared
 from estuary.train.checkpoint import load_checkpoint
+from estuary.train.checkpoint_chain import resolve_checkpoint
 
 __all__ = ["ServeOptions", "Served", "open_served", "require", "run_server"]
 
@@ -52,6 +56,9 @@ class ServeOptions:
             micro-batch's matmuls are small, and waking a second thread cost
             ~1 ms per layer on a busy 2-core machine (the forward of 8 rows took
             12 ms with 2 threads, 0.9 ms with 1).
+        prepare: ``--follow``: ``"process"`` prepares each update in a child
+            process and the server swaps it in whole (``ProcessFollower``);
+            ``"thread"`` reads and applies it on a thread of the server (``Follower``).
     """
 
     host: str = "127.0.0.1"
@@ -62,6 +69,7 @@ class ServeOptions:
     poll_s: float = 0.1
     dense_every_s: float = 0.0
     threads: int = 1
+    prepare: str = "process"
 
 
 @dataclass
@@ -70,7 +78,7 @@ class Served:
 
     model: ServingModel
     metrics: ServeMetrics
-    follower: Follower | None = None
+    follower: Follower | ProcessFollower | None = None
 
 
 def open_served(
@@ -83,24 +91,37 @@ def open_served(
             raise ValueError("serve: give an export folder or --follow RUN_DIR")
         model = load_export(export_dir)
         return Served(model, ServeMetrics(model))
-    ckpt = load_checkpoint(follow)
-    model = model_from_checkpoint(ckpt, standby=True)  # deltas written off the request path
+    if options.prepare not in ("process", "thread"):
+        raise ValueError(f"serve: prepare must be 'process' or 'thread', not {options.prepare!r}")
+    follower: Follower | ProcessFollower
+    if options.prepare == "process":
+        prepared = Preparer(follow).load(resolve_checkpoint(follow))
+        model = model_from_prepared(prepared)
+        served_path = prepared.checkpoint
+    else:
+        ckpt = load_checkpoint(follow)
+        model = model_from_checkpoint(ckpt, standby=True)  # deltas written off the request path
+        served_path = ckpt.path
     metrics = ServeMetrics(model)
 
     def updated(kind: UpdateKind, age_s: float) -> None:
         metrics.updates.labels(kind.value).inc()
         metrics.freshness.observe(age_s)
         metrics.stall.observe(model.last_stall_s)
+        metrics.update_cpu.observe(follower.last_cpu_s)
+        if isinstance(follower, ProcessFollower):
+            metrics.prepare_cpu.observe(follower.last_prepare_cpu_s)
 
-    follower = Follower(
-        follow,
-        model,
-        ckpt.path,
-        poll_s=options.poll_s,
-        dense_every_s=options.dense_every_s,
-        on_update=updated,
-        on_failure=lambda exc: metrics.update_failures.inc(),
-    )
+    common: dict[str, Any] = {
+        "poll_s": options.poll_s,
+        "dense_every_s": options.dense_every_s,
+        "on_update": updated,
+        "on_failure": lambda exc: metrics.update_failures.inc(),
+    }
+    if options.prepare == "process":
+        follower = ProcessFollower(follow, model, served_path, **common)
+    else:
+        follower = Follower(follow, model, served_path, **common)
     return Served(model, metrics, follower)
 
 

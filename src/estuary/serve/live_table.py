@@ -1,0 +1,62 @@
+"""``LiveTable``: a table whose rows are replaced whole, by reference.
+
+A server that follows a run in a separate preparing process
+(``estuary.serve.process_follow``) receives every version's tables whole, as
+``FrozenTable``s over a mapped file. The prediction engine is built once, over
+``LiveTable``s; an update points each one at its new ``FrozenTable``
+(``ServingModel.serve_tables``, inside the model's lock), so no engine is
+rebuilt and no row is written in the serving process.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import numpy as np
+
+from estuary.embedding.types import Float32Array, Int64Array, TableStats
+from estuary.serve.frozen_table import FrozenTable
+
+__all__ = ["LiveTable"]
+
+State = dict[str, np.ndarray]
+
+
+class LiveTable:
+    """Reads go to ``current``, a ``FrozenTable`` replaced by each update."""
+
+    def __init__(self, current: FrozenTable) -> None:
+        self.current = current
+        self.name = current.name
+
+    @property
+    def dim(self) -> int:
+        return self.current.dim
+
+    def lookup(
+        self, ids: Int64Array, *, train: bool, out: Float32Array | None = None
+    ) -> Float32Array:
+        return self.current.lookup(ids, train=train, out=out)
+
+    def state_dict(self) -> State:
+        return self.current.state_dict()
+
+    def stats(self) -> TableStats:
+        return self.current.stats()
+
+    def _read_only(self, what: str) -> NoReturn:
+        raise TypeError(f"table {self.name!r}: served tables are read-only ({what})")
+
+    def apply_gradients(
+        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> None:
+        self._read_only("apply_gradients")
+
+    def load_state_dict(self, state: State) -> None:
+        self._read_only("load_state_dict")
+
+    def delta_state_dict(self) -> State:
+        self._read_only("delta_state_dict")
+
+    def apply_delta(self, delta: State) -> None:
+        self._read_only("apply_delta")
