@@ -82,7 +82,31 @@ def decode_rows(weights: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
     raise ValueError(f"rows of dtype {weights.dtype} are not an export encoding")
 
 
-class FrozenTable:
+class ReadOnlyStore:
+    """A served table's writing methods (the ``TableStore`` protocol's), each
+    refused with a ``TypeError`` naming the table (``_read_only``)."""
+
+    name: str
+
+    def _read_only(self, what: str) -> NoReturn:
+        raise TypeError(f"table {self.name!r}: served tables are read-only ({what})")
+
+    def apply_gradients(
+        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> None:
+        self._read_only("apply_gradients")
+
+    def load_state_dict(self, state: State) -> None:
+        self._read_only("load_state_dict")
+
+    def delta_state_dict(self) -> State:
+        self._read_only("delta_state_dict")
+
+    def apply_delta(self, delta: State) -> None:
+        self._read_only("apply_delta")
+
+
+class FrozenTable(ReadOnlyStore):
     """One exported table's rows, read-only, in their stored encoding.
 
     Args:
@@ -210,17 +234,3 @@ class FrozenTable:
             f"table {self.name!r}: an export's tables are read-only ({what}); "
             "to serve updates, follow the run: estuary serve --follow RUN_DIR"
         )
-
-    def apply_gradients(
-        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
-    ) -> None:
-        self._read_only("apply_gradients")
-
-    def load_state_dict(self, state: State) -> None:
-        self._read_only("load_state_dict")
-
-    def delta_state_dict(self) -> State:
-        self._read_only("delta_state_dict")
-
-    def apply_delta(self, delta: State) -> None:
-        self._read_only("apply_delta")

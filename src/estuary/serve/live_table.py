@@ -10,19 +10,17 @@ rebuilt and no row is written in the serving process.
 
 from __future__ import annotations
 
-from typing import NoReturn
-
 import numpy as np
 
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
-from estuary.serve.frozen_table import FrozenTable
+from estuary.serve.frozen_table import FrozenTable, ReadOnlyStore
 
 __all__ = ["LiveTable"]
 
 State = dict[str, np.ndarray]
 
 
-class LiveTable:
+class LiveTable(ReadOnlyStore):
     """Reads go to ``current``, a ``FrozenTable`` replaced by each update."""
 
     def __init__(self, current: FrozenTable) -> None:
@@ -43,20 +41,3 @@ class LiveTable:
 
     def stats(self) -> TableStats:
         return self.current.stats()
-
-    def _read_only(self, what: str) -> NoReturn:
-        raise TypeError(f"table {self.name!r}: served tables are read-only ({what})")
-
-    def apply_gradients(
-        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
-    ) -> None:
-        self._read_only("apply_gradients")
-
-    def load_state_dict(self, state: State) -> None:
-        self._read_only("load_state_dict")
-
-    def delta_state_dict(self) -> State:
-        self._read_only("delta_state_dict")
-
-    def apply_delta(self, delta: State) -> None:
-        self._read_only("apply_delta")
