@@ -3,6 +3,7 @@ dense swaps and full checkpoints swap in whole; versions name what is served."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -24,12 +25,17 @@ NEXT_FULL = "step-000000100-2"
 
 def land(run: TinyRun, follow_dir: Path, *names: str) -> None:
     """Checkpoints ``names`` land in ``follow_dir`` as the trainer writes them:
-    folder first, then ``latest``."""
+    each folder whole, then ``latest``, both by rename (a follower polling in
+    another process never reads a half-written ``latest``)."""
     root = follow_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for name in names:
-        shutil.copytree(run.run_dir / "checkpoints" / name, root / name)
-    (root / "latest").write_text(names[-1] + "\n")
+        partial = root / f"{name}.tmp-land"
+        shutil.copytree(run.run_dir / "checkpoints" / name, partial)
+        os.replace(partial, root / name)
+    pointer = root / "latest.tmp-land"
+    pointer.write_text(names[-1] + "\n")
+    os.replace(pointer, root / "latest")
 
 
 def test_plan_update_applies_deltas_on_the_served_chain_and_reloads_otherwise() -> None:
