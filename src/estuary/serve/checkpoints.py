@@ -4,6 +4,8 @@ its version name, its dense weights and its tables (a delta's chain replayed).""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -14,7 +16,14 @@ from estuary.serve.pipeline import FeaturePipeline
 from estuary.train.checkpoint import Checkpoint
 from estuary.train.checkpoint_chain import MANIFEST, CheckpointError
 
-__all__ = ["job_of", "model_from_checkpoint", "serving_key", "serving_rows", "version_of"]
+__all__ = [
+    "job_in_manifest",
+    "job_of",
+    "model_from_checkpoint",
+    "serving_key",
+    "serving_rows",
+    "version_of",
+]
 
 # What a lookup reads: row keys and weights, the ids a delta evicts, the unknown
 # rows, and the chain keys a delta is checked against. Optimizer slots, eviction
@@ -28,10 +37,15 @@ def job_of(ckpt: Checkpoint) -> JobSpec:
     Raises:
         CheckpointError: the manifest holds no job (written by code, not a run).
     """
-    data = ckpt.manifest.get("metadata", {}).get("job")
+    return job_in_manifest(ckpt.manifest, ckpt.path)
+
+
+def job_in_manifest(manifest: Mapping[str, Any], folder: Path) -> JobSpec:
+    """The job stored in checkpoint ``folder``'s ``manifest`` (``job_of``)."""
+    data = manifest.get("metadata", {}).get("job")
     if data is None:
         raise CheckpointError(
-            f"{ckpt.path / MANIFEST}: no job in metadata.job; serving needs the job's "
+            f"{folder / MANIFEST}: no job in metadata.job; serving needs the job's "
             "schema and model (checkpoints written by `estuary train` have it)"
         )
     return job_from_dict(data)

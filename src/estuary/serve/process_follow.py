@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from estuary.config import job_from_dict
+from estuary.serve.checkpoints import job_in_manifest
 from estuary.serve.follow import UpdateKind
 from estuary.serve.frozen_table import FrozenTable
 from estuary.serve.live_table import LiveTable
@@ -44,7 +44,7 @@ from estuary.serve.model import ServingModel
 from estuary.serve.pipeline import FeaturePipeline
 from estuary.serve.prepared import SlotReader
 from estuary.serve.preparer import Prepared
-from estuary.train.checkpoint_chain import MANIFEST, CheckpointError
+from estuary.train.checkpoint_chain import CheckpointError
 from estuary.train.plan import TrainPlan
 
 __all__ = ["ProcessFollower", "handoff_dir", "model_from_prepared"]
@@ -66,13 +66,7 @@ def model_from_prepared(prepared: Prepared) -> ServingModel:
     Raises:
         CheckpointError: no job in the manifest, or the dense network does not fit it.
     """
-    data = prepared.manifest.get("metadata", {}).get("job")
-    if data is None:
-        raise CheckpointError(
-            f"{prepared.checkpoint / MANIFEST}: no job in metadata.job; serving needs the "
-            "job's schema and model (checkpoints written by `estuary train` have it)"
-        )
-    job = job_from_dict(data)
+    job = job_in_manifest(prepared.manifest, prepared.checkpoint)
     pipeline = FeaturePipeline.from_job(job)
     plan = TrainPlan.from_job(job, pipeline.decoder.features)
     shards = {name: spec.shards for name, spec in plan.tables.items()}
