@@ -102,7 +102,8 @@ def check_mixed_buffer(job: JobSpec) -> None:
 
     Raises:
         ConfigError: ``train.continuous`` or ``train.mixed_buffer`` set without
-            ``data.dataset``, or a capacity that cannot hold
+            ``data.dataset``, with direct data delivery from data executors,
+            or a capacity that cannot hold
             two steps of rows (``train.batch_size`` each).
     """
     if job.train.continuous and job.data.dataset is None:
@@ -115,6 +116,13 @@ def check_mixed_buffer(job: JobSpec) -> None:
     if job.data.dataset is None:
         raise ConfigError(
             "train.mixed_buffer", "needs a data.dataset job (history and stream streams)"
+        )
+    if job.runtime.data_executors > 0 and job.runtime.ray.data_delivery == "direct":
+        raise ConfigError(
+            "runtime.ray.data_delivery",
+            "direct delivery sends trainers row ids, not rows, through rank 0, and "
+            "train.mixed_buffer ranks rows by their content there; set it to rank0 "
+            "or auto (rank0 for a mixed buffer)",
         )
     per_row = min_row_bytes(job)
     need = STEPS_HELD * job.train.batch_size * per_row

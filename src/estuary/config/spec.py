@@ -343,10 +343,12 @@ class RaySpec:
             (Ray actor calls, arrays through the object store).
         data_delivery: with data executors, how rows reach the trainers:
             ``direct`` (rank 0 routes whole blocks to ranks and hands out row
-            ids; each trainer fetches its rows from the object store) or
+            ids; each trainer fetches its rows from the object store),
             ``rank0`` (rank 0 fetches every row, shuffles them in one buffer and
             sends each rank its part, as the local runtime does: the same
-            batches as ``--nproc W``).
+            batches as ``--nproc W``) or ``auto`` (``rank0`` when
+            ``train.mixed_buffer`` needs the rows at rank 0, else ``direct``;
+            see ``data_delivery``).
         trainer: resources of each trainer.
         ps: resources of each parameter-server shard.
         data_executor: resources of each data executor (``runtime.data_executors``).
@@ -360,7 +362,7 @@ class RaySpec:
     num_cpus: int | None = None
     placement_timeout_s: float = 60.0
     data_plane: Literal["socket", "actor"] = "socket"
-    data_delivery: Literal["direct", "rank0"] = "direct"
+    data_delivery: Literal["auto", "direct", "rank0"] = "auto"
     trainer: RoleResources = field(default_factory=RoleResources)
     ps: RoleResources = field(default_factory=RoleResources)
     data_executor: RoleResources = field(default_factory=RoleResources)
@@ -625,3 +627,15 @@ class JobSpec:
         """The settings of one table (a sparse feature's, or a shared group's), as
         resolved at load (``tables``); ``model.embedding.default`` for any other name."""
         return self.tables.get(table, self.model.embedding.default)
+
+
+def data_delivery(job: JobSpec) -> Literal["direct", "rank0"]:
+    """How rows reach the trainers from data executors on Ray
+    (``runtime.ray.data_delivery`` with ``auto`` resolved): the mixed buffer
+    (``train.mixed_buffer``) ranks and samples rows by their content at rank 0,
+    so it takes ``rank0``; every other job ``direct``, where rank 0 moves only
+    row ids."""
+    chosen = job.runtime.ray.data_delivery
+    if chosen != "auto":
+        return chosen
+    return "rank0" if job.train.mixed_buffer is not None else "direct"

@@ -13,6 +13,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from estuary.config import JobSpec
+from estuary.config.spec import data_delivery
 from estuary.ps import ServerConfig, server_share
 from estuary.runtime.failure import policy_for
 from estuary.runtime.launcher import act, default_backend
@@ -225,7 +226,7 @@ class RayRuntime:
             first_bundle=placement.first_bundle["data_executor"],
             max_restarts=job.runtime.max_restarts,
             name=f"estuary-data-{self._run_id}-{self._attempts}",
-            direct=job.runtime.ray.data_delivery == "direct",
+            direct=data_delivery(job) == "direct",
             max_threads=(
                 job.runtime.scaling.max_executor_threads if job.runtime.scaling.enabled else 1
             ),
