@@ -59,3 +59,39 @@ def test_restore_environ_drops_added_and_puts_back_changed_and_removed(
     restore_environ(saved)
     assert dict(os.environ) == saved
     assert "ESTUARY_T_ADD" not in os.environ and os.environ["ESTUARY_T_REMOVE"] == "here"
+
+
+@pytest.mark.parametrize("address", ["ray://head:10001", "head:6379"])
+def test_a_ray_client_join_the_proxy_aborts_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, address: str
+) -> None:
+    """Ray Client's proxy sometimes fails to start a driver's server on a busy
+    head: the join is tried again (3 attempts), each failure logged; a plain
+    address, or the last attempt, fails as Ray does."""
+    from estuary.config.spec import RaySpec
+    from estuary.runtime.ray import cluster
+
+    calls: list[str] = []
+
+    def init(address: str, **_: object) -> None:
+        calls.append(address)
+        if len(calls) < 3:
+            raise ConnectionAbortedError(
+                "Initialization failure from server:\nRuntimeError: Starting Ray client "
+                "server failed. See ray_client_server_23000.err for detailed logs."
+            )
+
+    monkeypatch.setattr(cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(cluster.ray, "init", init)
+    monkeypatch.setattr(cluster.ray, "shutdown", lambda: None)
+    monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
+    if address.startswith("ray://"):
+        assert cluster.connect(RaySpec(address=address), []) is not None
+        assert calls == [address] * 3
+        failures = [r.getMessage() for r in caplog.records if "joining" in r.getMessage()]
+        assert len(failures) == 2 and "Starting Ray client server failed" in failures[0]
+        calls.clear()
+        monkeypatch.setattr(cluster, "CLIENT_ATTEMPTS", 2)
+    with pytest.raises(ConnectionAbortedError):
+        cluster.connect(RaySpec(address=address), [])
+    assert calls == [address] * (2 if address.startswith("ray://") else 1)

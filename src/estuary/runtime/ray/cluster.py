@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from estuary.config.roles import role_resource
 from estuary.config.spec import RaySpec, RoleResources
 
 __all__ = ["Placement", "PlacementError", "RoleAsk", "connect", "place", "restore_environ"]
+
+logger = logging.getLogger(__name__)
 
 
 class PlacementError(RuntimeError):
@@ -99,7 +102,7 @@ def connect(
                 logging_level=logging.WARNING,
             )
         else:
-            ray.init(address=spec.address, logging_level=logging.WARNING)
+            _join(spec.address)
     finally:
         for sig, handler in handlers.items():
             if handler is not None:
@@ -110,6 +113,39 @@ def connect(
         restore_environ(environ)
 
     return disconnect
+
+
+# Ray Client (``ray://``): the head's proxy starts a server process per
+# connecting driver, and on a busy head that start sometimes fails at once
+# ("Starting Ray client server failed", an empty server log); a new connection
+# gets a new server, so the join is tried again.
+CLIENT_ATTEMPTS = 3
+CLIENT_RETRY_S = 2.0
+
+
+def _join(address: str) -> None:
+    """``ray.init`` at an existing cluster's ``address``; a Ray Client address
+    (``ray://``) is tried up to ``CLIENT_ATTEMPTS`` times when the proxy aborts
+    the connection, each failure logged."""
+    attempts = CLIENT_ATTEMPTS if address.startswith("ray://") else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+            return
+        except ConnectionAbortedError as error:
+            if attempt == attempts:
+                raise
+            first = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
+            logger.warning(
+                "joining %s failed (attempt %d of %d: %s); trying again in %.0f s",
+                address,
+                attempt,
+                attempts,
+                first,
+                CLIENT_RETRY_S * attempt,
+            )
+            ray.shutdown()  # the half-made client connection
+            time.sleep(CLIENT_RETRY_S * attempt)
 
 
 def restore_environ(saved: dict[str, str]) -> None:
