@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from estuary.metrics.timeseries import TIMESERIES_FILE, read_timeseries
 
 from .conftest import TinyJob
@@ -45,3 +47,22 @@ def test_two_trainers_show_one_bar_and_log_with_rank_and_step(
     [end] = [r for r in series if r["kind"] == "end"]
     assert start["world_size"] == 2
     assert end["rows"] == 2400 and end["step"] == 76
+
+
+def test_each_launch_gives_its_trainers_the_launchers_streams_and_settings(
+    tmp_path: Path, tiny_job: TinyJob, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Trainers start from a fork server that outlives a run (estuary.runtime.
+    launcher): a later run's trainers still write to the launcher's standard
+    error of that moment and log with its settings of that moment (the CLI hands
+    its --log-* to them through the environment), not the fork server's."""
+    from estuary.cli import main
+
+    with capfd.disabled():  # the first run (and maybe the fork server) on other streams
+        assert main(["train", str(tiny_job(tmp_path / "a")), "--nproc", "2"]) == 0
+    job = tiny_job(tmp_path / "b", checkpoint_every_steps=40)
+    argv = ["train", str(job), "--nproc", "2", "--log-format", "json"]
+    assert main([*argv, "--log-level", "train.checkpointer=INFO"]) == 0
+    records = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line[:1] == "{"]
+    saved = [r for r in records if r["component"] == "estuary.train.checkpointer"]
+    assert [(r["rank"], r["step"]) for r in saved] == [(0, 40), (0, 76)], records

@@ -2,7 +2,7 @@
 
 ::
 
-    trainer_main(rank)                     spawned by the launcher, one per rank
+    trainer_main(rank)                     started by the launcher, one per rank
       worker_session: gloo/nccl process group + parameter-server client
         DistributedTrainer(job, client)    (DDP, data and stop groups: collectives)
         resume_if_asked                    every rank its dense state, rank 0 the tables
@@ -142,8 +142,25 @@ def resume_if_asked(trainer: Trainer, job: JobSpec, resume: bool) -> bool:
     return True
 
 
-def trainer_main(rank: int, launch: WorkerLaunch, results: Any, stop_signal: Any) -> None:
-    """Entry point of trainer process ``rank`` (spawned by the launcher)."""
+def trainer_main(
+    rank: int,
+    launch: WorkerLaunch,
+    results: Any,
+    stop_signal: Any,
+    environ: dict[str, str] | None = None,
+    cwd: str | None = None,
+    stdio: object = None,
+) -> None:
+    """Entry point of trainer process ``rank`` (started by the launcher, from a
+    fork server); ``environ`` and ``cwd``: the launcher's at launch, taken on
+    before anything reads them; ``stdio``: its standard streams, already made
+    this process's own as the arguments were unpickled
+    (``estuary.runtime.launcher.LauncherStdio``)."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
+    if cwd is not None:
+        os.chdir(cwd)
     # Ctrl-C reaches the whole process group: the launcher decides (``stop_signal``).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     result = run_trainer(rank, launch, stop_signal)
