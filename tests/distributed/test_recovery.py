@@ -24,8 +24,8 @@ pytestmark = pytest.mark.distributed
 WORLD = 2
 TIMEOUT_S = 240
 
-# Every trainer process imports this module (spawn); the killing rank kills
-# (SIGKILL) itself or a server before step AT, once per marker file.
+# Every trainer process imports this script (multiprocessing's __mp_main__); the
+# killing rank kills (SIGKILL) itself or a server before step AT, once per marker file.
 KILLING_CLI = """
 import os, signal, sys
 from pathlib import Path
@@ -97,29 +97,35 @@ def run_killing(
     )
 
 
+def write_disturbable_job(folder: Path) -> Path:
+    """Sync mode, a checkpoint every 3 steps, 2 PS shards, 1 restart allowed."""
+    folder.mkdir()
+    path = write_job(folder)
+    raw = yaml.safe_load(path.read_text())
+    raw["output"]["checkpoint_every_steps"] = 3
+    raw["runtime"] = {"ps_shards": 2, "max_restarts": 1}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ref_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job run undisturbed, once for every test here (its run in ``out/``)."""
+    path = write_disturbable_job(tmp_path_factory.mktemp("recovery") / "ref")
+    assert main(["train", str(path), "--nproc", str(WORLD), "--no-progress"]) == 0
+    return path
+
+
 @pytest.fixture
-def jobs(tmp_path: Path) -> tuple[Path, Path]:
-    """(reference job, job to disturb): sync mode, a checkpoint every 3 steps,
-    2 PS shards."""
-    paths = []
-    for name in ("ref", "hit"):
-        folder = tmp_path / name
-        folder.mkdir()
-        path = write_job(folder)
-        raw = yaml.safe_load(path.read_text())
-        raw["output"]["checkpoint_every_steps"] = 3
-        raw["runtime"] = {"ps_shards": 2, "max_restarts": 1}
-        path.write_text(yaml.safe_dump(raw))
-        paths.append(path)
-    return paths[0], paths[1]
+def hit_job(tmp_path: Path) -> Path:
+    """The same job, to disturb."""
+    return write_disturbable_job(tmp_path / "hit")
 
 
 @pytest.mark.parametrize("role", ["trainer", "ps"])
 def test_a_killed_role_is_restarted_and_the_run_ends_as_an_undisturbed_one(
-    tmp_path: Path, jobs: tuple[Path, Path], role: str
+    tmp_path: Path, ref_job: Path, hit_job: Path, role: str
 ) -> None:
-    ref_job, hit_job = jobs
-    assert main(["train", str(ref_job), "--nproc", str(WORLD), "--no-progress"]) == 0
     done = run_killing(tmp_path, hit_job, role=role, kills=1, extra=[])
     assert done.returncode == 0, done.stderr[-3000:]
     rank = "1" if role == "trainer" else "0"
@@ -141,10 +147,7 @@ def test_a_killed_role_is_restarted_and_the_run_ends_as_an_undisturbed_one(
         np.testing.assert_allclose(a["weights"], b["weights"], rtol=1e-6, atol=1e-7)
 
 
-def test_past_max_restarts_the_job_fails_naming_the_role(
-    tmp_path: Path, jobs: tuple[Path, Path]
-) -> None:
-    _, hit_job = jobs
+def test_past_max_restarts_the_job_fails_naming_the_role(tmp_path: Path, hit_job: Path) -> None:
     done = run_killing(tmp_path, hit_job, role="trainer", kills=2, extra=[])
     assert done.returncode != 0
     assert "restart 1/1: trainer rank 1 exited with signal SIGKILL" in done.stderr
