@@ -8,7 +8,9 @@
    code on this machine with examples/criteo.yaml at batch 1024 (parse, hash,
    table lookup/update, dense step, bytes per row, an IPC round trip and
    bandwidth, the PS requests' client and server CPU and DDP's all-reduce timed
-   in their multi-process layout); ``--costs`` loads a saved calibration instead.
+   in their multi-process layout, and the work per CPU second of the dense step
+   with every core computing at once against one process alone:
+   ``parallel_efficiency``); ``--costs`` loads a saved calibration instead.
 2. Validation: real ``estuary train`` runs with W trainers and S PS shards
    (bench/simulate_real.py: 1x0, 2x1, 2x2, 3x1, i.e. 1-4 processes, one torch
    thread each, rows/s in the steady state after the first epoch, median of

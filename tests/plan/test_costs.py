@@ -48,3 +48,34 @@ def test_speedup_extends_the_two_thread_figure(costs: Costs) -> None:
     assert c.speedup(2) == pytest.approx(1.5)
     assert c.speedup(4) == pytest.approx(1 / (1 / 3 + (2 / 3) / 4))
     assert replace(costs, dense_speedup_2=1.0).speedup(8) == pytest.approx(1.0)
+
+
+def test_concurrent_efficiency_runs_from_one_alone_to_the_measured_figure(costs: Costs) -> None:
+    from dataclasses import replace
+
+    c = replace(costs, cores=4, parallel_efficiency=0.7)
+    assert c.concurrent_efficiency(1) == 1.0
+    assert c.concurrent_efficiency(4) == pytest.approx(0.7)  # every core busy
+    assert c.concurrent_efficiency(9) == pytest.approx(0.7)  # no more cores to fill
+    assert c.concurrent_efficiency(2.5) == pytest.approx(1 - 0.3 * 1.5 / 3)
+    assert replace(c, cores=1).concurrent_efficiency(3) == 1.0
+
+
+def test_parallel_efficiency_out_of_range_names_the_field(tmp_path: Path, costs: Costs) -> None:
+    data = costs.to_dict() | {"parallel_efficiency": 1.5}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"parallel_efficiency.*\(0, 1\]"):
+        load_costs(path)
+
+
+def test_a_costs_file_from_before_the_probe_is_refused(tmp_path: Path, costs: Costs) -> None:
+    data = costs.to_dict() | {"version": 2}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="version: expected 3, got 2"):
+        load_costs(path)
+    data.pop("parallel_efficiency")
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="parallel_efficiency: missing"):
+        load_costs(path)

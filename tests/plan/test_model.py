@@ -118,3 +118,36 @@ def test_invalid_layouts_are_refused() -> None:
         Layout(2, 0, preloaded=True)
     with pytest.raises(ValueError, match="executors"):
         Layout(1, 1, executors=0)
+
+
+def test_processes_computing_at_once_run_at_the_measured_efficiency() -> None:
+    # 2 cores at 0.5 efficiency: 2 trainers' 10 ms dense phases at once take 20 ms
+    # each, then the one shard's 2 x 1.024 ms alone (efficiency 1 for one process).
+    c = simple_costs(parallel_efficiency=0.5)
+    two = Layout(2, 1, batch_rows=1024, preloaded=True)
+    p = predict_shared(c, two, cores_1=1.0, cores_n=2.0)
+    assert p.step_s == pytest.approx(0.010 / 0.5 + 2 * 0.001024)
+    # Linear cores (efficiency 1) give the old law's step: 10 ms + the shard's.
+    free = predict_shared(simple_costs(), two, cores_1=1.0, cores_n=2.0)
+    assert free.step_s == pytest.approx(0.010 + 2 * 0.001024)
+    # One process alone never pays it.
+    one = Layout(1, 0, batch_rows=1024, preloaded=True)
+    assert predict_shared(c, one, cores_1=1.0, cores_n=1.0).step_s == pytest.approx(0.011024)
+    # Two shards' phase runs at once too: 2 x 0.512 ms each, at half speed.
+    q = predict_shared(c, Layout(2, 2, batch_rows=1024, preloaded=True), cores_1=1.0, cores_n=2.0)
+    assert q.step_s == pytest.approx(0.010 / 0.5 + 2 * 0.000512 / 0.5)
+
+
+def test_contention_counts_cores_of_work_not_cpu_seconds() -> None:
+    # 3 trainers on 2 cores at 0.8: 30 ms of dense CPU over 1.6 cores of work.
+    c = simple_costs(parallel_efficiency=0.8)
+    lay = Layout(3, 1, batch_rows=1024, preloaded=True)
+    p = predict(c, lay, cores=2.0, colocated=True)
+    assert p.step_s == pytest.approx(0.030 / 1.6 + 3 * 0.001024)
+    # The all-processes bound counts the same 1.6 cores; on half a core one
+    # process at a time computes, at full efficiency.
+    assert p.limits["cores"] == pytest.approx(1.6 / sum(p.cpu_s_per_row.values()))
+    half = predict(c, lay, cores=0.5, colocated=True)
+    assert half.limits["cores"] == pytest.approx(0.5 / sum(half.cpu_s_per_row.values()))
+    # Not colocated (a cluster's own cores per process): no efficiency applies.
+    assert predict(c, lay, cores=2.0).step_s == pytest.approx(0.015 + 3 * 0.001024)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from estuary.config.tables import TableSpec
-from estuary.plan.probes import LayoutTiming, ps_layout
+from estuary.plan.probes import LayoutTiming, parallel_efficiency, ps_layout
 from estuary.ps.types import HostedTable
 
 
@@ -35,3 +35,26 @@ def test_ps_layout_runs_every_clients_steps_through_the_real_servers(
 def test_ps_layout_refuses_a_layout_without_a_server() -> None:
     with pytest.raises(ValueError, match="1x0"):
         ps_layout({}, [], [], 1, 0, steps=1, warmup=0)
+
+
+def _timing(n: int, wall: float, cpu: float) -> LayoutTiming:
+    return LayoutTiming(n, 0, wall, cpu, 0.0, 10)
+
+
+def test_parallel_efficiency_is_cpu_alone_over_cpu_together() -> None:
+    alone = [_timing(1, 0.012, 0.011), _timing(1, 0.010, 0.010)]
+    together = [_timing(2, 0.016, 0.016), _timing(2, 0.020, 0.018)]
+    eff, throughput = parallel_efficiency(alone, together)
+    assert eff == pytest.approx(0.010 / 0.016)  # the least CPU a step of each
+    assert throughput == pytest.approx(2 * 0.010 / 0.016)  # best walls
+    # Noise never reports more than linear cores.
+    assert parallel_efficiency([_timing(1, 0.01, 0.01)], [_timing(2, 0.01, 0.009)])[0] == 1.0
+
+
+def test_parallel_efficiency_refuses_mismatched_rounds() -> None:
+    with pytest.raises(ValueError, match="alone must be 1 process"):
+        parallel_efficiency([_timing(2, 0.01, 0.01)], [_timing(2, 0.01, 0.01)])
+    with pytest.raises(ValueError, match=">= 1 round"):
+        parallel_efficiency([], [_timing(2, 0.01, 0.01)])
+    with pytest.raises(ValueError, match="> 0 seconds"):
+        parallel_efficiency([_timing(1, 0.01, 0.0)], [_timing(2, 0.01, 0.01)])

@@ -20,6 +20,11 @@ Each component is timed on the job's own data and model (~1-2 min in all):
                  CPU per step, each solved into per-request and per-id parts.
   all-reduce     the dense step alone and in a 2-process DDP group
                  (``probes.dense_layout``): the CPU per step DDP adds.
+  parallel       the dense step at the batch size in 1 process, then in one
+                 process per core at once (``probes.parallel_dense``,
+                 independent processes, 2 s windows, interleaved rounds): the work
+                 a process does per CPU second while every core computes, over
+                 alone (``parallel_efficiency``).
 
 CPU time (``time.process_time``) is used where one process does all the work, so
 other jobs on a shared machine disturb the figures less; the best of
@@ -298,6 +303,23 @@ def _layout_costs(
     }
 
 
+def _parallel_costs(
+    job: Any, batch_rows: int, processes: int, rounds: int, seconds: float = 2.0
+) -> tuple[float, float]:
+    """(parallel_efficiency, throughput) of ``processes`` processes doing the job's
+    dense step at once against one alone (``probes.parallel_dense``), ``rounds``
+    interleaved rounds of each; (1.0, 1.0) on a one-core machine."""
+    from estuary.plan.probes import parallel_dense, parallel_efficiency
+
+    if processes < 2:
+        return 1.0, 1.0
+    alone, together = [], []
+    for _ in range(rounds):
+        alone.append(parallel_dense(job, 1, batch_rows, seconds=seconds, warmup=5))
+        together.append(parallel_dense(job, processes, batch_rows, seconds=seconds, warmup=5))
+    return parallel_efficiency(alone, together)
+
+
 def calibrate(job: Any, *, repeats: int = 3) -> Costs:
     """Measure ``Costs`` on this machine with ``job``'s data, tables and model.
 
@@ -321,6 +343,10 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
         job, unique, steps=10 * repeats, warmup=min(10, 4 * repeats), rounds=min(2, repeats)
     )
     latency, bw, cpu_per_byte = measure_network(repeats)
+    cores = os.cpu_count() or 1
+    efficiency, throughput = _parallel_costs(
+        job, job.train.batch_size, cores, rounds=min(2, repeats)
+    )
     return Costs(
         rpc_s_per_request=layout["rpc_s_per_request"],
         rpc_s_per_id=layout["rpc_s_per_id"],
@@ -329,6 +355,7 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
         ps_s_per_request=layout["ps_s_per_request"],
         ps_s_per_id=layout["ps_s_per_id"],
         allreduce_s_per_step=layout["allreduce_s_per_step"],
+        parallel_efficiency=efficiency,
         parse_s_per_row=parse,
         hash_s_per_id=hash_per_id,
         lookup_s_per_id=t["lookup_s_per_id"],
@@ -348,8 +375,9 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
         net_latency_s=latency,
         net_bytes_per_s=bw,
         net_cpu_s_per_byte=cpu_per_byte,
-        cores=os.cpu_count() or 1,
+        cores=cores,
         machine={
+            "parallel_throughput": throughput,
             "host": platform.node(),
             "python": platform.python_version(),
             "load_avg_1m": os.getloadavg()[0],

@@ -21,7 +21,7 @@ from estuary.config.errors import ConfigError
 
 __all__ = ["COSTS_VERSION", "Costs", "load_costs", "save_costs"]
 
-COSTS_VERSION = 2  # 2: the PS figures from the multi-process probes
+COSTS_VERSION = 3  # 2: the PS figures from the multi-process probes; 3: parallel_efficiency
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,11 @@ class Costs:
             lookup, the update, the copies in and out).
         allreduce_s_per_step: trainer: CPU per step that DDP's gradient
             all-reduce over gloo adds when W > 1 (measured at W = 2).
+        parallel_efficiency: work one process does per CPU second while
+            ``cores`` processes compute at once on this machine, over what it
+            does alone (CPU per dense step alone over CPU per step with
+            ``cores`` independent processes stepping at once; 1.0: the cores
+            scale linearly; (0, 1]).
         net_latency_s: one request's round trip between two processes.
         net_bytes_per_s: bytes per second one connection carries.
         net_cpu_s_per_byte: CPU seconds (both ends together) to move one byte (for
@@ -93,6 +98,7 @@ class Costs:
     ps_s_per_request: float
     ps_s_per_id: float
     allreduce_s_per_step: float
+    parallel_efficiency: float
     net_latency_s: float
     net_bytes_per_s: float
     net_cpu_s_per_byte: float
@@ -115,6 +121,8 @@ class Costs:
                 raise ConfigError(f"{path}.{name}", "must be > 0")
         if not 1.0 <= self.dense_speedup_2 <= 2.0:
             raise ConfigError(f"{path}.dense_speedup_2", "must be in [1, 2]")
+        if not 0.0 < self.parallel_efficiency <= 1.0:
+            raise ConfigError(f"{path}.parallel_efficiency", "must be in (0, 1]")
         if not 0.0 < self.unique_exp <= 1.0:
             raise ConfigError(f"{path}.unique_exp", "must be in (0, 1]")
 
@@ -131,6 +139,15 @@ class Costs:
     def dense_step_s(self, batch_rows: float, threads: float = 1.0) -> float:
         """Wall seconds of one dense step of ``batch_rows`` rows on ``threads`` threads."""
         return (self.dense_s_per_step + self.dense_s_per_row * batch_rows) / self.speedup(threads)
+
+    def concurrent_efficiency(self, processes: float) -> float:
+        """Work per CPU second of each of ``processes`` processes computing at once
+        on this machine, relative to one alone: 1 for one, ``parallel_efficiency``
+        with every core busy (``processes >= cores``), linear in between."""
+        busy = min(processes, float(self.cores))
+        if busy <= 1.0 or self.cores <= 1:
+            return 1.0
+        return 1.0 - (1.0 - self.parallel_efficiency) * (busy - 1.0) / (self.cores - 1.0)
 
     def speedup(self, threads: float) -> float:
         """Dense speed-up on ``threads`` threads: measured at 2, extended with the

@@ -41,6 +41,11 @@ for the same cores). The job's rate is the least of
 ``predict_shared`` is the same law on a machine other processes share: a
 process runs at ``cores_1`` of a core (the serial step stretches by
 ``1 / cores_1``) and all of the job's processes together get ``cores_n`` cores.
+Its processes run on the calibrated machine (``colocated``), where k processes
+computing at once each do ``concurrent_efficiency(k)`` of their work alone per
+CPU second (``parallel_efficiency`` with every core busy, measured by
+calibration): the W trainers' phase is slowed by it at k = W, the shard phase
+at k = S, and the core bounds count ``cores * efficiency`` cores of work.
 """
 
 from __future__ import annotations
@@ -130,9 +135,20 @@ def predict(
     cores: float | None = None,
     hot_factor: float = 1.0,
     straggler: float = 1.0,
+    colocated: bool = False,
 ) -> Prediction:
-    """Steady-state rows/s of ``layout`` (see the module docstring for the law)."""
+    """Steady-state rows/s of ``layout`` (see the module docstring for the law).
+
+    Args:
+        cores: the cores the job's processes share (a shared machine); ``None``:
+            each process has its own.
+        colocated: the job's processes run on the calibrated machine itself, so
+            a phase in which k of them compute at once runs at
+            ``costs.concurrent_efficiency(k)`` of the calibrated speed.
+    """
     c, w, s, b = costs, layout.trainers, layout.ps_shards, layout.batch_rows
+    eff_w = c.concurrent_efficiency(w) if colocated else 1.0
+    eff_s = c.concurrent_efficiency(s) if colocated else 1.0
     n = c.unique_ids(b)
     f = c.sparse_features
     dense_cpu = c.dense_s_per_step + c.dense_s_per_row * b
@@ -144,20 +160,21 @@ def predict(
     dense_wall = dense_cpu / c.speedup(layout.trainer_cpus)
     wire_bytes, step = 0.0, 0.0
     if s == 0:
-        trainer_phase, trainer_cpu = dense_wall + table_cpu, dense_cpu + table_cpu
+        trainer_phase, trainer_cpu = (dense_wall + table_cpu) / eff_w, dense_cpu + table_cpu
         shard_phase = shard_cpu = hottest_cpu = 0.0
     else:
         wire_bytes = n * (2 * 4 * c.embedding_dim + 16)
         client_cpu = rpc_client_cpu(c, s, n)
-        trainer_phase = dense_wall + client_cpu
+        trainer_phase = (dense_wall + client_cpu) / eff_w
         trainer_cpu = dense_cpu + client_cpu
         hottest_cpu, shard_cpu = _shard_cpu(c, n, w, s, hot_factor)
-        shard_phase = hottest_cpu / max(layout.ps_cpus, 1e-9)
+        shard_phase = hottest_cpu / max(layout.ps_cpus, 1e-9) / eff_s
         step += ROUND_TRIPS_PER_STEP * c.net_latency_s + wire_bytes / c.net_bytes_per_s
     if cores is not None:
-        # W trainers' (then the shards') work of one step shares the machine's cores.
-        trainer_phase = max(trainer_phase, w * trainer_cpu / cores)
-        shard_phase = max(shard_phase, shard_cpu / cores)
+        # W trainers' (then the shards') work of one step shares the machine's cores,
+        # each core doing eff(k) of its work alone while k processes compute.
+        trainer_phase = max(trainer_phase, w * trainer_cpu / (cores * _eff(c, w, cores, colocated)))
+        shard_phase = max(shard_phase, shard_cpu / (cores * _eff(c, s, cores, colocated)))
     step += trainer_phase + shard_phase
     if w > 1:
         step += math.ceil(math.log2(w)) * c.net_latency_s
@@ -176,7 +193,8 @@ def predict(
         # Each shard's link carries its 1/S of every trainer's traffic.
         limits["network"] = s * c.net_bytes_per_s * b / wire_bytes
     if cores is not None:
-        limits["cores"] = cores / sum(cpu.values())
+        eff = _eff(c, layout.processes, cores, colocated)
+        limits["cores"] = cores * eff / sum(cpu.values())
     bottleneck = min(limits, key=lambda k: limits[k])
     rate = limits[bottleneck]
     role_cores = {
@@ -186,6 +204,12 @@ def predict(
     }
     busy = {r: min(rate * cpu[r] / role_cores[r], 1.0) for r in role_cores if role_cores[r] > 0}
     return Prediction(rate, bottleneck, limits, step, cpu, busy)
+
+
+def _eff(costs: Costs, processes: int, cores: float, colocated: bool) -> float:
+    """Work per CPU second of the job's processes on ``cores`` shared cores: as many
+    compute at once as there are processes or cores, whichever is fewer."""
+    return costs.concurrent_efficiency(min(float(processes), cores)) if colocated else 1.0
 
 
 def rpc_client_cpu(costs: Costs, shards: int, ids: float) -> float:
@@ -230,8 +254,8 @@ def predict_shared(costs: Costs, layout: Layout, *, cores_1: float, cores_n: flo
     is not slowed again by ``cores_1``.
     """
     share = min(cores_1, 1.0)
-    alone = predict(costs, layout)
-    shared = predict(costs, layout, cores=cores_n)
+    alone = predict(costs, layout, colocated=True)
+    shared = predict(costs, layout, cores=cores_n, colocated=True)
     step = max(alone.step_s / share, shared.step_s)
     limits = dict(shared.limits)
     limits["trainers"] = shared.limits["trainers"] * shared.step_s / step

@@ -16,6 +16,12 @@ warm-up excluded):
                     inputs of the job's shapes: forward, backward (the embedding
                     input has a gradient, as in training) and the dense optimizer
                     step. Wall and CPU seconds per step of one process (the mean).
+  ``parallel_dense`` N independent processes (no process group) doing the
+                    same dense step at once for a fixed wall window: wall and CPU
+                    seconds per step of one process (the mean). Against N = 1 it
+                    says how the machine's cores scale for this work
+                    (``parallel_efficiency``): SMT siblings, shared caches and
+                    memory bandwidth show up as more CPU per step.
 
 Nothing here is fitted to an ``estuary train`` run: these are the same code paths
 timed on their own, so the request costs come from direct timings rather than from
@@ -35,7 +41,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LayoutTiming", "dense_layout", "proc_cpu_s", "ps_layout"]
+__all__ = [
+    "LayoutTiming",
+    "dense_layout",
+    "parallel_dense",
+    "parallel_efficiency",
+    "proc_cpu_s",
+    "ps_layout",
+]
 
 
 @dataclass(frozen=True)
@@ -246,17 +259,15 @@ def _dense_worker(
         dist.destroy_process_group()
 
 
-def dense_layout(
-    job: Any, trainers: int, batch_rows: int, *, steps: int, warmup: int
-) -> LayoutTiming:
-    """Time W = ``trainers`` processes' dense steps of ``job``'s model (module doc)."""
+def _model_args(job: Any) -> tuple[dict[str, Any], tuple[str, float]]:
+    """(``build_model`` keyword arguments, (dense optimizer, lr)) of ``job``."""
     from estuary.train.plan import TrainPlan
 
     plan = TrainPlan.from_job(job)
     features = list(plan.features)
     dims = {job.table_spec(plan.feature_tables[f]).dim for f in features}
     if len(dims) != 1:
-        raise ValueError(f"dense_layout: the features' embedding dims differ: {sorted(dims)}")
+        raise ValueError(f"dense probe: the features' embedding dims differ: {sorted(dims)}")
     model_args = {
         "name": job.model.type,
         "params": dict(job.model.params),
@@ -265,7 +276,14 @@ def dense_layout(
         "embedding_dim": dims.pop(),
         "features": features,
     }
-    optimizer = (job.train.dense_optimizer.name, job.train.dense_optimizer.lr)
+    return model_args, (job.train.dense_optimizer.name, job.train.dense_optimizer.lr)
+
+
+def dense_layout(
+    job: Any, trainers: int, batch_rows: int, *, steps: int, warmup: int
+) -> LayoutTiming:
+    """Time W = ``trainers`` processes' dense steps of ``job``'s model (module doc)."""
+    model_args, optimizer = _model_args(job)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory(prefix="estuary-probe-") as folder:
@@ -306,3 +324,116 @@ def dense_layout(
         server_cpu_s=0.0,
         steps=steps,
     )
+
+
+def _parallel_worker(
+    rank: int,
+    model_args: dict[str, Any],
+    optimizer: tuple[str, float],
+    batch_rows: int,
+    warmup: int,
+    seconds: float,
+    barrier: Any,
+    out: Any,
+) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from estuary.nn.models import build_model
+    from estuary.train.build import DENSE_OPTIMIZERS
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model(**model_args)
+    opt = DENSE_OPTIMIZERS.get(optimizer[0], "train.dense_optimizer.name")(
+        model.parameters(), lr=optimizer[1]
+    )
+    g = torch.Generator().manual_seed(rank)
+    f, d = model_args["num_sparse"], model_args["embedding_dim"]
+    dense = torch.randn(batch_rows, model_args["num_dense"], generator=g)
+    labels = (torch.rand(batch_rows, generator=g) < 0.25).float()
+
+    def step() -> None:
+        sparse = torch.randn(batch_rows, f, d, generator=g).requires_grad_(True)
+        loss = F.binary_cross_entropy_with_logits(model(dense, sparse).float(), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    barrier.wait()  # Blocking wait: every process starts its window together
+    t0, c0, steps = time.perf_counter(), time.process_time(), 0
+    while time.perf_counter() - t0 < seconds:
+        step()
+        steps += 1
+    out.put((rank, steps, time.perf_counter() - t0, time.process_time() - c0))
+
+
+def parallel_dense(
+    job: Any, processes: int, batch_rows: int, *, seconds: float, warmup: int
+) -> LayoutTiming:
+    """``processes`` independent processes (one torch thread each, no process
+    group) doing ``job``'s dense step at once, each for the same ``seconds`` of wall
+    time after ``warmup`` steps: wall and CPU seconds per step of one process (the
+    mean over processes)."""
+    if processes < 1:
+        raise ValueError(f"parallel_dense: processes must be >= 1, got {processes}")
+    model_args, optimizer = _model_args(job)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.SimpleQueue()
+    barrier = ctx.Barrier(processes)
+    procs = [
+        ctx.Process(
+            target=_parallel_worker,
+            args=(r, model_args, optimizer, batch_rows, warmup, seconds, barrier, out),
+            daemon=True,
+        )
+        for r in range(processes)
+    ]
+    try:
+        for p in procs:
+            p.start()
+        got = [out.get() for _ in range(processes)]  # Blocking wait: every process's window
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    return LayoutTiming(
+        trainers=processes,
+        shards=0,
+        wall_s=float(np.mean([wall / max(n, 1) for _, n, wall, _ in got])),
+        client_cpu_s=float(np.mean([cpu / max(n, 1) for _, n, _, cpu in got])),
+        server_cpu_s=0.0,
+        steps=int(sum(n for _, n, _, _ in got)),
+    )
+
+
+def parallel_efficiency(
+    alone: list[LayoutTiming], together: list[LayoutTiming]
+) -> tuple[float, float]:
+    """(efficiency, throughput) of N processes computing at once, from rounds of
+    ``parallel_dense`` with 1 process (``alone``) and with N (``together``).
+
+    efficiency: CPU per step alone over CPU per step together, the least CPU
+        per step of each kept (other jobs on a shared machine only add to it),
+        clamped to (0, 1]: the work a process does per CPU second while N
+        compute, relative to alone.
+    throughput: N x wall per step alone over wall per step together (the best
+        of each): how many processes' worth of steps N at once complete per
+        second; on an idle machine N x efficiency.
+    """
+    if not alone or not together:
+        raise ValueError("parallel_efficiency: needs >= 1 round alone and together")
+    n = together[0].trainers
+    if alone[0].trainers != 1 or any(t.trainers != n for t in together):
+        raise ValueError("parallel_efficiency: alone must be 1 process, together all N")
+    cpu_1 = min(t.client_cpu_s for t in alone)
+    cpu_n = min(t.client_cpu_s for t in together)
+    wall_1 = min(t.wall_s for t in alone)
+    wall_n = min(t.wall_s for t in together)
+    if min(cpu_1, cpu_n, wall_1, wall_n) <= 0:
+        raise ValueError("parallel_efficiency: every round needs > 0 seconds a step")
+    return min(max(cpu_1 / cpu_n, 1e-3), 1.0), n * wall_1 / wall_n
