@@ -275,6 +275,8 @@ class RayExecutorPool:
             raise ValueError(f"executor threads must be in 1..{self.max_threads}, got {threads}")
         with self._lock:
             for executor in self.actors:
+                if executor in self._starting:
+                    continue  # its slots open once it is up, at the new count
                 if threads > self.threads:
                     self._open(executor, threads - self.threads)
                 else:
@@ -327,6 +329,7 @@ class RayExecutorPool:
         fetched here; ``Block``s unless ``direct``), its good rows and last row."""
         executor = self._take()
         token = self.clock.start()
+        cpu_s: float | None = None
         try:
             while True:
                 actor = self._handles[executor]
@@ -335,7 +338,7 @@ class RayExecutorPool:
                     refs = list(call)  # Blocking wait: the executor reads the whole split.
                     # Blocking wait: the accounting only (small); the rows stay put.
                     metas = ray.get(refs[1:-1:2])
-                    good, last = ray.get(refs[-1])
+                    good, last, cpu_s = ray.get(refs[-1])
                 except RayActorError as exc:
                     self._replace(executor, exc, reader)
                     continue
@@ -349,7 +352,7 @@ class RayExecutorPool:
                 ]
                 return blocks, good, last
         finally:
-            self.clock.stop(token)
+            self.clock.stop(token, cpu_s)
             self._give_back(executor)
 
     def _replace(self, executor: int, exc: RayActorError, reader: SplitReader) -> None:
