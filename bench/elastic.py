@@ -3,7 +3,7 @@ static configuration (the oracle) and DLRover's threshold rules.
 
     python bench/elastic.py [--json PATH] [--interval 3] [--run-s 45] [--static-s 14]
                             [--grid 1,2,4,6,8] [--need 4] [--max-executors 8]
-                            [--max-threads 8]
+                            [--max-threads 1] [--bridge 8]
 
 The job: one trainer with its table in its own process (one PS shard), fed by
 Ray data executors reading a ``data.dataset`` of many small splits through a
@@ -24,11 +24,16 @@ Runs, one Ray instance, the same data and trainer:
                 like the policy, which favours it.
   estuary       from 1 executor: ``EstuaryPolicy`` (``runtime.scaling`` defaults,
                 ``interval_s = --interval``, ``max_executor_threads =
-                --max-threads``: it may also raise the reads per executor,
-                up to the driver's readers, ``max(--max-executors, grid)``,
-                in flight in all). Every pool's actors take ``--max-threads``
-                concurrent calls; the grid and DLRover's rules read one split
-                per executor (DLRover's rules scale workers only).
+                --max-threads``: reads per executor it may set, at most the
+                driver's readers, ``max(--max-executors, grid)``, in flight).
+
+Every pool's executor actors take ``max(--max-threads, --bridge)`` concurrent
+calls, and read one split at a time unless a policy raises it: while an added
+executor starts, a running one reads a split in its place (the pool's bridge,
+``RayExecutorPool``), for DLRover's rules as for the policy. The grid's pools
+never resize, so they never bridge. ``--max-threads`` is 1 by default: on this
+machine one executor process reading several splits at once fed the trainer
+slower in steady state than as many processes reading one each (docs/results.md).
 
 Each dynamic run lasts ``--run-s``. Figures per run: rows/s per interval,
 ``time_to_90pct_s`` (the first time, in whole seconds, at which the rows/s over
@@ -335,7 +340,10 @@ def main() -> None:
     parser.add_argument("--need", type=float, default=4.0, help="executors the trainer needs")
     parser.add_argument("--max-executors", type=int, default=MAX_EXECUTORS)
     parser.add_argument(
-        "--max-threads", type=int, default=MAX_EXECUTORS, help="most reads per executor (Estuary)"
+        "--max-threads", type=int, default=1, help="the policy's most reads per executor"
+    )
+    parser.add_argument(
+        "--bridge", type=int, default=MAX_EXECUTORS, help="concurrent calls per executor actor"
     )
     parser.add_argument("--hidden", type=int, default=1024, help="trainer MLP width")
     args = parser.parse_args()
@@ -345,6 +353,7 @@ def main() -> None:
     ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="WARNING")
     try:
         grid = [int(x) for x in args.grid.split(",")]
+        calls = max(args.max_threads, args.bridge)  # every pool's, the grid's too
         workers = max(args.max_executors, *grid)
         rate = trainer_rate(Trainer(args.hidden))
         hours = hours_for(rate, max(args.run_s, args.static_s))
@@ -358,7 +367,7 @@ def main() -> None:
 
         static, series = {}, {}
         for n in grid:
-            run = Run(job, root, delay, n, args.hidden, args.max_threads)
+            run = Run(job, root, delay, n, args.hidden, calls)
             res = run.go(args.static_s, None, None, None)
             series[str(n)] = res["rows_per_s_each_second"]
             static[n] = steady(res["rows_per_s_each_second"])
@@ -377,7 +386,7 @@ def main() -> None:
         }
         runs = {}
         for name, policy in policies.items():
-            run = Run(job, root, delay, 1, args.hidden, args.max_threads)
+            run = Run(job, root, delay, 1, args.hidden, calls)
             res = run.go(args.run_s, spec, policy, args.json)
             runs[name] = summarise(res, oracle, args.interval)
             r = runs[name]
@@ -400,6 +409,7 @@ def main() -> None:
                 "static_s": args.static_s,
                 "max_executors": args.max_executors,
                 "max_threads": args.max_threads,
+                "executor_calls": calls,
                 "driver_readers": workers,
                 "start": {"executors": 1, "trainers": 1, "ps_shards": 1},
             },
