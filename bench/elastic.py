@@ -3,7 +3,8 @@ static configuration (the oracle) and DLRover's threshold rules.
 
     python bench/elastic.py [--json PATH] [--interval 3] [--run-s 45] [--static-s 14]
                             [--grid 1,2,4,6,8] [--need 4] [--max-executors 8]
-                            [--max-threads 1] [--bridge 8]
+                            [--max-threads 8] [--bridge 8]
+                            [--order dlrover_rules,estuary]
 
 The job: one trainer with its table in its own process (one PS shard), fed by
 Ray data executors reading a ``data.dataset`` of many small splits through a
@@ -31,9 +32,8 @@ Every pool's executor actors take ``max(--max-threads, --bridge)`` concurrent
 calls, and read one split at a time unless a policy raises it: while an added
 executor starts, a running one reads a split in its place (the pool's bridge,
 ``RayExecutorPool``), for DLRover's rules as for the policy. The grid's pools
-never resize, so they never bridge. ``--max-threads`` is 1 by default: on this
-machine one executor process reading several splits at once fed the trainer
-slower in steady state than as many processes reading one each (docs/results.md).
+never resize, so they never bridge. ``--order`` sets which dynamic run goes
+first (the machine's load drifts over a run of the bench).
 
 Each dynamic run lasts ``--run-s``. Figures per run: rows/s per interval,
 ``time_to_90pct_s`` (the first time, in whole seconds, at which the rows/s over
@@ -340,7 +340,10 @@ def main() -> None:
     parser.add_argument("--need", type=float, default=4.0, help="executors the trainer needs")
     parser.add_argument("--max-executors", type=int, default=MAX_EXECUTORS)
     parser.add_argument(
-        "--max-threads", type=int, default=1, help="the policy's most reads per executor"
+        "--max-threads", type=int, default=MAX_EXECUTORS, help="policy: reads per executor"
+    )
+    parser.add_argument(
+        "--order", default="dlrover_rules,estuary", help="the dynamic runs, in this order"
     )
     parser.add_argument(
         "--bridge", type=int, default=MAX_EXECUTORS, help="concurrent calls per executor actor"
@@ -385,7 +388,11 @@ def main() -> None:
             ),
         }
         runs = {}
-        for name, policy in policies.items():
+        order = args.order.split(",")
+        if sorted(order) != sorted(policies):
+            parser.error(f"--order must name {', '.join(policies)} once each")
+        for name in order:
+            policy = policies[name]
             run = Run(job, root, delay, 1, args.hidden, calls)
             res = run.go(args.run_s, spec, policy, args.json)
             runs[name] = summarise(res, oracle, args.interval)
@@ -410,6 +417,7 @@ def main() -> None:
                 "max_executors": args.max_executors,
                 "max_threads": args.max_threads,
                 "executor_calls": calls,
+                "order": order,
                 "driver_readers": workers,
                 "start": {"executors": 1, "trainers": 1, "ps_shards": 1},
             },
