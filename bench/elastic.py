@@ -3,7 +3,7 @@ static configuration (the oracle) and DLRover's threshold rules.
 
     python bench/elastic.py [--json PATH] [--interval 3] [--run-s 45] [--static-s 14]
                             [--grid 1,2,4,6,8] [--need 4] [--max-executors 8]
-                            [--max-threads 8] [--bridge 8]
+                            [--max-threads 1] [--bridge 8]
                             [--order dlrover_rules,estuary]
 
 The job: one trainer with its table in its own process (one PS shard), fed by
@@ -33,7 +33,11 @@ calls, and read one split at a time unless a policy raises it: while an added
 executor starts, a running one reads a split in its place (the pool's bridge,
 ``RayExecutorPool``), for DLRover's rules as for the policy. The grid's pools
 never resize, so they never bridge. ``--order`` sets which dynamic run goes
-first (the machine's load drifts over a run of the bench).
+first (the machine's load drifts over a run of the bench). ``--max-threads`` is
+1 by default: on this machine one executor process reading several splits at
+once fed the trainer slower in steady state than as many processes reading one
+split each (docs/results.md), so the policy adds processes and the pool's
+bridge covers their start-up.
 
 Each dynamic run lasts ``--run-s``. Figures per run: rows/s per interval,
 ``time_to_90pct_s`` (the first time, in whole seconds, at which the rows/s over
@@ -339,9 +343,7 @@ def main() -> None:
     parser.add_argument("--grid", default="1,2,4,6,8", help="static executor counts")
     parser.add_argument("--need", type=float, default=4.0, help="executors the trainer needs")
     parser.add_argument("--max-executors", type=int, default=MAX_EXECUTORS)
-    parser.add_argument(
-        "--max-threads", type=int, default=MAX_EXECUTORS, help="policy: reads per executor"
-    )
+    parser.add_argument("--max-threads", type=int, default=1, help="policy: reads per executor")
     parser.add_argument(
         "--order", default="dlrover_rules,estuary", help="the dynamic runs, in this order"
     )
