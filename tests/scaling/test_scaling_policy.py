@@ -92,6 +92,8 @@ def test_reads_in_flight_stop_at_the_driver_readers() -> None:
     assert (d.knob, d.new) == ("executor_threads", 4)
     full = [snap(t, 1, 0.8, 1.0, 100.0, executor_cpu=0.01, executor_threads=4) for t in (5, 10)]
     assert EstuaryPolicy(SPEC, Bounds(1, 8, max_threads=8, max_reads=4)).decide(full) == []
+    at_max = [snap(t, 8, 0.8, 1.0, 100.0) for t in (5, 10)]  # no doubling past the readers
+    assert EstuaryPolicy(SPEC, Bounds(1, 8, max_threads=8, max_reads=8)).decide(at_max) == []
 
 
 def test_a_scale_up_never_lowers_the_reads_per_executor() -> None:

@@ -248,8 +248,9 @@ class EstuaryPolicy:
         executors = _clamp(math.ceil(need / threads), s.executors, b.max_executors)
         if executors > s.executors:  # spread the reads over the executors
             threads = max(s.executor_threads, min(cap, math.ceil(need / executors)))
-        if executors * threads <= slots and executors == b.max_executors:
-            # At the executor maximum with CPU per read unknown: double the reads.
+        if executors * threads <= slots < need and executors == b.max_executors:
+            # At the executor maximum and short of the reads needed (CPU per
+            # read unknown, or too high for more reads per executor): double them.
             doubled = min(b.max_threads, 2 * s.executor_threads, self._threads_that_fit(s))
             threads = max(threads, doubled)
         metrics["reads_needed"] = float(need)
