@@ -3,6 +3,8 @@ static configuration (the oracle) and DLRover's threshold rules.
 
     python bench/elastic.py [--json PATH] [--interval 3] [--run-s 45] [--static-s 14]
                             [--grid 1,2,4,6,8] [--need 4] [--max-executors 8]
+                            [--max-threads 1] [--bridge 8]
+                            [--order dlrover_rules,estuary]
 
 The job: one trainer with its table in its own process (one PS shard), fed by
 Ray data executors reading a ``data.dataset`` of many small splits through a
@@ -22,7 +24,20 @@ Runs, one Ray instance, the same data and trainer:
                 a plan). DLRover re-plans every 300 s; here every ``--interval``
                 like the policy, which favours it.
   estuary       from 1 executor: ``EstuaryPolicy`` (``runtime.scaling`` defaults,
-                ``interval_s = --interval``).
+                ``interval_s = --interval``, ``max_executor_threads =
+                --max-threads``: reads per executor it may set, at most the
+                driver's readers, ``max(--max-executors, grid)``, in flight).
+
+Every pool's executor actors take ``max(--max-threads, --bridge)`` concurrent
+calls, and read one split at a time unless a policy raises it: while an added
+executor starts, a running one reads a split in its place (the pool's bridge,
+``RayExecutorPool``), for DLRover's rules as for the policy. The grid's pools
+never resize, so they never bridge. ``--order`` sets which dynamic run goes
+first (the machine's load drifts over a run of the bench). ``--max-threads`` is
+1 by default: on this machine one executor process reading several splits at
+once fed the trainer slower in steady state than as many processes reading one
+split each (docs/results.md), so the policy adds processes and the pool's
+bridge covers their start-up.
 
 Each dynamic run lasts ``--run-s``. Figures per run: rows/s per interval,
 ``time_to_90pct_s`` (the first time, in whole seconds, at which the rows/s over
@@ -201,11 +216,13 @@ def trainer_rate(trainer: Trainer) -> float:
 class Run:
     """One run: a pool of ``start`` executors, the trainer, optional scaling."""
 
-    def __init__(self, job: JobSpec, root: Path, delay_s: float, start: int, hidden: int) -> None:
+    def __init__(
+        self, job: JobSpec, root: Path, delay_s: float, start: int, hidden: int, max_threads: int
+    ) -> None:
         self.job, self.root, self.delay_s, self.start = job, root, delay_s, start
-        self.hidden = hidden
+        self.hidden, self.max_threads = hidden, max_threads
 
-    def pool(self, max_threads: int = 1) -> tuple[RayExecutorPool, Any]:
+    def pool(self) -> tuple[RayExecutorPool, Any]:
         group = placement_group([{"CPU": EXECUTOR_CPUS}] * self.start)
         ray.get(group.ready())
         spec = RayExecutors(
@@ -216,7 +233,7 @@ class Run:
             max_restarts=0,
             name=f"estuary-elastic-{time.monotonic_ns()}",
             direct=False,
-            max_threads=max_threads,
+            max_threads=self.max_threads,
         )
         return spec(), group
 
@@ -247,7 +264,7 @@ class Run:
         manager = None
         batches = self.batches(pool)
         if scaling is not None:
-            bounds = Bounds(1, policy_max(policy), 1)
+            bounds = getattr(policy, "bounds", Bounds(1, MAX_EXECUTORS, 1))
             manager = PoolScaling(pool, scaling, bounds, out=None, policy=policy)
             batches = manager.wrap(batches, lambda b: b.num_rows)
         try:
@@ -274,11 +291,6 @@ class Run:
 
 
 MAX_EXECUTORS = 8
-
-
-def policy_max(policy: Policy | None) -> int:
-    bounds = getattr(policy, "bounds", None)
-    return bounds.max_executors if bounds is not None else MAX_EXECUTORS
 
 
 def steady(per_second: list[int]) -> float:
@@ -311,6 +323,9 @@ def summarise(result: dict[str, Any], oracle: float, interval: float) -> dict[st
         "reversed_actions": tl["reversed_actions"],
         "executors_final": snaps[-1]["executors"] if snaps else None,
         "executors_path": [s["executors"] for s in snaps],
+        "threads_final": snaps[-1]["executor_threads"] if snaps else None,
+        "threads_path": [s["executor_threads"] for s in snaps],
+        "executor_cpu_per_interval": [s.get("executor_cpu") for s in snaps],
         "rows_per_s_per_interval": [s["rows_per_s"] for s in snaps],
         "decisions": [
             {k: d[k] for k in ("interval", "t", "knob", "old", "new", "trigger", "applied")}
@@ -328,6 +343,13 @@ def main() -> None:
     parser.add_argument("--grid", default="1,2,4,6,8", help="static executor counts")
     parser.add_argument("--need", type=float, default=4.0, help="executors the trainer needs")
     parser.add_argument("--max-executors", type=int, default=MAX_EXECUTORS)
+    parser.add_argument("--max-threads", type=int, default=1, help="policy: reads per executor")
+    parser.add_argument(
+        "--order", default="dlrover_rules,estuary", help="the dynamic runs, in this order"
+    )
+    parser.add_argument(
+        "--bridge", type=int, default=MAX_EXECUTORS, help="concurrent calls per executor actor"
+    )
     parser.add_argument("--hidden", type=int, default=1024, help="trainer MLP width")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -336,6 +358,7 @@ def main() -> None:
     ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="WARNING")
     try:
         grid = [int(x) for x in args.grid.split(",")]
+        calls = max(args.max_threads, args.bridge)  # every pool's, the grid's too
         workers = max(args.max_executors, *grid)
         rate = trainer_rate(Trainer(args.hidden))
         hours = hours_for(rate, max(args.run_s, args.static_s))
@@ -349,27 +372,37 @@ def main() -> None:
 
         static, series = {}, {}
         for n in grid:
-            res = Run(job, root, delay, n, args.hidden).go(args.static_s, None, None, None)
+            run = Run(job, root, delay, n, args.hidden, calls)
+            res = run.go(args.static_s, None, None, None)
             series[str(n)] = res["rows_per_s_each_second"]
             static[n] = steady(res["rows_per_s_each_second"])
             print(f"static {n} executors: {static[n]:.0f} rows/s")
         best = max(static, key=lambda n: static[n])
         oracle = static[best]
 
-        spec = ScalingSpec(enabled=True, interval_s=args.interval)
-        bounds = Bounds(1, args.max_executors, 1)
+        spec = ScalingSpec(
+            enabled=True, interval_s=args.interval, max_executor_threads=args.max_threads
+        )
         policies: dict[str, Policy] = {
-            "dlrover_rules": DLRoverRules(bounds),
-            "estuary": EstuaryPolicy(spec, bounds),
+            "dlrover_rules": DLRoverRules(Bounds(1, args.max_executors, 1)),
+            "estuary": EstuaryPolicy(
+                spec, Bounds(1, args.max_executors, args.max_threads, max_reads=workers)
+            ),
         }
         runs = {}
-        for name, policy in policies.items():
-            res = Run(job, root, delay, 1, args.hidden).go(args.run_s, spec, policy, args.json)
+        order = args.order.split(",")
+        if sorted(order) != sorted(policies):
+            parser.error(f"--order must name {', '.join(policies)} once each")
+        for name in order:
+            policy = policies[name]
+            run = Run(job, root, delay, 1, args.hidden, calls)
+            res = run.go(args.run_s, spec, policy, args.json)
             runs[name] = summarise(res, oracle, args.interval)
             r = runs[name]
             print(
                 f"{name:14s} 90% at {r['time_to_90pct_s']} s, converged "
-                f"{r['converged_rows_per_s']:.0f} rows/s with {r['executors_final']} executors, "
+                f"{r['converged_rows_per_s']:.0f} rows/s with {r['executors_final']} executors "
+                f"x {r['threads_final']} reads, "
                 f"{r['n_scale_actions']} actions, {r['reversed_actions']} reversed"
             )
         est, dl = runs["estuary"], runs["dlrover_rules"]
@@ -384,6 +417,10 @@ def main() -> None:
                 "run_s": args.run_s,
                 "static_s": args.static_s,
                 "max_executors": args.max_executors,
+                "max_threads": args.max_threads,
+                "executor_calls": calls,
+                "order": order,
+                "driver_readers": workers,
                 "start": {"executors": 1, "trainers": 1, "ps_shards": 1},
             },
             "oracle": {

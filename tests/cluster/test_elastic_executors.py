@@ -86,6 +86,14 @@ def test_executors_added_and_removed_mid_run_train_every_row_exactly_once(
     assert 0 < memory.base_bytes <= memory.peak_bytes
     assert pool.summary()["data_executor_memory_changes"] == [{"from_mb": None, "to_mb": 300}]
     assert pool.summary()["data_executor_restarts"] == 0
+    # Each executor reported its reads' CPU past its first (warm-up) read:
+    # some, and no more than the reads' wall time (one thread each).
+    cpu, wall = pool.clock.cpu()
+    assert 0 < cpu <= wall
+    # The first grow (1 -> 3 at 1 read each, 2 calls per executor): executor 0
+    # read one more split at once while the new ones started, then gave it back.
+    assert pool.summary()["data_executor_bridged_starts"] >= 1
+    assert sum(pool._loans.values()) == 0 and not pool._lent
     progress = driver.progress
     assert progress.duplicate_rows == 0
     assert progress.rows_trained == written.rows

@@ -58,6 +58,63 @@ def test_at_max_executors_the_policy_scales_threads() -> None:
     assert (d.knob, d.old, d.new) == ("executor_threads", 1, 2)
 
 
+def test_a_latency_bound_source_gets_more_reads_per_executor_not_more_processes() -> None:
+    # Reads cost 0.01 CPU-s per second (they wait on the source): one process
+    # holds all 6 reads the demand needs (Little's law, as above), none started.
+    bounds = Bounds(1, 8, max_threads=8, max_reads=8)
+    history = [snap(t, 1, 0.8, 1.0, 100.0, executor_cpu=0.01) for t in (5, 10)]
+    (d,) = EstuaryPolicy(SPEC, bounds).decide(history)
+    assert (d.knob, d.old, d.new) == ("executor_threads", 1, 6)
+    assert (d.metrics["reads_needed"], d.metrics["executor_cpu"]) == (6, 0.01)
+
+
+def test_a_cpu_bound_source_gets_more_executors() -> None:
+    bounds = Bounds(1, 8, max_threads=8, max_reads=8)
+    history = [snap(t, 1, 0.8, 1.0, 100.0, executor_cpu=0.6) for t in (5, 10)]
+    (d,) = EstuaryPolicy(SPEC, bounds).decide(history)
+    assert (d.knob, d.old, d.new) == ("executors", 1, 6)
+
+
+def test_reads_past_one_process_cpu_spread_over_executors_in_one_move() -> None:
+    # 0.2 CPU-s per read-second: 2 reads per process (0.5 of a core), 3 executors.
+    bounds = Bounds(1, 8, max_threads=8, max_reads=8)
+    history = [snap(t, 1, 0.8, 1.0, 100.0, executor_cpu=0.2) for t in (5, 10)]
+    moves = EstuaryPolicy(SPEC, bounds).decide(history)
+    assert [(d.knob, d.old, d.new) for d in moves] == [
+        ("executor_threads", 1, 2),  # first: the executors added open at 2 reads
+        ("executors", 1, 3),
+    ]
+
+
+def test_reads_in_flight_stop_at_the_driver_readers() -> None:
+    history = [snap(t, 1, 0.8, 1.0, 100.0, executor_cpu=0.01) for t in (5, 10)]
+    (d,) = EstuaryPolicy(SPEC, Bounds(1, 8, max_threads=8, max_reads=4)).decide(history)
+    assert (d.knob, d.new) == ("executor_threads", 4)
+    full = [snap(t, 1, 0.8, 1.0, 100.0, executor_cpu=0.01, executor_threads=4) for t in (5, 10)]
+    assert EstuaryPolicy(SPEC, Bounds(1, 8, max_threads=8, max_reads=4)).decide(full) == []
+    at_max = [snap(t, 8, 0.8, 1.0, 100.0) for t in (5, 10)]  # no doubling past the readers
+    assert EstuaryPolicy(SPEC, Bounds(1, 8, max_threads=8, max_reads=8)).decide(at_max) == []
+
+
+def test_a_scale_up_never_lowers_the_reads_per_executor() -> None:
+    # 4 reads per executor, now CPU-heavier (cap 1): more executors, reads kept.
+    bounds = Bounds(1, 8, max_threads=8, max_reads=32)
+    kw = {"executor_cpu": 0.4, "executor_threads": 4}
+    history = [snap(t, 1, 0.5, 1.0, 100.0, **kw) for t in (5, 10)]  # type: ignore[arg-type]
+    (d,) = EstuaryPolicy(SPEC, bounds).decide(history)
+    assert (d.knob, d.old, d.new) == ("executors", 1, 3)  # ceil(ceil(1.15 x 8) / 4)
+
+
+def test_idle_reads_of_one_executor_are_lowered_then_executors_retired_first() -> None:
+    bounds = Bounds(1, 8, max_threads=8)
+    one = [snap(t, 1, 0.01, 0.3, 400.0, executor_threads=8) for t in (5, 10)]
+    (d,) = EstuaryPolicy(SPEC, bounds).decide(one)
+    assert (d.knob, d.old, d.new) == ("executor_threads", 8, 3)  # ceil(1.15 x 8 x 0.3)
+    two = [snap(t, 2, 0.01, 0.3, 400.0, executor_threads=4) for t in (5, 10)]
+    (d,) = EstuaryPolicy(SPEC, bounds).decide(two)
+    assert (d.knob, d.old, d.new) == ("executors", 2, 1)
+
+
 MB = 2**20
 
 

@@ -84,3 +84,16 @@ def test_a_wait_in_progress_counts_when_read() -> None:
     release.set()
     worker.join()
     assert 0.0 < waiting <= clock.read()[1]
+
+
+def test_the_snapshot_carries_the_cpu_per_second_of_the_reads_done_in_its_interval() -> None:
+    pool = StandInPool()
+    scaling = PoolScaling(pool, ScalingSpec(enabled=True), Bounds(1, 8, 2))
+    assert scaling.sample(1.0).executor_cpu is None  # no read done yet
+    clock = pool.clock
+    for cpu_s in (0.001, None):  # a warm-up read reports no CPU: not counted
+        clock.stop(clock.start(), cpu_s)
+    cpu, wall = clock.cpu()
+    assert cpu == 0.001 and wall > 0
+    assert scaling.sample(2.0).executor_cpu == cpu / wall
+    assert scaling.sample(3.0).executor_cpu is None  # the next interval: none done

@@ -41,8 +41,11 @@ class ScalingSpec:
             this fraction of one shard's budget, the retired one no hotter than
             the mean, are merged (down to ``runtime.roles.ps.min``).
         max_executor_threads: most concurrent reads per data executor (vertical
-            scaling, once the executors are at ``runtime.roles.data_executor.max``);
-            1: off. Never raised past what the executors' memory budget holds.
+            scaling: raised before executors are added while the reads wait on
+            the source more than they compute, since a read slot costs no
+            process start-up; also once the executors are at
+            ``runtime.roles.data_executor.max``); 1: off. Never raised past what
+            the executors' memory budget holds.
         max_executor_memory_mb: the most the manager may raise each data
             executor's memory ask to (``runtime.roles.data_executor.memory_mb``,
             the budget) when one executor's peak crosses ``memory_target`` of it

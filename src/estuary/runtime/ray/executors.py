@@ -92,7 +92,9 @@ class RayExecutorPool:
 
     Resizable while it runs (the scaling manager, ``estuary.runtime.scaling``):
     ``resize(n)`` starts executors at once (in the placement group's bundles
-    while there are some, then beside it) or retires the newest ones: a retired
+    while there are some, then beside it; while one starts, a running executor
+    with a spare concurrent call, ``max_threads``, reads one more split in its
+    place, handed back once it is up) or retires the newest ones: a retired
     executor takes no new split and is stopped once its split in flight is
     handed on whole, so no split is lost or read twice. ``set_threads(t)`` lets
     each executor read ``t`` splits at once (its actor takes ``max_threads``
@@ -118,12 +120,17 @@ class RayExecutorPool:
         self._retired: set[int] = set()
         self._excess: dict[int, int] = {}  # slots to drop per executor (threads lowered)
         self._starting: set[int] = set()  # added, process not up yet
+        # Bridging: while an added executor starts, a running one reads one
+        # more split at once in its place (starting executor -> lender).
+        self._lent: dict[int, int] = {}
+        self._loans: collections.Counter[int] = collections.Counter()  # lender -> slots lent
         self._handles: dict[int, Any] = {}  # every executor started and not stopped
         self.actors: dict[int, Any] = {}  # those taking splits
         self._next = 0
         self.restarts: list[dict[str, Any]] = []
         self.resizes: list[dict[str, Any]] = []
         self.memory_changes: list[dict[str, Any]] = []
+        self.bridged = 0  # slots lent to bridge an added executor's start-up
         with self._lock:
             for _ in range(spec.count):
                 self._add()
@@ -159,7 +166,34 @@ class RayExecutorPool:
             self._open(executor)
             return
         self._starting.add(executor)
+        self._lend(executor)
         threading.Thread(target=self._open_when_up, args=(executor, handle), daemon=True).start()
+
+    def _lend(self, executor: int) -> None:
+        """While ``executor`` starts, a running executor with a spare
+        concurrent call reads one more split at once (the fewest-loaded first),
+        so the reads in flight grow at once, not after a process start-up. Lock held."""
+        room = [
+            e
+            for e in self.actors
+            if e not in self._starting and self.threads + self._loans[e] < self.max_threads
+        ]
+        if not room:
+            return
+        lender = min(room, key=lambda e: (self._loans[e], e))
+        self._loans[lender] += 1
+        self._lent[executor] = lender
+        self.bridged += 1
+        self._open(lender, 1)
+
+    def _repay(self, executor: int) -> None:
+        """``executor`` is up (or gone): its lender drops the slot it lent. Lock held."""
+        lender = self._lent.pop(executor, None)
+        if lender is None:
+            return
+        self._loans[lender] -= 1
+        if lender in self.actors:  # a retired lender's slots are dropped anyway
+            self._excess[lender] = self._excess.get(lender, 0) + 1
 
     def _open(self, executor: int, slots: int | None = None) -> None:
         """Free ``slots`` (default: ``threads``) read slots of ``executor``; lock held."""
@@ -173,6 +207,7 @@ class RayExecutorPool:
             ray.get(handle.pid.remote())
         with self._lock:
             self._starting.discard(executor)
+            self._repay(executor)
             if executor in self._retired or executor not in self.actors:
                 return
             self._open(executor)
@@ -275,6 +310,8 @@ class RayExecutorPool:
             raise ValueError(f"executor threads must be in 1..{self.max_threads}, got {threads}")
         with self._lock:
             for executor in self.actors:
+                if executor in self._starting:
+                    continue  # its slots open once it is up, at the new count
                 if threads > self.threads:
                     self._open(executor, threads - self.threads)
                 else:
@@ -327,6 +364,7 @@ class RayExecutorPool:
         fetched here; ``Block``s unless ``direct``), its good rows and last row."""
         executor = self._take()
         token = self.clock.start()
+        cpu_s: float | None = None
         try:
             while True:
                 actor = self._handles[executor]
@@ -335,7 +373,7 @@ class RayExecutorPool:
                     refs = list(call)  # Blocking wait: the executor reads the whole split.
                     # Blocking wait: the accounting only (small); the rows stay put.
                     metas = ray.get(refs[1:-1:2])
-                    good, last = ray.get(refs[-1])
+                    good, last, cpu_s = ray.get(refs[-1])
                 except RayActorError as exc:
                     self._replace(executor, exc, reader)
                     continue
@@ -349,7 +387,7 @@ class RayExecutorPool:
                 ]
                 return blocks, good, last
         finally:
-            self.clock.stop(token)
+            self.clock.stop(token, cpu_s)
             self._give_back(executor)
 
     def _replace(self, executor: int, exc: RayActorError, reader: SplitReader) -> None:
@@ -387,6 +425,8 @@ class RayExecutorPool:
             out["data_executor_resizes"] = list(self.resizes)
         if self.memory_changes:
             out["data_executor_memory_changes"] = list(self.memory_changes)
+        if self.bridged:
+            out["data_executor_bridged_starts"] = self.bridged
         return out
 
     def close(self) -> None:

@@ -88,6 +88,10 @@ class Snapshot:
         cpu: role -> CPU use as a fraction of its cores.
         shards: the PS shards.
         executor_memory: the executors' memory; ``None``: not measured.
+        executor_cpu: CPU seconds an executor spent per second of a read, over
+            the reads done in the interval (near 0: the reads wait on a
+            latency-bound source; near 1: they parse, CPU-bound); ``None``: no
+            read done reported it.
     """
 
     t: float
@@ -101,6 +105,7 @@ class Snapshot:
     cpu: dict[str, float] = field(default_factory=dict)
     shards: tuple[ShardMetrics, ...] = ()
     executor_memory: ExecutorMemory | None = None
+    executor_cpu: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -112,6 +117,7 @@ class Snapshot:
             "executor_busy": round(self.executor_busy, 4),
             "queue_depth": self.queue_depth,
             "rows_per_s": round(self.rows_per_s, 2),
+            "executor_cpu": None if self.executor_cpu is None else round(self.executor_cpu, 4),
             "cpu": {k: round(v, 4) for k, v in self.cpu.items()},
             "shards": [
                 {
@@ -182,15 +188,19 @@ class WaitClock:
 
 class BusyClock:
     """Read-slot-seconds spent reading (a slot: one concurrent read of one
-    executor), and readers waiting for a free slot."""
+    executor), readers waiting for a free slot, and, of the reads done, their
+    wall seconds and the CPU seconds their executors spent on them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._busy = 0.0
+        self._cpu = 0.0  # CPU seconds of the reads done that reported it
+        self._cpu_wall = 0.0  # ... and their wall seconds
         self._capacity = 0.0  # slot-seconds available
         self._slots = 0
         self._since = time.monotonic()
         self._running: dict[int, float] = {}  # read token -> start (or last roll)
+        self._started: dict[int, float] = {}  # read token -> start
         self._tokens = 0
         self.waiting = 0  # readers waiting for an idle executor now
 
@@ -208,14 +218,21 @@ class BusyClock:
         """A read began; returns its token for ``stop``."""
         with self._lock:
             self._tokens += 1
-            self._running[self._tokens] = time.monotonic()
+            self._running[self._tokens] = self._started[self._tokens] = time.monotonic()
             return self._tokens
 
-    def stop(self, token: int) -> None:
+    def stop(self, token: int, cpu_s: float | None = None) -> None:
+        """The read ``token`` ended; ``cpu_s``: the CPU seconds it cost its
+        executor (``None``: not known)."""
+        now = time.monotonic()
         with self._lock:
             began = self._running.pop(token, None)
             if began is not None:
-                self._busy += time.monotonic() - began
+                self._busy += now - began
+            start = self._started.pop(token, None)
+            if cpu_s is not None and start is not None:
+                self._cpu += cpu_s
+                self._cpu_wall += now - start
 
     def read(self) -> tuple[float, float]:
         """(busy slot-seconds, available slot-seconds): cumulative,
@@ -227,3 +244,9 @@ class BusyClock:
                 self._busy += now - began
                 self._running[token] = now
             return self._busy, self._capacity
+
+    def cpu(self) -> tuple[float, float]:
+        """(CPU seconds, wall seconds) of the reads done that reported their
+        CPU: cumulative."""
+        with self._lock:
+            return self._cpu, self._cpu_wall

@@ -3,16 +3,23 @@ return ``Decision``s; the controller applies them (``estuary.runtime.scaling.con
 
 ``EstuaryPolicy`` sizes each knob to where the job's time goes, in one move:
 
-- executors (horizontal): the trainer waits for data (``trainer_wait`` above
-  ``wait_high``) while the executors are busy: size them to the trainer's
-  demand. Demand is the rate the trainer would train at if it never waited
-  (``rows_per_s / (1 - wait)``); supply per executor is what one executor
-  delivered while reading (``rows_per_s / (executors x busy)``); the target is
-  ``headroom x demand / supply``, one step. Idle executors (idle fraction above
-  ``idle_high``) with the trainer not waiting: shrink to ``headroom x`` the busy ones.
-- executor threads (vertical): at the executor maximum and still the
-  bottleneck, double the concurrent reads of each executor (up to its maximum
-  and to what its memory budget holds: ``ExecutorMemory.forecast``).
+- reads in flight (horizontal and vertical): the trainer waits for data
+  (``trainer_wait`` above ``wait_high``) while the read slots (executors x
+  reads per executor) are busy: size them to the trainer's demand. Demand is
+  the rate the trainer would train at if it never waited
+  (``rows_per_s / (1 - wait)``); one slot delivers what a read delivers while
+  reading (``rows_per_s / (slots x busy)``: rows per read over wall per read);
+  the reads in flight needed are ``headroom x demand / supply`` (Little's law),
+  at most the driver's readers (``Bounds.max_reads``). They come from more
+  reads per executor first (no process to start) as far as one process's CPU
+  allows: a read costs ``executor_cpu`` CPU-seconds per second of it (near 0
+  for a source that makes reads wait, near 1 for parsing), and an executor's
+  reads together may use ``THREAD_CPU`` of a core (also within
+  ``max_threads`` and the memory budget); the rest from more executors, in one
+  move. CPU per read unknown: executors, and at the executor maximum double
+  the reads per executor. Idle slots (idle fraction above ``idle_high``) with
+  the trainer not waiting: shrink to ``headroom x`` the busy ones, executors
+  first, then reads per executor.
 - executor memory (vertical): when the executor holding the most memory peaks
   above ``memory_target`` of its budget, lower its concurrent reads to what
   fits; at one read, raise every executor's memory ask so that peak sits at
@@ -51,6 +58,7 @@ from estuary.runtime.scaling.metrics import ShardMetrics, Snapshot
 
 __all__ = [
     "ROW_SLACK",
+    "THREAD_CPU",
     "Bounds",
     "DLRoverRules",
     "Decision",
@@ -63,6 +71,9 @@ __all__ = [
 ROW_SLACK = 1.5  # a table's arrays grow by up to 1.5x (hash index) ahead of its rows
 MIN_BUSY = 0.05  # below this the executors' supply rate is not measurable
 MEMORY_GROWTH = 1.5  # an executor memory raise asks at least this multiple of the ask
+# One executor process's concurrent reads share its interpreter: sized so that
+# together they compute at most this fraction of a core.
+THREAD_CPU = 0.5
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,8 @@ class Bounds:
         min_executors: fewest data executors.
         max_executors: most data executors.
         max_threads: most concurrent reads per executor (1: no vertical scaling).
+        max_reads: most reads in flight over all executors (the driver's
+            readers, ``data.dataset.executor.workers``); ``None``: no limit.
         min_shards: fewest PS shards a merge leaves.
         max_shards: most PS shards a split makes; ``None``: shards are neither
             added nor retired (memory is held by row caps alone).
@@ -81,6 +94,7 @@ class Bounds:
     min_executors: int = 1
     max_executors: int = 8
     max_threads: int = 1
+    max_reads: int | None = None
     min_shards: int = 1
     max_shards: int | None = None
 
@@ -199,7 +213,7 @@ class EstuaryPolicy:
         return out
 
     def _executors(self, history: Sequence[Snapshot]) -> list[Decision]:
-        s, spec, b = history[-1], self.spec, self.bounds
+        s, spec = history[-1], self.spec
         settled = _settled(history, "executors") and _settled(history, "executor_threads")
         if not settled or s.executors_starting or _starting(history):
             return []
@@ -211,30 +225,80 @@ class EstuaryPolicy:
             "executor_busy": s.executor_busy,
             "rows_per_s": s.rows_per_s,
             "queue_depth": float(s.queue_depth),
+            "executor_cpu": -1.0 if s.executor_cpu is None else s.executor_cpu,
         }
-        slots = s.executors * s.executor_threads
         if starved and s.executor_busy > 1.0 - spec.idle_high and s.rows_per_s > 0:
-            if s.executors < b.max_executors:
-                supply = s.rows_per_s / (slots * max(s.executor_busy, MIN_BUSY))
-                demand = s.rows_per_s / max(1.0 - (wait or 0.5), 0.05)
-                need = math.ceil(spec.headroom * demand / supply / s.executor_threads)
-                target = _clamp(max(need, s.executors + 1), b.min_executors, b.max_executors)
-                trigger = "trainer waits for data; executors busy"
-                return [Decision("executors", s.executors, target, trigger, metrics)]
-            threads = min(b.max_threads, 2 * s.executor_threads, self._threads_that_fit(s))
-            if threads > s.executor_threads:
-                trigger = "executors at max; trainer waits for data"
-                return [Decision("executor_threads", s.executor_threads, threads, trigger, metrics)]
-            return []
+            return self._grow(s, wait, metrics)
+        return self._shrink(s, wait, metrics)
+
+    def _grow(self, s: Snapshot, wait: float | None, metrics: dict[str, float]) -> list[Decision]:
+        """The reads in flight the trainer's demand needs (Little's law), as
+        more reads per executor while its CPU allows, else more executors."""
+        b = self.bounds
+        slots = s.executors * s.executor_threads
+        # One read slot delivers ``supply`` rows/s while reading (rows per read
+        # / wall per read); the trainer would take ``demand`` if it never waited.
+        supply = s.rows_per_s / (slots * max(s.executor_busy, MIN_BUSY))
+        demand = s.rows_per_s / max(1.0 - (wait or 0.5), 0.05)
+        need = max(math.ceil(self.spec.headroom * demand / supply), slots + 1)
+        if b.max_reads is not None:
+            need = min(need, b.max_reads)  # the driver reads no more at once
+        cap = self._thread_cap(s)
+        threads = max(s.executor_threads, min(cap, math.ceil(need / s.executors)))
+        executors = _clamp(math.ceil(need / threads), s.executors, b.max_executors)
+        if executors > s.executors:  # spread the reads over the executors
+            threads = max(s.executor_threads, min(cap, math.ceil(need / executors)))
+        if executors * threads <= slots < need and executors == b.max_executors:
+            # At the executor maximum and short of the reads needed (CPU per
+            # read unknown, or too high for more reads per executor): double them.
+            doubled = min(b.max_threads, 2 * s.executor_threads, self._threads_that_fit(s))
+            threads = max(threads, doubled)
+        metrics["reads_needed"] = float(need)
+        out = []
+        if threads > s.executor_threads:  # first: executors added next open at it
+            cpu = "unknown" if s.executor_cpu is None else f"{s.executor_cpu:.2f}"
+            trigger = (
+                f"trainer waits for data; reads wait on the source (executor CPU {cpu} "
+                f"s per read-second): {need} reads in flight"
+            )
+            out.append(
+                Decision("executor_threads", s.executor_threads, threads, trigger, dict(metrics))
+            )
+        if executors > s.executors:
+            trigger = "trainer waits for data; executors busy"
+            out.append(Decision("executors", s.executors, executors, trigger, dict(metrics)))
+        return out
+
+    def _shrink(self, s: Snapshot, wait: float | None, metrics: dict[str, float]) -> list[Decision]:
+        """Idle read slots with the trainer fed: down to ``headroom x`` the busy
+        ones, retiring executors first (each frees a process), then reads."""
+        spec, b = self.spec, self.bounds
         idle = 1.0 - s.executor_busy
         calm = wait is None or wait < spec.wait_high / 2
-        if calm and idle > spec.idle_high and s.executors > b.min_executors:
-            need = math.ceil(spec.headroom * s.executors * s.executor_busy)
-            target = _clamp(need, b.min_executors, b.max_executors)
-            if target < s.executors:
-                trigger = "executors idle; trainer not waiting"
-                return [Decision("executors", s.executors, target, trigger, metrics)]
+        if not (calm and idle > spec.idle_high):
+            return []
+        slots = s.executors * s.executor_threads
+        need = max(1, math.ceil(spec.headroom * slots * s.executor_busy))
+        target = _clamp(math.ceil(need / s.executor_threads), b.min_executors, b.max_executors)
+        if target < s.executors:
+            trigger = "executors idle; trainer not waiting"
+            return [Decision("executors", s.executors, target, trigger, metrics)]
+        threads = max(1, math.ceil(need / s.executors))
+        if threads < s.executor_threads:
+            trigger = "executor reads idle; trainer not waiting"
+            return [Decision("executor_threads", s.executor_threads, threads, trigger, metrics)]
         return []
+
+    def _thread_cap(self, s: Snapshot) -> int:
+        """Most reads per executor for a scale-up: ``max_threads``, what its
+        memory budget holds, and what one process's CPU gives: its reads share
+        one interpreter, so together they may use ``THREAD_CPU`` of a core (a
+        read costing ``executor_cpu`` CPU-seconds per second of it). CPU per
+        read unknown: one read (more executors, as for a CPU-bound source)."""
+        if s.executor_cpu is None:
+            return 1
+        by_cpu = math.floor(THREAD_CPU / max(s.executor_cpu, 1e-3))
+        return max(1, min(self.bounds.max_threads, self._threads_that_fit(s), by_cpu))
 
     def _threads_that_fit(self, s: Snapshot) -> int:
         """Most concurrent reads per executor whose forecast peak stays within

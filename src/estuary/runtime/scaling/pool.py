@@ -77,6 +77,7 @@ class PoolScaling:
         self.pool = pool
         self.wait = WaitClock()
         self._last = (0.0, 0.0, 0, 0.0, 0.0)  # elapsed, waited, rows, busy, capacity
+        self._last_cpu = (0.0, 0.0)  # executor CPU seconds, their reads' wall seconds
         self.controller = Controller(
             policy if policy is not None else EstuaryPolicy(spec, bounds),
             self.sample,
@@ -89,8 +90,10 @@ class PoolScaling:
     def sample(self, t: float) -> Snapshot:
         elapsed, waited, rows = self.wait.read()
         busy, capacity = self.pool.clock.read()
+        cpu, cpu_wall = self.pool.clock.cpu()
         e0, w0, r0, b0, c0 = self._last
         self._last = (elapsed, waited, rows, busy, capacity)
+        (u0, uw0), self._last_cpu = self._last_cpu, (cpu, cpu_wall)
         dt = max(elapsed - e0, 1e-9)
         wait = min(1.0, max(0.0, (waited - w0) / dt))
         slots = capacity - c0
@@ -105,6 +108,7 @@ class PoolScaling:
             executors_starting=self.pool.starting,
             cpu={"trainer": 1.0 - wait, "ps": 1.0 - wait},
             executor_memory=self.pool.memory_usage(),
+            executor_cpu=(cpu - u0) / (cpu_wall - uw0) if cpu_wall > uw0 else None,
         )
 
     def apply(self, decision: Decision) -> str | None:
@@ -122,6 +126,7 @@ class PoolScaling:
     def wrap(self, steps: Iterator[_T], rows_of: Callable[[_T], int]) -> Iterator[_T]:
         """``steps``, timed; the manager runs while they last."""
         self._last = (*self.wait.read(), *self.pool.clock.read())  # the first interval's start
+        self._last_cpu = self.pool.clock.cpu()
         self.controller.start()
         try:
             for step in self.wait.wrap(steps):
@@ -136,16 +141,19 @@ def scaled_steps(
 ) -> Iterator[_T]:
     """``steps`` under the scaling manager when ``runtime.scaling.enabled`` and
     ``pool`` resizes (Ray data executors); else ``steps`` as they are. Executor
-    bounds: ``runtime.roles.data_executor.min``/``max``; the timeline goes to
-    the run folder."""
+    bounds: ``runtime.roles.data_executor.min``/``max``; reads in flight: the
+    driver's ``data.dataset.executor.workers``; the timeline goes to the run
+    folder."""
     spec = job.runtime.scaling
     if not spec.enabled or not isinstance(pool, ResizablePool):
         return steps
     role = job.runtime.resolved_roles()["data_executor"]
+    dataset = job.data.dataset
     bounds = Bounds(
         min_executors=max(1, role.min),
         max_executors=max(1, role.max),
         max_threads=spec.max_executor_threads,
+        max_reads=dataset.executor.workers if dataset is not None else None,
     )
     out = job.resolve(job.output.dir) if spec.timeline else None
     return PoolScaling(pool, spec, bounds, out=out).wrap(steps, rows_of)
