@@ -14,9 +14,9 @@ import torch
 from estuary.embedding.delta import BASE, EVICTED_IDS, IDS, LINEAGE, VERSION, WEIGHTS
 from estuary.serve.checkpoints import model_from_checkpoint
 from estuary.serve.follow import UpdateKind
-from estuary.serve.frozen_table import FrozenTable
 from estuary.serve.prepared import PreparedTable
 from estuary.serve.preparer import Preparer
+from estuary.serve.slot_table import SlotTable
 from estuary.serve.slots import PreparedVersion, SlotReader, SlotWriter
 from estuary.train.checkpoint import load_checkpoint
 
@@ -26,9 +26,9 @@ from .test_follow import D1, D2, D3, FULL, NEXT_FULL, land
 DENSE = {"w": torch.arange(4, dtype=torch.bfloat16), "b": torch.ones(2)}
 
 
-def frozen(version: PreparedVersion, name: str, shards: int = 1) -> FrozenTable:
-    ids, rows_at, weights, unknown = version.tables[name]
-    return FrozenTable.from_sorted(name, ids, weights, unknown, shards, rows_at=rows_at)
+def served_table(version: PreparedVersion, name: str, shards: int = 1) -> SlotTable:
+    index, weights, unknown, rows = version.tables[name]
+    return SlotTable(name, index, weights, unknown, shards, rows)
 
 
 def test_slots_look_up_what_restored_tables_do(tiny_run: TinyRun, tmp_path: Path) -> None:
@@ -52,13 +52,14 @@ def test_slots_look_up_what_restored_tables_do(tiny_run: TinyRun, tmp_path: Path
         rng = np.random.default_rng(i)
         for table_name in version.tables:
             shards = restored.plan.tables[table_name].shards
-            table = frozen(version, table_name, shards)
+            table = served_table(version, table_name, shards)
             held = restored.tables[table_name].state_dict()["ids"]
             ids = np.concatenate([held, np.arange(-20, 20), rng.integers(0, 2**62, 50)])
             np.testing.assert_array_equal(
                 table.lookup(ids, train=False), restored.tables[table_name].lookup(ids, train=False)
             )
-            assert table.ids.size == held.size
+            np.testing.assert_array_equal(table.state_dict()["ids"], np.sort(held))
+            assert table.stats().rows == held.size
         for key, tensor in restored.dense_model.state_dict().items():
             torch.testing.assert_close(version.dense[key], tensor, rtol=0, atol=0)
         if i != 2:  # D2's version is not taken (skipped): D3 goes to the same slot
@@ -98,18 +99,19 @@ def test_a_slot_applies_what_it_missed_in_place_and_grows_whole(tmp_path: Path) 
     writer.served()
     second, size = writer.write_deltas(links[1:], DENSE)  # slot 1: whole
     first_expect = {-5: 2.0, 0: 1.0, 3: 2.0, 4: 2.0, 9: 1.0}  # the served one, untouched
-    table = frozen(served, "t")
-    np.testing.assert_array_equal(table.ids, sorted(first_expect))
+    table = served_table(served, "t")
+    ids = table.state_dict()["ids"]
+    np.testing.assert_array_equal(ids, sorted(first_expect))
     np.testing.assert_array_equal(
-        table.lookup(table.ids, train=False)[:, 0], [first_expect[k] for k in table.ids]
+        table.lookup(ids, train=False)[:, 0], [first_expect[k] for k in ids]
     )
     writer.served()
     expect = {-5: 2.0, 3: 2.0, 4: 3.0, 9: 1.0, 100: 3.0}
     third, size = writer.write_deltas([{"t": delta([9], 4.0, 3)}], DENSE)  # slot 0 catches up
     assert third == first and not writer.last_whole
     expect[9] = 4.0
-    table = frozen(reader.read(third, size), "t")
-    np.testing.assert_array_equal(table.ids, sorted(expect))
+    table = served_table(reader.read(third, size), "t")
+    np.testing.assert_array_equal(table.state_dict()["ids"], sorted(expect))
     np.testing.assert_array_equal(
         table.lookup(np.array([*sorted(expect), 6, 0]), train=False)[:, 0],
         [expect[k] for k in sorted(expect)] + [0.0, 0.0],  # evicted: the unknown row
@@ -118,8 +120,8 @@ def test_a_slot_applies_what_it_missed_in_place_and_grows_whole(tmp_path: Path) 
     many = list(range(1000, 4000))  # more new rows than slot 1's region holds
     fourth, size = writer.write_deltas([{"t": delta(many, 5.0, 4)}], DENSE)
     assert writer.last_whole and fourth != second and not second.exists()
-    table = frozen(reader.read(fourth, size), "t")
-    assert table.ids.size == len(expect) + len(many)
+    table = served_table(reader.read(fourth, size), "t")
+    assert table.stats().rows == len(expect) + len(many)
     np.testing.assert_array_equal(table.lookup(np.array([9, 1500]), train=False)[:, 0], [4.0, 5.0])
     assert writer.writes == 4 and writer.whole_writes == 3
     torch.testing.assert_close(reader.read(fourth, size).dense["w"], DENSE["w"])

@@ -66,32 +66,6 @@ def _gather_sorted(
     return found
 
 
-@njit(cache=True, nogil=True)
-def _gather_indexed(
-    sorted_ids: Int64Array,
-    rows_at: Int64Array,
-    weights: Float32Array,
-    unknown: Float32Array,
-    ids: Int64Array,
-    out: Float32Array,
-) -> int:
-    """``_gather_sorted`` for rows kept in another order: the row of
-    ``sorted_ids[j]`` is ``weights[rows_at[j]]``."""
-    n = sorted_ids.size
-    shards = np.uint64(unknown.shape[0])
-    found = 0
-    for i in range(ids.size):
-        j = np.searchsorted(sorted_ids, ids[i])
-        if j < n and sorted_ids[j] == ids[i]:
-            out[i, :] = weights[rows_at[j], :]
-            found += 1
-        elif shards > 1:
-            out[i, :] = unknown[np.int64(mix64(np.uint64(ids[i]) ^ ROUTE_SALT) % shards), :]
-        else:
-            out[i, :] = unknown[0, :]
-    return found
-
-
 def decode_rows(weights: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
     """Stored rows -> float32, by their dtype: float32 as is, float16 widened,
     uint16 as bfloat16 bits (the top half of a float32), int8 times ``scale``."""
@@ -165,7 +139,6 @@ class FrozenTable(ReadOnlyStore):
             unknown = np.repeat(unknown.mean(axis=0, keepdims=True), shards, axis=0)
         self.unknown = np.ascontiguousarray(unknown)
         self.shards = shards
-        self.rows_at: Int64Array | None = None
         self._lookups = self._hits = 0
 
     @classmethod
@@ -177,24 +150,12 @@ class FrozenTable(ReadOnlyStore):
         unknown: np.ndarray,
         shards: int,
         scale: np.ndarray | None = None,
-        rows_at: Int64Array | None = None,
     ) -> FrozenTable:
         """A table over rows already in its layout (``ids`` sorted and unique,
-        ``weights`` in their order, e.g. ``estuary.serve.prepared``'s; or, with
-        ``rows_at``, the row of ``ids[j]`` is ``weights[rows_at[j]]``, as a slot
-        file keeps them, ``estuary.serve.slots``): the arrays are kept as given
-        (no sort, no copy), only their shapes checked (not ``rows_at``'s values)."""
-        if rows_at is not None:
-            if rows_at.shape != ids.shape or rows_at.dtype != np.int64:
-                raise ValueError(
-                    f"{name}: rows_at {rows_at.dtype}{rows_at.shape} does not fit {ids.size} ids"
-                )
-            if scale is not None:
-                raise ValueError(f"{name}: rows_at with int8 rows is not supported")
-        elif weights.ndim == 2 and weights.shape[0] != ids.size:
+        ``weights`` in their order, e.g. ``estuary.serve.prepared``'s): the arrays
+        are kept as given (no sort, no copy), only their shapes checked."""
+        if weights.ndim != 2 or weights.shape[0] != ids.size:
             raise ValueError(f"{name}: weights shape {weights.shape} does not fit {ids.size} ids")
-        if weights.ndim != 2:
-            raise ValueError(f"{name}: weights shape {weights.shape} is not (rows, dim)")
         decode_rows(weights[:0], None if scale is None else scale[:0])
         if unknown.ndim != 2 or unknown.shape[1] != weights.shape[1]:
             raise ValueError(
@@ -204,7 +165,6 @@ class FrozenTable(ReadOnlyStore):
             unknown = np.repeat(unknown.mean(axis=0, keepdims=True), shards, axis=0)
         table = cls.__new__(cls)
         table.name, table.ids, table.weights, table.scale = name, ids, weights, scale
-        table.rows_at = rows_at
         table.unknown = np.ascontiguousarray(unknown, np.float32)
         table.shards = shards
         table._lookups = table._hits = 0
@@ -218,8 +178,7 @@ class FrozenTable(ReadOnlyStore):
     def nbytes(self) -> int:
         """Bytes held: the sorted ids, the rows as stored, their scales, the unknown rows."""
         scale = 0 if self.scale is None else self.scale.nbytes
-        at = 0 if self.rows_at is None else self.rows_at.nbytes
-        return self.ids.nbytes + at + self.weights.nbytes + scale + self.unknown.nbytes
+        return self.ids.nbytes + self.weights.nbytes + scale + self.unknown.nbytes
 
     def lookup(
         self, ids: Int64Array, *, train: bool, out: Float32Array | None = None
@@ -239,19 +198,14 @@ class FrozenTable(ReadOnlyStore):
         ):
             # One compiled call finds and copies the rows (the GIL released):
             # per table, ~10 numpy calls fewer on the request path.
-            if self.rows_at is None:
-                found = _gather_sorted(self.ids, self.weights, self.unknown, ids, out)
-            else:
-                found = _gather_indexed(
-                    self.ids, self.rows_at, self.weights, self.unknown, ids, out
-                )
+            found = _gather_sorted(self.ids, self.weights, self.unknown, ids, out)
             self._lookups += int(ids.size)
             self._hits += int(found)
             return out
         at = np.searchsorted(self.ids, ids)
         at[at == self.ids.size] = 0
         hit = self.ids[at] == ids if self.ids.size else np.zeros(ids.size, np.bool_)
-        slots = at[hit] if self.rows_at is None else self.rows_at[at[hit]]
+        slots = at[hit]
         scale = None if self.scale is None else self.scale[slots]
         out[hit] = decode_rows(self.weights[slots], scale)
         miss = ~hit
@@ -264,10 +218,9 @@ class FrozenTable(ReadOnlyStore):
 
     def state_dict(self) -> State:
         """The rows decoded to float32 (``ids``, ``weights``, ``unknown.weights``)."""
-        weights = self.weights if self.rows_at is None else self.weights[self.rows_at]
         return {
             IDS: self.ids.copy(),
-            WEIGHTS: decode_rows(weights, self.scale).copy(),
+            WEIGHTS: decode_rows(self.weights, self.scale).copy(),
             _UNKNOWN: self.unknown.copy(),
         }
 

@@ -49,6 +49,7 @@ from estuary.serve.live_table import LiveTable
 from estuary.serve.model import ServingModel
 from estuary.serve.pipeline import FeaturePipeline
 from estuary.serve.preparer import Prepared
+from estuary.serve.slot_table import SlotTable
 from estuary.serve.slots import SlotReader
 from estuary.train.checkpoint_chain import CheckpointError, resolve_checkpoint
 from estuary.train.plan import TrainPlan
@@ -325,10 +326,8 @@ class ProcessFollower:
         model = self.model.new_dense(version.dense) if dense_due else None
         dense_from = name if model is not None else self.dense_from
         tables = {
-            table: FrozenTable.from_sorted(
-                table, ids, weights, unknown, self._shards[table], rows_at=rows_at
-            )
-            for table, (ids, rows_at, weights, unknown) in version.tables.items()
+            table: SlotTable(table, index, weights, unknown, self._shards[table], rows)
+            for table, (index, weights, unknown, rows) in version.tables.items()
         }
         if dense_from == name:
             label = f"{self.job_name}@{name}"

@@ -10,26 +10,25 @@ few tensors).
 
 The layout is safetensors' (an 8-byte header length, a JSON header of dtype,
 shape and byte offsets per tensor, then the raw bytes), with room to grow: the
-header has a fixed place of its own, and each table a fixed region of ``cap``
-rows, so a version is written in place over an older one.
-Per table, ``table/<name>/ids`` (the ids held, sorted), ``.../rows_at`` (where
-each id's row is in ``weights``), ``.../weights`` (the rows as stored, in the
-order they arrived) and ``.../unknown`` (the shards' unknown rows); and
-``dense/<key>`` per dense tensor. Lookups read ``weights[rows_at[j]]`` for
-``ids[j]`` (``FrozenTable.from_sorted(..., rows_at=...)``).
+header has a fixed place of its own, and each table a fixed region with room for
+``cap`` rows: ``table/<name>/index`` (an open-addressing hash index of the ids
+held and where each one's row is), ``.../count`` (how many),
+``.../weights`` (the rows as stored, in the order their ids arrived) and
+``.../unknown`` (the shards' unknown rows); and ``dense/<key>`` per dense
+tensor (``estuary.serve.slot_table`` has the layout and the served table over
+it, ``SlotTable``).
 
 Incremental writing (``SlotWriter``): each slot remembers the updates it has
 not received yet (the versions written into the other slot since). To hold a
-new version, a slot applies its missed deltas in place: the rows of ids it
-holds are written where they are, new ids' rows appended after the last row
-and their ids merged into the sorted index (only the index past the first new
-id moves, 16 bytes a row; no row moves), evicted ids dropped from the index
-(their rows stay, unreferenced, until the slot is next written whole). With two
-slots, a slot catches up by the touched rows of the last two versions, not by a
-copy of every table. A slot is written whole (and, when it does not fit its
-file, into a new, larger one whose name the server maps anew) when it has not
-been written yet, a version was prepared whole (a new chain, a pruned link),
-a table outgrew its region, or a delta changes a shape or encoding.
+new version, a slot applies its missed deltas in place, touching only what they
+change: a held id's row is written where it is, a new id's row after the last
+row and its id into the index, an evicted id's index entry marked gone (its row
+stays, unreferenced, until the slot is next laid out). Nothing else moves, so
+with two slots a slot catches up by the touched rows of the last two versions,
+not by a copy of every table. A slot is laid out and written whole (into a new,
+larger file when it does not fit its own, which the server maps anew) when it
+has not been written yet, a version was prepared whole (a new chain, a pruned
+link), a table outgrew its region, or a delta changes a shape or encoding.
 """
 
 from __future__ import annotations
@@ -44,12 +43,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from numba import njit
 
 from estuary.embedding.delta import EVICTED_IDS, IDS, UNKNOWN_PREFIX, WEIGHTS, is_full
 from estuary.embedding.hashing import as_ids
 from estuary.serve.link_reader import parse_safetensors
 from estuary.serve.prepared import PreparedTable, check_delta
+from estuary.serve.slot_table import count_new, fill_index, index_size, remove_ids, upsert_rows
 from estuary.train.checkpoint_chain import CheckpointError
 
 __all__ = ["PreparedVersion", "SlotReader", "SlotWriter"]
@@ -73,57 +72,14 @@ _NAMES: dict[np.dtype[Any], str] = {
 }
 
 
-@njit(cache=True, nogil=True)
-def _remove_sorted(ids: np.ndarray, rows_at: np.ndarray, n: int, gone: np.ndarray) -> int:
-    """Drop the ids in ``gone`` (sorted, unique) from ``ids[:n]`` (sorted) and
-    ``rows_at`` alike, in place; returns the ids left."""
-    if gone.size == 0 or n == 0:
-        return n
-    start = np.searchsorted(ids[:n], gone[0])
-    w = start
-    j = 0
-    for i in range(start, n):
-        x = ids[i]
-        while j < gone.size and gone[j] < x:
-            j += 1
-        if j < gone.size and gone[j] == x:
-            continue
-        ids[w] = x
-        rows_at[w] = rows_at[i]
-        w += 1
-    return w
-
-
-@njit(cache=True, nogil=True)
-def _insert_sorted(
-    ids: np.ndarray, rows_at: np.ndarray, n: int, new_ids: np.ndarray, new_rows: np.ndarray
-) -> int:
-    """Merge ``new_ids`` (sorted, none in ``ids[:n]``) and their ``new_rows`` into
-    ``ids[:n]`` (sorted) and ``rows_at``, in place from the end (room for them
-    checked by the caller): only entries past the first new id move."""
-    i = n - 1
-    k = new_ids.size - 1
-    w = n + k
-    while k >= 0:
-        if i >= 0 and ids[i] > new_ids[k]:
-            ids[w] = ids[i]
-            rows_at[w] = rows_at[i]
-            i -= 1
-        else:
-            ids[w] = new_ids[k]
-            rows_at[w] = new_rows[k]
-            k -= 1
-        w -= 1
-    return n + new_ids.size
-
-
 @dataclass(frozen=True)
 class PreparedVersion:
-    """A version as the server reads it from a slot file: per table its sorted
-    ids, where each one's row is, the rows as stored and the unknown rows (views
-    of the mapped file), and the dense network's tensors."""
+    """A version as the server reads it from a slot file: per table its index,
+    the rows as stored and the unknown rows (views of
+    the mapped file) and how many ids it holds (``SlotTable``'s arguments); and
+    the dense network's tensors."""
 
-    tables: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    tables: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, int]]
     dense: dict[str, torch.Tensor]
 
 
@@ -147,13 +103,14 @@ def _aligned(n: int) -> int:
 
 @dataclass
 class _Region:
-    """One table's place in a slot file, and what it holds."""
+    """One table's place in a slot file (``slot_table``'s hashed layout), and
+    what it holds."""
 
     name: str
     offset: int  # of the region, from the start of the data
-    cap: int
-    ids: np.ndarray  # (cap,) int64 views of the file
-    rows_at: np.ndarray  # (cap,) int64
+    cap: int  # rows it has room for
+    index: np.ndarray  # (H, 2) int64 views of the file: (id, row) entries
+    count: np.ndarray  # (1,) int64: ids held, for the reader
     weights: np.ndarray  # (cap, D) as stored
     unknown: np.ndarray  # (S', D) float32
     n: int = 0  # ids held
@@ -162,11 +119,15 @@ class _Region:
     version: int = 0
 
     @staticmethod
-    def size(cap: int, weights: np.ndarray, unknown: np.ndarray) -> int:
-        index = 2 * _aligned(8 * cap)
-        return (
-            index + _aligned(cap * weights.shape[1] * weights.itemsize) + _aligned(unknown.nbytes)
-        )
+    def parts(cap: int, dim: int, itemsize: int, unknown: int) -> list[int]:
+        """Bytes of the index, count, weights and unknown rows (each aligned)."""
+        size = index_size(cap)
+        return [
+            _aligned(16 * size),
+            _aligned(8),
+            _aligned(cap * dim * itemsize),
+            _aligned(4 * unknown),
+        ]
 
     @classmethod
     def place(
@@ -174,21 +135,25 @@ class _Region:
     ) -> _Region:
         """The region at ``offset`` (from ``data``, the start of the data) for
         ``cap`` rows of ``table``'s shape, filled with ``table``."""
-        at = data + offset
-        ids = np.frombuffer(buf, np.int64, cap, at)
-        at += _aligned(8 * cap)
-        rows_at = np.frombuffer(buf, np.int64, cap, at)
-        at += _aligned(8 * cap)
         dim, dtype = table.weights.shape[1], table.weights.dtype
-        weights = np.frombuffer(buf, dtype, cap * dim, at).reshape(cap, dim)
-        at += _aligned(cap * dim * dtype.itemsize)
-        unknown = np.frombuffer(buf, np.float32, table.unknown.size, at)
+        sizes = cls.parts(cap, dim, dtype.itemsize, table.unknown.size)
+        at = np.cumsum([data + offset, *sizes[:-1]])
+        size = index_size(cap)
+        index = np.frombuffer(buf, np.int64, 2 * size, at[0]).reshape(size, 2)
+        count = np.frombuffer(buf, np.int64, 1, at[1])
+        weights = np.frombuffer(buf, dtype, cap * dim, at[2]).reshape(cap, dim)
+        unknown = np.frombuffer(buf, np.float32, table.unknown.size, at[3])
         region = cls(
-            table.name, offset, cap, ids, rows_at, weights, unknown.reshape(table.unknown.shape)
+            table.name,
+            offset,
+            cap,
+            index,
+            count,
+            weights,
+            unknown.reshape(table.unknown.shape),
         )
         n = table.ids.size
-        region.ids[:n] = table.ids
-        region.rows_at[:n] = np.arange(n)
+        fill_index(index, table.ids)
         region.weights[:n] = table.weights
         region.unknown[...] = table.unknown
         region.n = region.m = n
@@ -196,60 +161,53 @@ class _Region:
         return region
 
     def table(self) -> PreparedTable:
-        """What the region holds, as a table of its own (copied, evicted rows dropped)."""
-        n = self.n
+        """What the region holds, as a table of its own (sorted, evicted rows dropped)."""
+        live = self.index[:, 1] >= 0
+        ids, rows = self.index[live, 0], self.index[live, 1]
+        order = np.argsort(ids, kind="stable")
         return PreparedTable(
             self.name,
-            self.ids[:n].copy(),
-            self.weights[self.rows_at[:n]],
+            ids[order],
+            self.weights[rows[order]],
             self.unknown.copy(),
             self.lineage,
             self.version,
         )
 
     def header(self) -> dict[str, Any]:
-        n, m, dim = self.n, self.m, self.weights.shape[1]
-        ids_at = self.offset
-        rows_at = ids_at + _aligned(8 * self.cap)
-        weights_at = rows_at + _aligned(8 * self.cap)
-        unknown_at = weights_at + _aligned(self.cap * dim * self.weights.itemsize)
+        dim, item = self.weights.shape[1], self.weights.itemsize
+        sizes = self.parts(self.cap, dim, item, self.unknown.size)
+        at = np.cumsum([self.offset, *sizes[:-1]]).tolist()
+        size = self.index.shape[0]
         base = f"{_TABLE}{self.name}/"
+        self.count[0] = self.n
         return {
-            base + "ids": _entry("I64", [n], ids_at, 8 * n),
-            base + "rows_at": _entry("I64", [n], rows_at, 8 * n),
+            base + "index": _entry("I64", [size, 2], at[0], 16 * size),
+            base + "count": _entry("I64", [1], at[1], 8),
             base + "weights": _entry(
-                _rows_dtype(self.weights), [m, dim], weights_at, m * dim * self.weights.itemsize
+                _rows_dtype(self.weights), [self.m, dim], at[2], self.m * dim * item
             ),
-            base + "unknown": _entry(
-                "F32", list(self.unknown.shape), unknown_at, self.unknown.nbytes
-            ),
+            base + "unknown": _entry("F32", list(self.unknown.shape), at[3], self.unknown.nbytes),
         }
+
+    def new_rows(self, delta: State) -> int:
+        """At most how many rows ``delta`` adds: ids not held now, and any evicted
+        id taken back."""
+        gone = np.asarray(delta.get(EVICTED_IDS, ())).size
+        return count_new(self.index, as_ids(delta[IDS])) + gone
 
     def apply(self, delta: State) -> None:
         """Merge ``delta`` in place (``_SlotFile.fits`` said it fits)."""
         lineage, version, _ = check_delta(self.name, self.lineage, self.version, delta)
         gone = as_ids(delta.get(EVICTED_IDS, np.empty(0, np.int64)))
-        if gone.size and self.n:
-            self.n = _remove_sorted(self.ids, self.rows_at, self.n, np.unique(gone))
+        if gone.size:
+            self.n -= remove_ids(self.index, gone)
         new_ids = as_ids(delta[IDS])
         if new_ids.size:
-            rows = np.asarray(delta[WEIGHTS])
-            order = np.argsort(new_ids, kind="stable")
-            new_ids, rows = new_ids[order], rows[order]
-            at = np.searchsorted(self.ids[: self.n], new_ids)
-            hit = np.zeros(new_ids.size, np.bool_)
-            inside = at < self.n
-            hit[inside] = self.ids[at[inside]] == new_ids[inside]
-            if hit.any():
-                self.weights[self.rows_at[at[hit]]] = rows[hit]
-            fresh = ~hit
-            k = int(fresh.sum())
-            if k:
-                m = self.m
-                self.weights[m : m + k] = rows[fresh]
-                new_rows = np.arange(m, m + k, dtype=np.int64)
-                self.n = _insert_sorted(self.ids, self.rows_at, self.n, new_ids[fresh], new_rows)
-                self.m = m + k
+            rows = np.ascontiguousarray(delta[WEIGHTS]).view(np.uint8)
+            m = self.m
+            self.m, _ = upsert_rows(self.index, self.weights.view(np.uint8), m, new_ids, rows)
+            self.n += self.m - m
         if _UNKNOWN in delta:
             self.unknown[...] = np.asarray(delta[_UNKNOWN], np.float32).reshape(self.unknown.shape)
         self.lineage, self.version = lineage, version
@@ -289,16 +247,17 @@ class _SlotFile:
             n = table.ids.size
             cap = max(int(growth * n), n + _MIN_SPARE_ROWS)
             places[name] = (offset, cap)
-            offset += _Region.size(cap, table.weights, table.unknown)
+            dim, item = table.weights.shape[1], table.weights.itemsize
+            offset += sum(_Region.parts(cap, dim, item, table.unknown.size))
         dense_at: dict[str, int] = {}
         for key, tensor in dense.items():
             dense_at[key] = offset
             offset += _aligned(_dense_array(tensor)[0].nbytes)
         # The header's room: its text with every shape and offset at its largest.
         widest = {
-            f"{_TABLE}{name}/{part}": _entry("BF16", [cap, 10**6], offset, offset)
+            f"{_TABLE}{name}/{part}": _entry("BF16", [index_size(cap), 10**6], offset, offset)
             for name, (_, cap) in places.items()
-            for part in ("ids", "rows_at", "weights", "unknown")
+            for part in ("index", "count", "weights", "unknown")
         }
         widest.update(
             {f"{_DENSE}{key}": _entry("BF16", [10**9] * 4, offset, offset) for key in dense}
@@ -352,13 +311,15 @@ class _SlotFile:
                     return False
                 keys[name] = (lineage, version)
                 rows = np.asarray(delta[WEIGHTS])
-                ids = np.asarray(delta[IDS])
+                ids = as_ids(delta[IDS])
                 dim = region.weights.shape[1]
                 if rows.dtype != region.weights.dtype or rows.shape != (ids.size, dim):
                     return False
                 if _UNKNOWN in delta and np.asarray(delta[_UNKNOWN]).size != region.unknown.size:
                     return False
-                used[name] += ids.size  # at most this many new rows
+                # At most every id new; counted exactly only when that does not fit.
+                bound = ids.size + np.asarray(delta.get(EVICTED_IDS, ())).size
+                used[name] += bound if used[name] + bound <= region.cap else region.new_rows(delta)
                 if used[name] > region.cap:
                     return False
         return True
@@ -550,7 +511,8 @@ class SlotReader:
                 raise CheckpointError(f"{path}: unexpected tensor {key!r}")
         try:
             out = {
-                n: (p["ids"], p["rows_at"], p["weights"], p["unknown"]) for n, p in tables.items()
+                n: (p["index"], p["weights"], p["unknown"], int(p["count"][0]))
+                for n, p in tables.items()
             }
         except KeyError as exc:
             raise CheckpointError(f"{path}: a table lacks {exc}") from None
