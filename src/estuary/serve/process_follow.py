@@ -49,7 +49,7 @@ from estuary.serve.live_table import LiveTable
 from estuary.serve.model import ServingModel
 from estuary.serve.pipeline import FeaturePipeline
 from estuary.serve.preparer import Prepared
-from estuary.serve.slot_table import SlotTable
+from estuary.serve.slot_table import SlotTable, warm_up
 from estuary.serve.slots import SlotReader
 from estuary.train.checkpoint_chain import CheckpointError, resolve_checkpoint
 from estuary.train.plan import TrainPlan
@@ -84,6 +84,7 @@ def model_from_prepared(prepared: Prepared) -> ServingModel:
         for name, t in prepared.tables.items()
     }
     model = ServingModel(job, pipeline, f"{job.name}@{prepared.checkpoint.name}", tables=tables)
+    warm_up()  # the lookups of the versions to come, compiled before serving
     try:
         model.dense_model.load_state_dict(prepared.dense)
     except RuntimeError as exc:

@@ -30,7 +30,7 @@ from estuary.embedding.storage import rows_out
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 from estuary.serve.frozen_table import ReadOnlyStore, decode_rows
 
-__all__ = ["EMPTY", "GONE", "SlotTable", "index_size"]
+__all__ = ["EMPTY", "GONE", "SlotTable", "index_size", "warm_up"]
 
 State = dict[str, np.ndarray]
 EMPTY, GONE = -1, -2
@@ -176,6 +176,19 @@ def upsert_rows(
         weights[m, :] = rows[i, :]
         m += 1
     return m, reused
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the lookup kernels now, on a table of
+    one row: not on the prediction thread at the first lookup after the first
+    update, where it would hold predictions back (a compile takes seconds)."""
+    index = np.zeros((16, 2), np.int64)
+    fill_index(index, np.array([7], np.int64))
+    table = SlotTable("warm-up", index, np.zeros((1, 1), np.float32), np.zeros((1, 1)), 1, 1)
+    table.lookup(np.array([7, 8], np.int64), train=False)
+    SlotTable("warm-up", index, np.zeros((1, 1), np.float16), np.zeros((1, 1)), 1, 1).lookup(
+        np.array([7, 8], np.int64), train=False
+    )
 
 
 class SlotTable(ReadOnlyStore):
