@@ -275,6 +275,13 @@ def _serving_parsers(sub: Any, logs: argparse.ArgumentParser) -> None:
         "them in) or on a thread of the server",
     )
     srv.add_argument(
+        "--prepare-timeout-s",
+        type=float,
+        default=60.0,
+        help="--prepare process: a child that makes no progress this long while a "
+        "checkpoint is pending is killed and replaced",
+    )
+    srv.add_argument(
         "--threads", type=int, default=1, help="torch threads for the forward (1: lowest latency)"
     )
     srv.add_argument("--ray", action="store_true", help="deploy on Ray Serve")
@@ -545,6 +552,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         dense_every_s=args.dense_every_s,
         threads=args.threads,
         prepare=args.prepare,
+        prepare_timeout_s=args.prepare_timeout_s,
     )
     what = args.follow if args.follow is not None else args.export_dir
     if args.ray:

@@ -10,8 +10,10 @@
 - ``follow``: ``Follower``, applies a run's new checkpoints on a thread while serving
   (``--prepare thread``).
 - ``process_follow``: ``ProcessFollower``, the same with each update prepared in a
-  child process (``prepare_process``: ``Preparer`` over ``prepared``'s sorted
-  tables) and swapped in whole (``LiveTable`` over ``FrozenTable``; the default).
+  child process (``prepare_process``: ``Preparer`` checks each delta, ``slots``
+  writes it into the slot file the server does not serve, by what that slot
+  missed) and swapped in whole (``LiveTable`` over ``slot_table.SlotTable``; the
+  default); a hung child is killed at a progress deadline and replaced.
 - ``ray_serve``: the same application as a Ray Serve deployment.
 
 See docs/serving.md.

@@ -122,13 +122,14 @@ def create_app(
         )
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "status": "ok",
-                "model_version": model.version,
-                "update_age_s": time.time() - model.updated_at,
-            }
-        )
+        health: dict[str, Any] = {
+            "status": "ok",
+            "model_version": model.version,
+            "update_age_s": time.time() - model.updated_at,
+        }
+        if metrics.behind_s is not None:  # following a run in a preparing process
+            health["behind_s"] = metrics.behind_s()
+        return JSONResponse(health)
 
     async def scrape(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))

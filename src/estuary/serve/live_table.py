@@ -2,8 +2,9 @@
 
 A server that follows a run in a separate preparing process
 (``estuary.serve.process_follow``) receives every version's tables whole, as
-``FrozenTable``s over a mapped file. The prediction engine is built once, over
-``LiveTable``s; an update points each one at its new ``FrozenTable``
+``SlotTable``s over a mapped slot file. The prediction engine is built once,
+over ``LiveTable``s (first over ``FrozenTable``s of the checkpoint served); an
+update points each one at its new table
 (``ServingModel.serve_tables``, inside the model's lock), so no engine is
 rebuilt and no row is written in the serving process.
 """
@@ -14,6 +15,7 @@ import numpy as np
 
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 from estuary.serve.frozen_table import FrozenTable, ReadOnlyStore
+from estuary.serve.slot_table import SlotTable
 
 __all__ = ["LiveTable"]
 
@@ -21,9 +23,10 @@ State = dict[str, np.ndarray]
 
 
 class LiveTable(ReadOnlyStore):
-    """Reads go to ``current``, a ``FrozenTable`` replaced by each update."""
+    """Reads go to ``current``, a ``FrozenTable`` or ``SlotTable`` replaced by
+    each update."""
 
-    def __init__(self, current: FrozenTable) -> None:
+    def __init__(self, current: FrozenTable | SlotTable) -> None:
         self.current = current
         self.name = current.name
 

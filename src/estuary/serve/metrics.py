@@ -11,11 +11,14 @@ estuary_serve_freshness_seconds          checkpoint commit -> served
 estuary_serve_table_bytes                bytes the serving tables hold (a standby copy not counted)
 estuary_serve_update_cpu_seconds         serving process's CPU time per update (follower thread)
 estuary_serve_prepare_cpu_seconds        preparing process's CPU time per update
+estuary_serve_behind_seconds             how long the version served has been behind the run
+estuary_serve_prepare_restarts_total{reason}  preparing processes replaced (exited, hung)
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -101,3 +104,23 @@ class ServeMetrics:
             buckets=_cpu_buckets,
             registry=r,
         )
+        self.prepare_restarts = Counter(
+            "estuary_serve_prepare_restarts",
+            "Preparing processes replaced (reason: exited, or hung: no progress by the "
+            "deadline while a checkpoint was pending).",
+            ["reason"],
+            registry=r,
+        )
+        self.behind_s: Callable[[], float] | None = None
+
+    def follow_behind(self, behind_s: Callable[[], float]) -> None:
+        """Export ``behind_s()`` (seconds the version served has been behind the
+        run's newest checkpoint) as ``estuary_serve_behind_seconds`` and in /healthz."""
+        gauge = Gauge(
+            "estuary_serve_behind_seconds",
+            "Seconds since the run's latest checkpoint first differed from the one "
+            "served (0: the newest is served).",
+            registry=self.registry,
+        )
+        gauge.set_function(behind_s)
+        self.behind_s = behind_s

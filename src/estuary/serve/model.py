@@ -38,6 +38,7 @@ from estuary.nn.types import SequenceEmbedding, Sequences
 from estuary.serve.frozen_table import FrozenTable
 from estuary.serve.live_table import LiveTable
 from estuary.serve.pipeline import FeaturePipeline, RequestError
+from estuary.serve.slot_table import SlotTable
 from estuary.train.build import TableStore, build_engine, build_tables
 from estuary.train.engine import Engine
 from estuary.train.plan import TrainPlan
@@ -265,7 +266,7 @@ class ServingModel:
     def serve_tables(
         self,
         version: str,
-        tables: Mapping[str, FrozenTable],
+        tables: Mapping[str, FrozenTable | SlotTable],
         model: nn.Module | None = None,
     ) -> None:
         """From the next batch on, serve ``version``: every table replaced whole by

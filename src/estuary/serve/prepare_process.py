@@ -2,17 +2,19 @@
 
 Started by a server following a run (``estuary.serve.process_follow``), it does
 the work of an update off the server's interpreter and GIL: every ``--poll-s``
-it prepares the run's newest checkpoint (``Preparer``: read, verify, merge the
-deltas into whole sorted tables), writes it as one handoff file into
-``OUT_DIR`` (``SlotWriter``: files of a memory-backed folder, reused in
-turn) and tells the server.
+it prepares the run's newest checkpoint (``Preparer``: read and verify it,
+check its deltas, or prepare it whole), writes it into one of two slot files
+of ``OUT_DIR`` (``SlotWriter``: files of a memory-backed folder, taking turns,
+each catching up by the deltas it missed) and tells the server.
 
 Protocol (JSON lines; the process's own stdout is moved to stderr, so nothing
 else reaches the server's pipe):
 
-- to the server, on the original stdout: ``{"checkpoint": NAME, "kind":
-  "delta"|"full", "file": PATH, "bytes": N, "committed": MTIME, "cpu_s": S}``
-  for a prepared version, or ``{"error": MESSAGE, "checkpoint": NAME}`` when the
+- to the server, on the original stdout: ``{"ready": true}`` once started (the
+  served checkpoint prepared); then ``{"checkpoint": NAME, "kind":
+  "delta"|"full", "file": PATH, "bytes": N, "committed": MTIME, "cpu_s": S,
+  "whole": BOOL}`` for a prepared version (``whole``: the slot was written
+  whole, not by its missed deltas), or ``{"error": MESSAGE}`` when the
   newest checkpoint does not load (retried at the next poll);
 - from the server, on stdin: one line after each prepared version: ``served``
   once it serves it (the next version goes to the other slot, which the server
@@ -39,8 +41,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from estuary.serve.prepared import SlotWriter
+from estuary.serve.follow import UpdateKind
 from estuary.serve.preparer import Preparer
+from estuary.serve.slots import SlotWriter
 from estuary.train.checkpoint_chain import MANIFEST, CheckpointError
 
 __all__ = ["NICE", "main"]
@@ -72,10 +75,11 @@ def serve_versions(run_dir: Path, out_dir: Path, start: str | None, poll_s: floa
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything printed goes to stderr, not into the protocol
     preparer = Preparer(run_dir)
+    slots = SlotWriter(out_dir)
     if start is not None:
         with contextlib.suppress(CheckpointError, OSError):  # else: the next one whole
-            preparer.load(Path(start))
-    slots = SlotWriter(out_dir)
+            slots.base(preparer.load(Path(start)).tables)
+    _send(protocol, {"ready": True})
     try:
         while _wait_for_server(poll_s):
             cpu = time.process_time()
@@ -87,7 +91,10 @@ def serve_versions(run_dir: Path, out_dir: Path, start: str | None, poll_s: floa
                 continue
             if prepared is None:
                 continue
-            path, size = slots.write(prepared.tables, prepared.dense)
+            if prepared.kind is UpdateKind.DELTA:
+                path, size = slots.write_deltas(prepared.links, prepared.dense)
+            else:
+                path, size = slots.write_whole(prepared.tables, prepared.dense)
             _send(
                 protocol,
                 {
@@ -97,6 +104,7 @@ def serve_versions(run_dir: Path, out_dir: Path, start: str | None, poll_s: floa
                     "bytes": size,
                     "committed": (prepared.checkpoint / MANIFEST).stat().st_mtime,
                     "cpu_s": time.process_time() - cpu,
+                    "whole": slots.last_whole,
                 },
             )
             reply = _wait_for_server(None)  # Blocking wait: the server's answer

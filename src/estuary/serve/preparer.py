@@ -1,28 +1,32 @@
-"""``Preparer``: a run's newest checkpoint as whole prepared tables, kept up to
-date by merging each new delta into the tables of the last one.
+"""``Preparer``: a run's newest checkpoint, as the deltas after the one prepared
+last or, when it cannot be reached so, whole.
 
 ``step`` looks at the run's ``latest`` and decides as the in-process follower
 does (``plan_update``): a checkpoint whose chain holds the one prepared last is
-reached by merging the deltas after it (each link read once, only the keys a
-lookup reads: ``read_link``); anything else (a new chain, a link pruned before
-it was read, a delta that does not apply on the tables held) is prepared whole
-from its chain. The result is every table (``PreparedTable``) and the newest
-link's dense network: what a server swaps in whole.
+reached by the deltas after it (each link read once, only the keys a lookup
+reads: ``read_link``; each delta checked against the chain keys of the tables
+as ``EmbeddingTable.apply_delta`` checks it, but not merged: the slot files
+merge them, ``estuary.serve.slots``); anything else (a new chain, a link pruned
+before it was read, a delta that does not apply on the version held, a delta
+carrying every row) is prepared whole from its chain (``PreparedTable``). The
+result also carries the newest link's dense network.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from estuary.embedding.delta import WEIGHTS
 from estuary.serve.checkpoints import serving_key
 from estuary.serve.follow import UpdateKind, plan_update
 from estuary.serve.link_reader import read_link
-from estuary.serve.prepared import PreparedTable
+from estuary.serve.prepared import PreparedTable, check_delta
 from estuary.train.checkpoint import Link
 from estuary.train.checkpoint_chain import (
     CheckpointError,
@@ -37,14 +41,17 @@ __all__ = ["Prepared", "Preparer"]
 
 @dataclass(frozen=True)
 class Prepared:
-    """A checkpoint prepared whole.
+    """A checkpoint prepared.
 
     Args:
         checkpoint: its folder.
         manifest: its manifest.
-        kind: ``DELTA`` (deltas merged into the last prepared tables) or ``FULL``.
-        tables: every table, whole.
+        kind: ``DELTA`` (``links``: the deltas after the checkpoint prepared
+            last) or ``FULL`` (``tables``: every table, whole).
+        tables: every table, whole (``FULL``; empty for ``DELTA``).
         dense: the checkpoint's dense network (state dict).
+        links: per link after the one prepared last, in order, its tables'
+            deltas (``DELTA``; checked, not merged).
     """
 
     checkpoint: Path
@@ -52,6 +59,7 @@ class Prepared:
     kind: UpdateKind
     tables: dict[str, PreparedTable]
     dense: dict[str, torch.Tensor]
+    links: Sequence[Mapping[str, Mapping[str, Any]]] = field(default_factory=list)
 
 
 class Preparer:
@@ -60,8 +68,8 @@ class Preparer:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.checkpoint: str | None = None  # the folder name of the tables held
-        self.tables: dict[str, PreparedTable] = {}
+        self.checkpoint: str | None = None  # the folder name of the version prepared last
+        self.keys: dict[str, _Keys] = {}  # its tables' chain keys and row layout
 
     def load(self, checkpoint: Path) -> Prepared:
         """Prepare ``checkpoint`` whole (its chain from the full link).
@@ -79,7 +87,9 @@ class Preparer:
             except ValueError as exc:
                 raise CheckpointError(f"{table_file(links[0].path, name)}: {exc}") from exc
         tables = _merge(tables, links[1:])
-        return self._keep(checkpoint, manifest, UpdateKind.FULL, tables, links[-1])
+        self.checkpoint = checkpoint.name
+        self.keys = {name: _Keys.of(table) for name, table in tables.items()}
+        return Prepared(checkpoint, manifest, UpdateKind.FULL, tables, links[-1].dense)
 
     def step(self) -> Prepared | None:
         """The newest checkpoint prepared, or ``None`` when it is the one held.
@@ -93,13 +103,15 @@ class Preparer:
         manifest = read_manifest(latest)
         served = self.checkpoint or ""
         decision = plan_update(served, latest.name, chain_of(latest, manifest), dense_due=True)
-        if decision.kind is UpdateKind.DELTA and self.tables:
+        if decision.kind is UpdateKind.DELTA and self.keys:
             links = [self._read(latest, manifest, name) for name in decision.links]
             try:
-                tables = _merge(self.tables, links, strict=True)
-            except ValueError:  # the tables held are not at the delta's base
+                keys = _check(self.keys, links)
+            except ValueError:  # not at the delta's base, or a delta of every row
                 return self.load(latest)
-            return self._keep(latest, manifest, UpdateKind.DELTA, tables, links[-1])
+            self.checkpoint, self.keys = latest.name, keys
+            deltas = [link.tables for link in links]
+            return Prepared(latest, manifest, UpdateKind.DELTA, {}, links[-1].dense, deltas)
         return self.load(latest)
 
     def _read(self, latest: Path, manifest: dict[str, Any], name: str) -> Link:
@@ -109,24 +121,47 @@ class Preparer:
             table_keys=serving_key,
         )
 
-    def _keep(
-        self,
-        checkpoint: Path,
-        manifest: dict[str, Any],
-        kind: UpdateKind,
-        tables: dict[str, PreparedTable],
-        last: Link,
-    ) -> Prepared:
-        self.checkpoint, self.tables = checkpoint.name, tables
-        return Prepared(checkpoint, manifest, kind, tables, last.dense)
+
+@dataclass(frozen=True)
+class _Keys:
+    """A table's chain keys and row layout: what a delta must fit."""
+
+    lineage: int
+    version: int
+    dim: int
+    dtype: str
+
+    @classmethod
+    def of(cls, table: PreparedTable) -> _Keys:
+        return cls(table.lineage, table.version, table.dim, str(table.weights.dtype))
 
 
-def _merge(
-    tables: Mapping[str, PreparedTable], links: list[Link], *, strict: bool = False
-) -> dict[str, PreparedTable]:
+def _check(keys: Mapping[str, _Keys], links: list[Link]) -> dict[str, _Keys]:
+    """The tables' keys after ``links``' deltas, each checked in order.
+
+    Raises:
+        ValueError: a delta that cannot be merged into the version held (not based
+            on it, carrying every row, another row layout): prepare it whole.
+        CheckpointError: a delta of a table not held (naming its file).
+    """
+    out = dict(keys)
+    for link in links:
+        for name, delta in link.tables.items():
+            held = out.get(name)
+            if held is None:
+                raise CheckpointError(f"{table_file(link.path, name)}: no table {name!r} before")
+            lineage, version, full = check_delta(name, held.lineage, held.version, delta)
+            rows = np.asarray(delta[WEIGHTS])
+            if full or rows.ndim != 2 or rows.shape[1] != held.dim or str(rows.dtype) != held.dtype:
+                raise ValueError(f"{name}: delta to prepare whole")
+            out[name] = _Keys(lineage, version, held.dim, held.dtype)
+    return out
+
+
+def _merge(tables: Mapping[str, PreparedTable], links: list[Link]) -> dict[str, PreparedTable]:
     """``tables`` with each link's deltas merged, in order (new tables; ``tables``
-    unchanged). A delta that does not apply raises ``ValueError`` with ``strict``,
-    else ``CheckpointError`` naming its file."""
+    unchanged). A delta that does not apply raises ``CheckpointError`` naming its
+    file."""
     out = dict(tables)
     for link in links:
         for name, delta in link.tables.items():
@@ -135,7 +170,5 @@ def _merge(
             try:
                 out[name] = out[name].apply(delta)
             except ValueError as exc:
-                if strict:
-                    raise
                 raise CheckpointError(f"{table_file(link.path, name)}: {exc}") from exc
     return out

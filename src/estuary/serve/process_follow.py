@@ -16,7 +16,13 @@ kernel closes it when the server dies in any way, so the child never outlives
 the server. A child that exits on its own (crashed, killed) is reported
 (``on_failure``, a ``RuntimeError`` naming its exit status), and a new one is
 started after ``restart_s`` (doubling up to ``max_restart_s`` while children
-keep failing); requests are served meanwhile from the version held. Versions
+keep failing); requests are served meanwhile from the version held. A child
+that hangs without exiting is caught by a progress deadline: while the run's
+``latest`` names a checkpoint that is neither served nor offered by the child,
+the child must send something (a version, an error) within
+``progress_timeout_s`` (``start_timeout_s`` until it says it is ready), or it is
+killed and replaced as above (``restarts["hung"]``). ``behind_s`` says how long
+the version served has been behind the run's newest checkpoint. Versions
 are named and dense networks swapped as the in-process follower does
 (``<job>@<checkpoint>[+dense@<checkpoint>]``, ``dense_every_s``).
 """
@@ -42,9 +48,10 @@ from estuary.serve.frozen_table import FrozenTable
 from estuary.serve.live_table import LiveTable
 from estuary.serve.model import ServingModel
 from estuary.serve.pipeline import FeaturePipeline
-from estuary.serve.prepared import SlotReader
 from estuary.serve.preparer import Prepared
-from estuary.train.checkpoint_chain import CheckpointError
+from estuary.serve.slot_table import SlotTable, warm_up
+from estuary.serve.slots import SlotReader
+from estuary.train.checkpoint_chain import CheckpointError, resolve_checkpoint
 from estuary.train.plan import TrainPlan
 
 __all__ = ["ProcessFollower", "handoff_dir", "model_from_prepared"]
@@ -77,6 +84,7 @@ def model_from_prepared(prepared: Prepared) -> ServingModel:
         for name, t in prepared.tables.items()
     }
     model = ServingModel(job, pipeline, f"{job.name}@{prepared.checkpoint.name}", tables=tables)
+    warm_up()  # the lookups of the versions to come, compiled before serving
     try:
         model.dense_model.load_state_dict(prepared.dense)
     except RuntimeError as exc:
@@ -100,6 +108,11 @@ class ProcessFollower:
             or applied, or the child exited.
         restart_s: seconds before a new child replaces one that exited (doubled
             while they keep exiting, up to ``max_restart_s``).
+        progress_timeout_s: a child that sends nothing for this long while a
+            checkpoint is pending is killed and replaced (a hung child).
+        start_timeout_s: the same deadline until a new child is ready (imports
+            and the served checkpoint prepared).
+        on_restart: called with ``"exited"`` or ``"hung"`` when a child is replaced.
     """
 
     def __init__(
@@ -114,6 +127,9 @@ class ProcessFollower:
         on_failure: Callable[[Exception], None] | None = None,
         restart_s: float = 1.0,
         max_restart_s: float = 30.0,
+        progress_timeout_s: float = 60.0,
+        start_timeout_s: float = 300.0,
+        on_restart: Callable[[str], None] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.model = model
@@ -128,13 +144,24 @@ class ProcessFollower:
         self.max_restart_s = max_restart_s
         self.last_cpu_s = 0.0  # this process's CPU time for the newest update
         self.last_prepare_cpu_s = 0.0  # the child's CPU time for it
+        self.progress_timeout_s = progress_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.on_restart = on_restart
         self.children_started = 0
+        self.restarts = {"exited": 0, "hung": 0}  # children replaced, by why
+        self.slot_writes = {"whole": 0, "deltas": 0}  # versions applied, by how written
+        self._progress_at = time.monotonic()  # the child's last message (or start)
+        self._ready = False  # the child has said it is ready
+        self._offered: str | None = None  # the checkpoint of its last version
+        self._behind_since: float | None = None
+        self._hung: int | None = None  # the pid of a child killed as hung
         self._shards = {name: spec.shards for name, spec in model.plan.tables.items()}
         self._dense_at = time.monotonic()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # guards _child between the thread and stop()
         self._child: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
         self._dir: Path | None = None
         self._reader = SlotReader()
 
@@ -144,11 +171,26 @@ class ProcessFollower:
         child = self._child
         return child.pid if child is not None and child.poll() is None else None
 
+    @property
+    def behind_s(self) -> float:
+        """Seconds since the run's ``latest`` first named a checkpoint newer than the
+        one served (0 when it is served; checked every ``check_s``)."""
+        since = self._behind_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    @property
+    def check_s(self) -> float:
+        """How often the watchdog reads ``latest``."""
+        return min(0.5, max(0.02, self.progress_timeout_s / 4))
+
     def start(self) -> ProcessFollower:
-        """Start the child and follow on a daemon thread until ``stop``."""
+        """Start the child and follow on a daemon thread until ``stop``; a second
+        thread watches the child's progress."""
         self._dir = handoff_dir()
         self._thread = threading.Thread(target=self._run, name="estuary-follow", daemon=True)
         self._thread.start()
+        self._watchdog = threading.Thread(target=self._watch, name="estuary-watch", daemon=True)
+        self._watchdog.start()
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -161,6 +203,8 @@ class ProcessFollower:
             _end(child, timeout_s)
         if self._thread is not None:
             self._thread.join(timeout_s)  # Blocking wait: the follower thread ends
+        if self._watchdog is not None:
+            self._watchdog.join(timeout_s)  # Blocking wait: it wakes every check_s
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -170,7 +214,40 @@ class ProcessFollower:
         cmd += [str(self._dir), "--from", str(self.served), "--poll-s", str(self.poll_s)]
         child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.children_started += 1
+        self._ready, self._offered = False, None
+        self._progress_at = time.monotonic()
         return child
+
+    def _watch(self) -> None:
+        """Every ``check_s``: is a checkpoint pending, and has the child made
+        progress? A child silent past its deadline is killed (``_run`` replaces it)."""
+        while not self._stop.wait(self.check_s):
+            try:
+                latest: str | None = resolve_checkpoint(self.run_dir).name
+            except (CheckpointError, OSError):
+                latest = None
+            now = time.monotonic()
+            if latest is None or latest == self.served.name:
+                self._behind_since = None
+                continue
+            if self._behind_since is None:
+                self._behind_since = now
+            child = self._child
+            if latest == self._offered or child is None or child.poll() is not None:
+                continue  # offered (and not taken), or no child running
+            limit = self.progress_timeout_s if self._ready else self.start_timeout_s
+            silent = now - max(self._progress_at, self._behind_since)
+            if silent > limit:
+                logger.warning(
+                    "follow %s: the preparing process %d sent nothing for %.1f s with %s "
+                    "pending; killing it",
+                    self.run_dir,
+                    child.pid,
+                    silent,
+                    latest,
+                )
+                self._hung = child.pid
+                child.kill()  # its pipe ends: _run reports and replaces it
 
     def _run(self) -> None:
         delay = self.restart_s
@@ -187,13 +264,22 @@ class ProcessFollower:
             assert self._dir is not None
             for path in self._dir.glob(f"{child.pid}-*"):  # its files (our views live on)
                 path.unlink(missing_ok=True)
+            reason = "hung" if self._hung == child.pid else "exited"
+            self.restarts[reason] += 1
+            what = (
+                f"made no progress in {self.progress_timeout_s:g} s and was killed"
+                if reason == "hung"
+                else f"exited with status {status}"
+            )
             error = RuntimeError(
-                f"the preparing process {child.pid} exited with status {status}; "
+                f"the preparing process {child.pid} {what}; "
                 f"a new one starts in {delay:g} s (serving {self.model.version} meanwhile)"
             )
             logger.warning("follow %s: %s", self.run_dir, error)
             if self.on_failure is not None:
                 self.on_failure(error)
+            if self.on_restart is not None:
+                self.on_restart(reason)
             delay = self.restart_s if applied else min(2 * delay, self.max_restart_s)
             self._stop.wait(delay)
 
@@ -202,12 +288,17 @@ class ProcessFollower:
         assert child.stdout is not None and child.stdin is not None
         applied = 0
         for line in child.stdout:  # Blocking read (the GIL released): the next message
+            self._progress_at = time.monotonic()
             reply = b"skipped\n"
             try:
                 message = json.loads(line)
+                if "ready" in message:
+                    self._ready = True
+                    continue
                 if "error" in message:
                     self._failed(CheckpointError(message["error"]))
                     continue
+                self._offered = str(message.get("checkpoint"))
                 self._apply(message)
                 applied += 1
                 reply = b"served\n"
@@ -236,8 +327,8 @@ class ProcessFollower:
         model = self.model.new_dense(version.dense) if dense_due else None
         dense_from = name if model is not None else self.dense_from
         tables = {
-            table: FrozenTable.from_sorted(table, ids, weights, unknown, self._shards[table])
-            for table, (ids, weights, unknown) in version.tables.items()
+            table: SlotTable(table, index, weights, unknown, self._shards[table], rows)
+            for table, (index, weights, unknown, rows) in version.tables.items()
         }
         if dense_from == name:
             label = f"{self.job_name}@{name}"
@@ -248,8 +339,10 @@ class ProcessFollower:
             self._dense_at = time.monotonic()
         self.dense_from = dense_from
         self.served = self.served.parent / name
+        self._behind_since = None  # until the watchdog finds a newer one pending
         self.last_cpu_s = time.thread_time() - cpu
         self.last_prepare_cpu_s = float(message.get("cpu_s", 0.0))
+        self.slot_writes["whole" if message.get("whole", True) else "deltas"] += 1
         if self.on_update is not None:
             self.on_update(kind, time.time() - float(message["committed"]))
 

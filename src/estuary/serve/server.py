@@ -59,6 +59,8 @@ class ServeOptions:
         prepare: ``--follow``: ``"process"`` prepares each update in a child
             process and the server swaps it in whole (``ProcessFollower``);
             ``"thread"`` reads and applies it on a thread of the server (``Follower``).
+        prepare_timeout_s: ``"process"``: a child that sends nothing this long
+            while a checkpoint is pending is killed and replaced.
     """
 
     host: str = "127.0.0.1"
@@ -70,6 +72,7 @@ class ServeOptions:
     dense_every_s: float = 0.0
     threads: int = 1
     prepare: str = "process"
+    prepare_timeout_s: float = 60.0
 
 
 @dataclass
@@ -119,7 +122,15 @@ def open_served(
         "on_failure": lambda exc: metrics.update_failures.inc(),
     }
     if options.prepare == "process":
-        follower = ProcessFollower(follow, model, served_path, **common)
+        follower = ProcessFollower(
+            follow,
+            model,
+            served_path,
+            progress_timeout_s=options.prepare_timeout_s,
+            on_restart=lambda reason: metrics.prepare_restarts.labels(reason).inc(),
+            **common,
+        )
+        metrics.follow_behind(lambda: follower.behind_s)  # type: ignore[union-attr]
     else:
         follower = Follower(follow, model, served_path, **common)
     return Served(model, metrics, follower)
