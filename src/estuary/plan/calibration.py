@@ -36,6 +36,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -177,6 +178,19 @@ def _bytes_per_row(job: Any, unique: list[dict[str, np.ndarray]]) -> tuple[float
 def _trainer_costs(
     job: Any, dataset: Any, batch_rows: int, repeats: int, unique_ids: Callable[[float], float]
 ) -> dict[str, float]:
+    """``_trainer_costs_in`` with its fits' output in a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="estuary-calibration-") as scratch:
+        return _trainer_costs_in(job, dataset, batch_rows, repeats, unique_ids, scratch)
+
+
+def _trainer_costs_in(
+    job: Any,
+    dataset: Any,
+    batch_rows: int,
+    repeats: int,
+    unique_ids: Callable[[float], float],
+    scratch: str,
+) -> dict[str, float]:
     """The real training loop (``Trainer.fit``, sync, in-process tables, one torch
     thread) at ``batch_rows`` and a quarter of it: its profile (wall seconds times
     the CPU share the process had over the fit, i.e. CPU seconds) split into the
@@ -197,7 +211,18 @@ def _trainer_costs(
             epochs=1,
             progressive_eval=False,
         )
-        run = replace(job, train=train)
+        # Nothing of these fits is kept: no checkpoint, time series or metrics
+        # port, and what a fit writes goes to a temporary folder, not the job's.
+        output = replace(
+            job.output,
+            dir=scratch,
+            checkpoint=False,
+            checkpoint_every_steps=None,
+            progress=False,
+            metrics_port=None,
+            timeseries_every_s=None,
+        )
+        run = replace(job, train=train, output=output)
         best: dict[str, float] = {}
         for _ in range(repeats):
             trainer = Trainer(run, dataset=dataset)
