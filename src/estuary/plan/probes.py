@@ -202,6 +202,22 @@ def ps_layout(
     )
 
 
+def _dense_model(model_args: dict[str, Any], optimizer: tuple[str, float]) -> tuple[Any, Any]:
+    """A probe process's dense model (seed 0, one torch thread) and its optimizer."""
+    import torch
+
+    from estuary.nn.models import build_model
+    from estuary.train.build import DENSE_OPTIMIZERS
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model(**model_args)
+    opt = DENSE_OPTIMIZERS.get(optimizer[0], "train.dense_optimizer.name")(
+        model.parameters(), lr=optimizer[1]
+    )
+    return model, opt
+
+
 def _dense_worker(
     rank: int,
     world: int,
@@ -218,15 +234,7 @@ def _dense_worker(
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from estuary.nn.models import build_model
-    from estuary.train.build import DENSE_OPTIMIZERS
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = build_model(**model_args)
-    opt = DENSE_OPTIMIZERS.get(optimizer[0], "train.dense_optimizer.name")(
-        model.parameters(), lr=optimizer[1]
-    )
+    model, opt = _dense_model(model_args, optimizer)
     if world > 1:
         dist.init_process_group(
             "gloo",
@@ -339,15 +347,7 @@ def _parallel_worker(
     import torch
     import torch.nn.functional as F
 
-    from estuary.nn.models import build_model
-    from estuary.train.build import DENSE_OPTIMIZERS
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = build_model(**model_args)
-    opt = DENSE_OPTIMIZERS.get(optimizer[0], "train.dense_optimizer.name")(
-        model.parameters(), lr=optimizer[1]
-    )
+    model, opt = _dense_model(model_args, optimizer)
     g = torch.Generator().manual_seed(rank)
     f, d = model_args["num_sparse"], model_args["embedding_dim"]
     dense = torch.randn(batch_rows, model_args["num_dense"], generator=g)

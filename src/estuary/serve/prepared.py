@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -40,18 +39,6 @@ __all__ = ["PreparedTable", "check_delta", "delta_version"]
 
 State = Mapping[str, np.ndarray]
 _UNKNOWN = UNKNOWN_PREFIX + WEIGHTS
-_TABLE, _DENSE = "table/", "dense/"
-_NAMES: dict[np.dtype[Any], str] = {
-    np.dtype(np.float64): "F64",
-    np.dtype(np.float32): "F32",
-    np.dtype(np.float16): "F16",
-    np.dtype(np.int64): "I64",
-    np.dtype(np.int32): "I32",
-    np.dtype(np.int16): "I16",
-    np.dtype(np.int8): "I8",
-    np.dtype(np.uint8): "U8",
-    np.dtype(np.bool_): "BOOL",
-}
 
 
 def check_delta(name: str, lineage: int, version: int, delta: State) -> tuple[int, int, bool]:
