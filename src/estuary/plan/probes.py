@@ -202,6 +202,22 @@ def ps_layout(
     )
 
 
+def _results_of(procs: list[Any], out: Any) -> list[Any]:
+    """Start ``procs``, take one result from each off ``out``, and join them;
+    any still alive at the end (an error, or a join timing out) is killed."""
+    try:
+        for p in procs:
+            p.start()
+        got = [out.get() for _ in procs]  # Blocking wait: every process's figures
+        for p in procs:
+            p.join(timeout=30)
+        return got
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+
+
 def _dense_model(model_args: dict[str, Any], optimizer: tuple[str, float]) -> tuple[Any, Any]:
     """A probe process's dense model (seed 0, one torch thread) and its optimizer."""
     import torch
@@ -314,16 +330,7 @@ def dense_layout(
             )
             for r in range(trainers)
         ]
-        try:
-            for p in procs:
-                p.start()
-            got = [out.get() for _ in range(trainers)]  # Blocking wait: every rank's figures
-            for p in procs:
-                p.join(timeout=30)
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
+        got = _results_of(procs, out)
     return LayoutTiming(
         trainers=trainers,
         shards=0,
@@ -391,16 +398,7 @@ def parallel_dense(
         )
         for r in range(processes)
     ]
-    try:
-        for p in procs:
-            p.start()
-        got = [out.get() for _ in range(processes)]  # Blocking wait: every process's window
-        for p in procs:
-            p.join(timeout=30)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    got = _results_of(procs, out)
     return LayoutTiming(
         trainers=processes,
         shards=0,
