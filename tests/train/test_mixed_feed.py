@@ -326,8 +326,8 @@ def test_in_hybrid_mode_rows_are_scored_on_arrival_beside_the_step(
     data_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """hybrid: rank 0 reads ahead on the prefetch thread while the step runs, and
-    an ``ArrivalScorer`` scores each batch there with a private copy of the dense
-    model (the step's state untouched: the next test), every row is scored once,
+    an ``ArrivalScorer`` scores each batch there with an eval twin bound to the
+    live dense weights (the step's state untouched: the next test), every row is scored once,
     and ``importance: loss`` keeps the rows the model gets wrong."""
     buffer = {**SURGE, "importance": "loss", "source_weights": {}}
     trainer = Trainer(job_for(data_root, buffer, train_mode="hybrid"))
@@ -390,3 +390,34 @@ def test_an_arrival_score_leaves_the_step_in_progress_alone(data_root: Path) -> 
     np.testing.assert_array_equal(ids, want)
     assert all(np.all(g.grads != 0) for g in grads)
     np.testing.assert_allclose(probs, engine.predict(second), rtol=1e-6, atol=1e-7)
+
+
+def test_an_arrival_scorer_reads_the_live_weights_without_copying_them(data_root: Path) -> None:
+    """Each score uses the live dense tensors themselves (no per-batch copy of the
+    model), so an optimizer step, or a restore that replaces the tensors, shows in
+    the next score."""
+    trainer = Trainer(job_for(data_root, SURGE, train_mode="hybrid"))
+    engine = trainer.engine
+    rng = np.random.default_rng(1)
+    batch = Batch(
+        labels=(rng.random(BATCH) < 0.3).astype(np.float32),
+        dense=rng.random((BATCH, 2)).astype(np.float32),
+        sparse={f: JaggedIds.single(rng.integers(0, 30, BATCH)) for f in FEATURES},
+    )
+    engine.lookup(batch)
+    scorer = ArrivalScorer(engine)
+    before = scorer(batch)
+    live = dict(engine.model.named_parameters())
+    twin = dict(scorer.model.named_parameters())
+    assert twin and all(twin[n].data_ptr() == p.data_ptr() for n, p in live.items())
+    with torch.no_grad():
+        for p in engine.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # what an optimizer step does: in place
+    stepped = scorer(batch)
+    assert not np.allclose(stepped, before)
+    np.testing.assert_allclose(stepped, engine.predict(batch), rtol=1e-6, atol=1e-7)
+    replaced = {n: p.detach().clone() * 0.5 for n, p in engine.model.state_dict().items()}
+    engine.model.load_state_dict(replaced, assign=True)  # new tensors, not in place
+    np.testing.assert_allclose(scorer(batch), engine.predict(batch), rtol=1e-6, atol=1e-7)
+    assert all(p.requires_grad for p in engine.model.parameters())
+    assert not any(p.requires_grad for p in scorer.model.parameters())

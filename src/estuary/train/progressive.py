@@ -186,14 +186,14 @@ def score_on_arrival(
     for ``progressive`` at arrival, dropped rows included). In sync mode by
     ``engine.predict``, between two steps; in ``hybrid``/``async`` mode rank 0
     reads ahead on the prefetch thread while the step runs, so by an
-    ``ArrivalScorer`` (a private copy of the dense model, read-only lookups).
+    ``ArrivalScorer`` (an eval twin bound to the live dense weights, read-only lookups).
     Returns whether progressive scores are filed on arrival (the loop then files
     only the lag of trained steps)."""
     mixed = feed.mixed if isinstance(feed, GraphFeed) else None
     if mixed is None or (progressive is None and not mixed.scores_on_arrival):
         return False
     # sync: between two steps, on the step's thread; else on the read-ahead
-    # thread while the step runs, with a private copy of the dense model.
+    # thread while the step runs, with an eval twin bound to the live weights.
     mixed.scorer = engine.predict if engine.train.mode == "sync" else ArrivalScorer(engine)
     if progressive is not None:
         mixed.on_scored = progressive.record_scores
