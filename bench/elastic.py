@@ -3,7 +3,7 @@ static configuration (the oracle) and DLRover's threshold rules.
 
     python bench/elastic.py [--json PATH] [--interval 3] [--run-s 45] [--static-s 14]
                             [--grid 1,2,4,6,8] [--need 4] [--max-executors 8]
-                            [--max-threads 1] [--bridge 8]
+                            [--max-threads 1] [--bridge 4]
                             [--order dlrover_rules,estuary]
 
 The job: one trainer with its table in its own process (one PS shard), fed by
@@ -28,10 +28,11 @@ Runs, one Ray instance, the same data and trainer:
                 --max-threads``: reads per executor it may set, at most the
                 driver's readers, ``max(--max-executors, grid)``, in flight).
 
-Every pool's executor actors take ``max(--max-threads, --bridge)`` concurrent
-calls, and read one split at a time unless a policy raises it: while an added
-executor starts, a running one reads a split in its place (the pool's bridge,
-``RayExecutorPool``), for DLRover's rules as for the policy. The grid's pools
+Every pool's executors read one split at a time unless a policy raises it
+(``--max-threads``): while an added executor starts, a running one reads a
+split in its place, up to ``--bridge`` such splits each (the pool's start-up
+bridge, ``RayExecutorPool``; ``runtime.scaling.bridge_reads``, whose default
+is ``--bridge``'s), for DLRover's rules as for the policy. The grid's pools
 never resize, so they never bridge. ``--order`` sets which dynamic run goes
 first (the machine's load drifts over a run of the bench). ``--max-threads`` is
 1 by default: on this machine one executor process reading several splits at
@@ -221,10 +222,17 @@ class Run:
     """One run: a pool of ``start`` executors, the trainer, optional scaling."""
 
     def __init__(
-        self, job: JobSpec, root: Path, delay_s: float, start: int, hidden: int, max_threads: int
+        self,
+        job: JobSpec,
+        root: Path,
+        delay_s: float,
+        start: int,
+        hidden: int,
+        max_threads: int,
+        bridge: int,
     ) -> None:
         self.job, self.root, self.delay_s, self.start = job, root, delay_s, start
-        self.hidden, self.max_threads = hidden, max_threads
+        self.hidden, self.max_threads, self.bridge = hidden, max_threads, bridge
 
     def pool(self) -> tuple[RayExecutorPool, Any]:
         group = placement_group([{"CPU": EXECUTOR_CPUS}] * self.start)
@@ -238,6 +246,7 @@ class Run:
             name=f"estuary-elastic-{time.monotonic_ns()}",
             direct=False,
             max_threads=self.max_threads,
+            bridge=self.bridge,
         )
         return spec(), group
 
@@ -357,7 +366,10 @@ def main() -> None:
         "--order", default="dlrover_rules,estuary", help="the dynamic runs, in this order"
     )
     parser.add_argument(
-        "--bridge", type=int, default=MAX_EXECUTORS, help="concurrent calls per executor actor"
+        "--bridge",
+        type=int,
+        default=ScalingSpec().bridge_reads,
+        help="runtime.scaling.bridge_reads: extra splits an executor reads for ones starting",
     )
     parser.add_argument("--hidden", type=int, default=1024, help="trainer MLP width")
     args = parser.parse_args()
@@ -367,7 +379,6 @@ def main() -> None:
     ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="WARNING")
     try:
         grid = [int(x) for x in args.grid.split(",")]
-        calls = max(args.max_threads, args.bridge)  # every pool's, the grid's too
         workers = max(args.max_executors, *grid)
         rate = trainer_rate(Trainer(args.hidden))
         hours = hours_for(rate, max(args.run_s, args.static_s))
@@ -381,7 +392,7 @@ def main() -> None:
 
         static, series = {}, {}
         for n in grid:
-            run = Run(job, root, delay, n, args.hidden, calls)
+            run = Run(job, root, delay, n, args.hidden, args.max_threads, args.bridge)
             res = run.go(args.static_s, None, None, None)
             series[str(n)] = res["rows_per_s_each_second"]
             static[n] = steady(res["rows_per_s_each_second"])
@@ -391,13 +402,17 @@ def main() -> None:
         # short runs, so it overstates that count's rate (the winner's curse).
         # The oracle's rate is a fresh run of it, as long as a dynamic run and
         # read over the same window (its last third).
-        confirm = Run(job, root, delay, best, args.hidden, calls).go(args.run_s, None, None, None)
+        fresh = Run(job, root, delay, best, args.hidden, args.max_threads, args.bridge)
+        confirm = fresh.go(args.run_s, None, None, None)
         oracle_each_second = confirm["rows_per_s_each_second"]
         oracle = converged(oracle_each_second)
         print(f"oracle: {best} executors, {oracle:.0f} rows/s over a fresh {args.run_s:.0f}-s run")
 
         spec = ScalingSpec(
-            enabled=True, interval_s=args.interval, max_executor_threads=args.max_threads
+            enabled=True,
+            interval_s=args.interval,
+            max_executor_threads=args.max_threads,
+            bridge_reads=args.bridge,
         )
         policies: dict[str, Policy] = {
             "dlrover_rules": DLRoverRules(Bounds(1, args.max_executors, 1)),
@@ -411,7 +426,7 @@ def main() -> None:
             parser.error(f"--order must name {', '.join(policies)} once each")
         for name in order:
             policy = policies[name]
-            run = Run(job, root, delay, 1, args.hidden, calls)
+            run = Run(job, root, delay, 1, args.hidden, args.max_threads, args.bridge)
             res = run.go(args.run_s, spec, policy, args.json)
             runs[name] = summarise(res, oracle, args.interval)
             r = runs[name]
@@ -434,7 +449,7 @@ def main() -> None:
                 "static_s": args.static_s,
                 "max_executors": args.max_executors,
                 "max_threads": args.max_threads,
-                "executor_calls": calls,
+                "bridge_reads": args.bridge,
                 "order": order,
                 "driver_readers": workers,
                 "start": {"executors": 1, "trainers": 1, "ps_shards": 1},

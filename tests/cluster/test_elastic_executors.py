@@ -47,6 +47,7 @@ def test_executors_added_and_removed_mid_run_train_every_row_exactly_once(
         name="estuary-elastic-test",
         direct=False,
         max_threads=2,
+        bridge=1,
     )
     pool = spec()
     driver = Driver(job.data, job.base_dir, batch_size=16, pool=pool, seed=3)
@@ -90,7 +91,7 @@ def test_executors_added_and_removed_mid_run_train_every_row_exactly_once(
     # some, and no more than the reads' wall time (one thread each).
     cpu, wall = pool.clock.cpu()
     assert 0 < cpu <= wall
-    # The first grow (1 -> 3 at 1 read each, 2 calls per executor): executor 0
+    # The first grow (1 -> 3 at 1 read each, one bridged read per executor): executor 0
     # read one more split at once while the new ones started, then gave it back.
     assert pool.summary()["data_executor_bridged_starts"] >= 1
     assert sum(pool._loans.values()) == 0 and not pool._lent
@@ -143,6 +144,10 @@ def test_a_ray_job_with_scaling_on_trains_every_row_once_and_logs_its_timeline(
     resizes = result.extra.get("data_executor_resizes", [])
     applied = [d for d in timeline["decisions"] if d["applied"]]
     assert [r["to"] for r in resizes] == [d["new"] for d in applied if d["knob"] == "executors"]
+    # runtime.scaling.bridge_reads (default 4) reaches the job's pool: a grow is
+    # bridged by the running executor while the added ones start.
+    grew = any(d["new"] > d["old"] for d in applied if d["knob"] == "executors")
+    assert (result.extra.get("data_executor_bridged_starts", 0) >= 1) == grew
     # The memory ask: raised once, to hold the peak that crossed 0.8 of 16 MiB.
     # The memory ask: raised (from 16 MiB, far below what an executor holds) in
     # strides of 1.5x at least, each to hold the peak that crossed 0.8 of it.

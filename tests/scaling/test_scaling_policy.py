@@ -195,6 +195,7 @@ def test_dlrover_rules_grow_by_ps_cpu_headroom_at_most_twice_and_double_memory_o
         ("interval_s", 0, "runtime.scaling.interval_s"),
         ("wait_high", 1.5, "runtime.scaling.wait_high"),
         ("hot_ratio", 1.0, "runtime.scaling.hot_ratio"),
+        ("bridge_reads", -1, "runtime.scaling.bridge_reads"),
         ("bogus", 1, "runtime.scaling.bogus"),
     ],
 )

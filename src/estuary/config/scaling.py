@@ -46,6 +46,11 @@ class ScalingSpec:
             process start-up; also once the executors are at
             ``runtime.roles.data_executor.max``); 1: off. Never raised past what
             the executors' memory budget holds.
+        bridge_reads: most splits one running data executor reads at once, on
+            top of its own, in place of executors still starting (the start-up
+            bridge: the reads in flight reach a scale-up's count at once, not
+            after a process start-up); each is handed back once its executor is
+            up. 0: off.
         max_executor_memory_mb: the most the manager may raise each data
             executor's memory ask to (``runtime.roles.data_executor.memory_mb``,
             the budget) when one executor's peak crosses ``memory_target`` of it
@@ -66,6 +71,7 @@ class ScalingSpec:
     hot_ratio: float = 2.0
     merge_below: float = 0.3
     max_executor_threads: int = 1
+    bridge_reads: int = 4
     max_executor_memory_mb: int | None = None
     timeline: bool = True
 
@@ -84,6 +90,8 @@ class ScalingSpec:
             raise ConfigError(f"{path}.memory_horizon_s", "must be > 0")
         if self.max_executor_threads < 1:
             raise ConfigError(f"{path}.max_executor_threads", "must be >= 1")
+        if self.bridge_reads < 0:
+            raise ConfigError(f"{path}.bridge_reads", f"must be >= 0, got {self.bridge_reads}")
         if self.max_executor_memory_mb is not None and self.max_executor_memory_mb < 1:
             raise ConfigError(f"{path}.max_executor_memory_mb", "must be >= 1")
         if self.hot_ratio <= 1.0:

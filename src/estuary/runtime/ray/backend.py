@@ -230,6 +230,7 @@ class RayRuntime:
             max_threads=(
                 job.runtime.scaling.max_executor_threads if job.runtime.scaling.enabled else 1
             ),
+            bridge=job.runtime.scaling.bridge_reads if job.runtime.scaling.enabled else 0,
         )
 
     def _embedding_workers(

@@ -71,6 +71,8 @@ class RayExecutors:
         direct: the pool hands on ``RemoteBlock``s (direct delivery); else
             rank 0 fetches the rows and hands on ``Block``s.
         max_threads: most concurrent reads per executor (vertical scaling).
+        bridge: most extra splits one running executor reads in place of
+            executors starting (``runtime.scaling.bridge_reads``; 0: none).
     """
 
     count: int
@@ -82,9 +84,10 @@ class RayExecutors:
     direct: bool = True
 
     max_threads: int = 1
+    bridge: int = 0
 
     def __call__(self) -> RayExecutorPool:
-        return RayExecutorPool(self, max_threads=self.max_threads)
+        return RayExecutorPool(self, max_threads=self.max_threads, bridge=self.bridge)
 
 
 class RayExecutorPool:
@@ -93,8 +96,8 @@ class RayExecutorPool:
     Resizable while it runs (the scaling manager, ``estuary.runtime.scaling``):
     ``resize(n)`` starts executors at once (in the placement group's bundles
     while there are some, then beside it; while one starts, a running executor
-    with a spare concurrent call, ``max_threads``, reads one more split in its
-    place, handed back once it is up) or retires the newest ones: a retired
+    reads one more split at once in its place, up to ``bridge`` such loans per
+    executor, handed back once it is up) or retires the newest ones: a retired
     executor takes no new split and is stopped once its split in flight is
     handed on whole, so no split is lost or read twice. ``set_threads(t)`` lets
     each executor read ``t`` splits at once (its actor takes ``max_threads``
@@ -104,9 +107,10 @@ class RayExecutorPool:
     the executors' busy time and the readers waiting for one (``metrics``).
     """
 
-    def __init__(self, spec: RayExecutors, *, max_threads: int = 1) -> None:
+    def __init__(self, spec: RayExecutors, *, max_threads: int = 1, bridge: int = 0) -> None:
         self.spec = spec
         self.max_threads = max_threads
+        self.bridge = bridge
         self.threads = 1
         self.clock = BusyClock()
         self._lock = threading.Lock()
@@ -170,14 +174,10 @@ class RayExecutorPool:
         threading.Thread(target=self._open_when_up, args=(executor, handle), daemon=True).start()
 
     def _lend(self, executor: int) -> None:
-        """While ``executor`` starts, a running executor with a spare
-        concurrent call reads one more split at once (the fewest-loaded first),
+        """While ``executor`` starts, a running executor with fewer than
+        ``bridge`` loans reads one more split at once (the fewest-loaded first),
         so the reads in flight grow at once, not after a process start-up. Lock held."""
-        room = [
-            e
-            for e in self.actors
-            if e not in self._starting and self.threads + self._loans[e] < self.max_threads
-        ]
+        room = [e for e in self.actors if e not in self._starting and self._loans[e] < self.bridge]
         if not room:
             return
         lender = min(room, key=lambda e: (self._loans[e], e))
@@ -218,8 +218,9 @@ class RayExecutorPool:
             "num_cpus": res.cpus,
             "num_gpus": res.gpus,
             "name": f"{self.spec.name}-{executor}",
-            # One call beyond the reads: ``memory`` is answered while they run.
-            "max_concurrency": self.max_threads + 1,
+            # Its reads, the splits it may read for executors starting, and one
+            # call more: ``memory`` is answered while they run.
+            "max_concurrency": self.max_threads + self.bridge + 1,
         }
         if placed and executor < self.spec.count:  # its bundle of the placement group
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
@@ -436,6 +437,10 @@ class RayExecutorPool:
             self._freed.notify_all()
             handles = list(self._handles.values())
             self._handles.clear()
+            # Executors still starting are stopped with the rest: nothing is lent.
+            self._starting.clear()
+            self._lent.clear()
+            self._loans.clear()
         for actor in handles:
             try:
                 ray.kill(actor, no_restart=True)
