@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from estuary.config import load_job
@@ -29,3 +31,39 @@ def test_calibration_of_the_real_code_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "costs.json"
     save_costs(costs, path)
     assert load_costs(path) == costs
+
+
+def test_ps_probes_time_no_first_inserts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PS request probes warm up over at least one pass of the batches they
+    cycle, so no timed step inserts an id the server has not seen (the real
+    runs' figure starts after their first epoch); the dense probes keep theirs.
+    The probes are stand-ins here: nothing is timed."""
+    from estuary.config.tables import TableSpec
+    from estuary.plan import calibration, probes
+
+    seen: dict[str, list[int]] = {"ps": [], "dense": []}
+
+    def fake_ps(
+        tables: Any, batches: list[Any], features: Any, trainers: int, shards: int, **kw: int
+    ) -> probes.LayoutTiming:
+        steps, warmup = kw["steps"], kw["warmup"]
+        assert len(batches) == 40
+        seen["ps"].append(warmup)
+        return probes.LayoutTiming(trainers, shards, 0.01, 0.001, 0.002, steps)
+
+    def fake_dense(job: Any, trainers: int, batch_rows: int, **kw: int) -> probes.LayoutTiming:
+        seen["dense"].append(kw["warmup"])
+        return probes.LayoutTiming(trainers, 0, 0.01, 0.001 * trainers, 0.0, kw["steps"])
+
+    class Job:
+        def table_spec(self, name: str) -> TableSpec:
+            return TableSpec(dim=4)
+
+    monkeypatch.setattr(probes, "ps_layout", fake_ps)
+    monkeypatch.setattr(probes, "dense_layout", fake_dense)
+    rng = np.random.default_rng(0)
+    unique = [{"a": np.unique(rng.integers(0, 99, 20))} for _ in range(40)]
+    calibration._layout_costs(Job(), unique, steps=3, warmup=10, rounds=1)
+    assert seen["ps"] == [40, 40, 40, 40]  # 1x1 and 1x2, full and one-id batches
+    assert seen["dense"] == [10, 10]
+    assert calibration._ps_warmup(50, 40) == 50

@@ -16,8 +16,10 @@ Each component is timed on the job's own data and model (~1-2 min in all):
                  (latency) and a 4 MiB one's (bytes/s).
   PS requests    a client process against one and against two ``ServerProcess``es
                  (``estuary.plan.probes.ps_layout``), the data's batches and the
-                 same cut to one id per table, after warm-up: client and server
-                 CPU per step, each solved into per-request and per-id parts.
+                 same cut to one id per table, after a warm-up of at least one
+                 pass over the batches (every id inserted, as in the runs' steady
+                 state after their first epoch): client and server CPU per step,
+                 each solved into per-request and per-id parts.
   all-reduce     the dense step alone and in a 2-process DDP group
                  (``probes.dense_layout``): the CPU per step DDP adds.
   parallel       the dense step at the batch size in 1 process, then in one
@@ -271,6 +273,13 @@ def _trainer_costs_in(
     }
 
 
+def _ps_warmup(warmup: int, batches: int) -> int:
+    """Warm-up steps of a one-client PS probe: ``warmup``, and at least one pass
+    over its ``batches`` (the probe cycles them), so that no timed step inserts
+    an id for the first time."""
+    return max(warmup, batches)
+
+
 def _layout_costs(
     job: Any,
     unique: list[dict[str, np.ndarray]],
@@ -285,8 +294,12 @@ def _layout_costs(
     two (``ShardedPSClient``), each on the data's batches (every table's unique
     ids) and on the same batches cut to one id per table: the client's CPU per
     step and the server's, solved into a per-request part (2 requests a step per
-    server) and a per-id part. Two gloo processes' DDP steps of the job's dense
-    model against one process's steps, at 8 rows a batch (best of ``rounds``
+    server) and a per-id part. The warm-up is at least one pass over the batches
+    (``_ps_warmup``), so the timed steps revisit ids the servers hold, as the
+    real runs' steady figure does (it starts after their first epoch): with a
+    10-step warm-up most timed steps inserted ids seen for the first time, 13-21%
+    more server CPU a step (docs/deploy.md). Two gloo processes' DDP steps of the
+    job's dense model against one process's steps, at 8 rows a batch (best of ``rounds``
     interleaved rounds each): the CPU per step DDP adds (the gradients'
     all-reduce, its hooks and buffer broadcasts; none of it grows with the rows).
     """
@@ -300,9 +313,11 @@ def _layout_costs(
     n_full = float(np.mean([sum(a.size for a in b) for b in full]))
     n_tiny = float(len(features))
 
+    warm = _ps_warmup(warmup, len(full))
+
     def probe(shards: int) -> tuple[tuple[float, float], tuple[float, float]]:
-        big = ps_layout(tables, full, features, 1, shards, steps=steps, warmup=warmup)
-        small = ps_layout(tables, tiny, features, 1, shards, steps=steps, warmup=warmup)
+        big = ps_layout(tables, full, features, 1, shards, steps=steps, warmup=warm)
+        small = ps_layout(tables, tiny, features, 1, shards, steps=steps, warmup=warm)
         client = _affine((n_tiny, small.client_cpu_s), (n_full, big.client_cpu_s))
         server = _affine((n_tiny, small.server_cpu_s), (n_full, big.server_cpu_s))
         return client, server
@@ -351,7 +366,8 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
     Args:
         job: a loaded ``JobSpec`` with ``data.sources`` (its files are read).
         repeats: timings per figure; the best is kept. The multi-process probes
-            time 10 steps per repeat (after up to 10 of warm-up).
+            time 10 steps per repeat (the PS probes after at least one pass
+            over the data's batches, the dense ones after up to 10).
     """
     parse, hash_per_id, unique, row_bytes, dataset = _data_costs(job, repeats)
     features = list(unique[0])
