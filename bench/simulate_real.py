@@ -68,17 +68,22 @@ def probe_cores(processes: int, seconds: float = 1.0) -> float:
     return cpu / seconds
 
 
-def steady_window(timeseries: Path, rows_per_epoch: int) -> tuple[float, float] | None:
-    """(rows/s, seconds) between the first sample at or past the end of the first
-    epoch and the last sample of ``timeseries`` (rank 0's ``timeseries.jsonl``:
-    cumulative ``rows`` and wall ``time`` at sampled steps); ``None`` with fewer
-    than two."""
+def steady_samples(timeseries: Path, rows_per_epoch: int) -> list[tuple[float, int]]:
+    """(wall time, cumulative rows) of every sample of ``timeseries`` (rank 0's
+    ``timeseries.jsonl``) at or past the end of the first epoch."""
     samples = []
     for line in timeseries.read_text().splitlines():
         record = json.loads(line)
         if record.get("kind") == "sample" and "rows" in record:
             samples.append((float(record["time"]), int(record["rows"])))
-    after = [s for s in samples if s[1] >= rows_per_epoch]
+    return [s for s in samples if s[1] >= rows_per_epoch]
+
+
+def steady_window(timeseries: Path, rows_per_epoch: int) -> tuple[float, float] | None:
+    """(rows/s, seconds) between the first sample at or past the end of the first
+    epoch and the last sample of ``timeseries`` (``steady_samples``); ``None``
+    with fewer than two."""
+    after = steady_samples(timeseries, rows_per_epoch)
     if len(after) < 2 or after[-1][0] <= after[0][0]:
         return None
     seconds = after[-1][0] - after[0][0]
@@ -91,6 +96,35 @@ def steady_rows_per_s(timeseries: Path, rows_per_epoch: int) -> float | None:
     return None if window is None else window[0]
 
 
+def train_command(trainers: int, shards: int, epochs: int, out: str) -> list[str]:
+    """The ``estuary train`` command of config ``trainers`` x ``shards`` (module doc)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "estuary.cli",
+        "train",
+        str(JOB),
+        "--output",
+        out,
+        "--no-progress",
+        "-q",
+        "--set",
+        f"train.batch_size={BATCH_ROWS}",
+        "--set",
+        "train.threads=1",
+        "--set",
+        f"train.epochs={epochs}",
+    ]
+    if trainers > 1 or shards > 0:
+        cmd += ["--nproc", str(trainers), "--set", f"runtime.ps_shards={shards}"]
+    return cmd
+
+
+def train_env() -> dict[str, str]:
+    """The environment of a run: this checkout's sources first."""
+    return dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+
+
 def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
     """One ``estuary train`` run; its summary's rows/s and profile, and the cores
     a probe got just before and just after it (``cores_1``: one process;
@@ -98,28 +132,9 @@ def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
     processes = trainers + shards
     before_1, before_n = probe_cores(1), probe_cores(processes)
     with tempfile.TemporaryDirectory(prefix="estuary-sim-") as out:
-        cmd = [
-            sys.executable,
-            "-m",
-            "estuary.cli",
-            "train",
-            str(JOB),
-            "--output",
-            out,
-            "--no-progress",
-            "-q",
-            "--set",
-            f"train.batch_size={BATCH_ROWS}",
-            "--set",
-            "train.threads=1",
-            "--set",
-            f"train.epochs={epochs}",
-        ]
-        if trainers > 1 or shards > 0:
-            cmd += ["--nproc", str(trainers), "--set", f"runtime.ps_shards={shards}"]
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        cmd = train_command(trainers, shards, epochs, out)
         load = os.getloadavg()[0]
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, env=train_env(), stdout=subprocess.DEVNULL)
         summary = json.loads((Path(out) / "summary.json").read_text())
         per_epoch = int(summary["train_rows"]) // max(epochs, 1)
         steady = steady_window(Path(out) / "timeseries.jsonl", per_epoch)
