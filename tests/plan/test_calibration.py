@@ -26,6 +26,7 @@ def test_calibration_of_the_real_code_round_trips(tmp_path: Path) -> None:
     for name in ("parse_s_per_row", "dense_s_per_row", "bytes_per_row", "net_bytes_per_s"):
         assert getattr(costs, name) > 0, name
     assert costs.lookup_s_per_id + costs.lookup_s_per_call > 0
+    assert costs.collection_s_per_row > 0
     assert 0 < costs.unique_exp <= 1
     assert costs.machine["distinct_ids"] > 1000
     path = tmp_path / "costs.json"

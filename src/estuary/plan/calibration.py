@@ -20,6 +20,9 @@ Each component is timed on the job's own data and model (~1-2 min in all):
                  pass over the batches (every id inserted, as in the runs' steady
                  state after their first epoch): client and server CPU per step,
                  each solved into per-request and per-id parts.
+  collection     the embedding collection (dedup, pooling, the gradient's
+                 scatter) on the data's batches over tables that do nothing: the
+                 trainer's own sparse work, which a PS layout adds to the client's.
   all-reduce     the dense step alone and in a 2-process DDP group
                  (``probes.dense_layout``): the CPU per step DDP adds.
   parallel       the dense step at the batch size in 1 process, then in one
@@ -46,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from estuary.embedding.types import Float32Array, Int64Array, TableStats
 from estuary.plan.costs import Costs
 
 __all__ = ["calibrate"]
@@ -273,6 +277,70 @@ def _trainer_costs_in(
     }
 
 
+class _NullStore:
+    """A table that holds nothing: zeros for every lookup, updates dropped, so
+    timing the embedding collection over it leaves the collection's own work."""
+
+    def __init__(self, dim: int) -> None:
+        self._dim = dim
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def lookup(
+        self, ids: Int64Array, *, train: bool, out: Float32Array | None = None
+    ) -> Float32Array:
+        rows = np.empty((ids.size, self._dim), np.float32) if out is None else out
+        rows.fill(0.0)  # (N, D)
+        return rows
+
+    def apply_gradients(
+        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> None:
+        return None
+
+    def stats(self) -> TableStats:
+        return TableStats()
+
+
+def _collection_costs(job: Any, dataset: Any, batch_rows: int, repeats: int) -> float:
+    """CPU seconds per row of the embedding collection's own work in a training
+    step (``EmbeddingCollection.lookup``'s dedup and pooling, the gradient's
+    scatter back to the unique ids), over tables that do nothing (``_NullStore``),
+    on the data's batches at ``batch_rows``, one torch thread; best of ``repeats``
+    passes after one of warm-up (numba's first calls)."""
+    import torch
+
+    from estuary.nn.embedding_collection import EmbeddingCollection
+    from estuary.train.plan import TrainPlan
+
+    torch.set_num_threads(1)
+    plan = TrainPlan.from_job(job)
+    features = list(plan.features)
+    batches = list(dataset.batches("all", batch_rows))
+    first = batches[0]
+    # As the trainer builds it: `pooling: none` only where a row holds several ids.
+    jagged = {f for f in features if first.sparse[f].values.shape[0] > first.labels.shape[0]}
+    pooling = {f: plan.tables[plan.feature_tables[f]].pooling for f in features}
+    pooling = {f: "sum" if p == "none" and f not in jagged else p for f, p in pooling.items()}
+    dims = {job.table_spec(t).dim for t in set(plan.feature_tables.values())}
+    stores = {t: _NullStore(max(dims)) for t in set(plan.feature_tables.values())}
+    collection = EmbeddingCollection(features, stores, plan.feature_tables, pooling)
+    collection.train()
+
+    def one_pass() -> None:
+        for batch in batches:
+            pooled, sequences = collection.embed(collection.lookup(batch.sparse, train=True))
+            loss = pooled.sum() + sum((s.values.sum() for s in sequences.values()), torch.zeros(()))
+            loss.backward()
+            list(collection.gradients())  # the scatter runs on first access
+
+    one_pass()
+    rows = sum(int(b.labels.shape[0]) for b in batches)
+    return _best(one_pass, repeats) / rows
+
+
 def _ps_warmup(warmup: int, batches: int) -> int:
     """Warm-up steps of a one-client PS probe: ``warmup``, and at least one pass
     over its ``batches`` (the probe cycles them), so that no timed step inserts
@@ -379,6 +447,7 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
 
     bytes_per_row, dim = _bytes_per_row(job, unique)
     t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
+    collection = _collection_costs(job, dataset, job.train.batch_size, repeats)
     # 30 timed steps after 10 of warm-up at the default 3 repeats; fewer with fewer.
     layout = _layout_costs(
         job, unique, steps=10 * repeats, warmup=min(10, 4 * repeats), rounds=min(2, repeats)
@@ -396,6 +465,7 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
         ps_s_per_request=layout["ps_s_per_request"],
         ps_s_per_id=layout["ps_s_per_id"],
         allreduce_s_per_step=layout["allreduce_s_per_step"],
+        collection_s_per_row=collection,
         parallel_efficiency=efficiency,
         parse_s_per_row=parse,
         hash_s_per_id=hash_per_id,
