@@ -34,15 +34,16 @@ def test_calibration_of_the_real_code_round_trips(tmp_path: Path) -> None:
     assert load_costs(path) == costs
 
 
-def test_ps_probes_time_no_first_inserts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     """The PS request probes warm up over at least one pass of the batches they
     cycle, so no timed step inserts an id the server has not seen (the real
     runs' figure starts after their first epoch); the dense probes keep theirs.
-    The probes are stand-ins here: nothing is timed."""
+    The all-reduce is timed at the runs' batch size. The probes are stand-ins
+    here: nothing is timed."""
     from estuary.config.tables import TableSpec
     from estuary.plan import calibration, probes
 
-    seen: dict[str, list[int]] = {"ps": [], "dense": []}
+    seen: dict[str, list[int]] = {"ps": [], "dense": [], "dense_rows": []}
 
     def fake_ps(
         tables: Any, batches: list[Any], features: Any, trainers: int, shards: int, **kw: int
@@ -54,6 +55,7 @@ def test_ps_probes_time_no_first_inserts(monkeypatch: pytest.MonkeyPatch) -> Non
 
     def fake_dense(job: Any, trainers: int, batch_rows: int, **kw: int) -> probes.LayoutTiming:
         seen["dense"].append(kw["warmup"])
+        seen["dense_rows"].append(batch_rows)
         return probes.LayoutTiming(trainers, 0, 0.01, 0.001 * trainers, 0.0, kw["steps"])
 
     class Job:
@@ -64,7 +66,8 @@ def test_ps_probes_time_no_first_inserts(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(probes, "dense_layout", fake_dense)
     rng = np.random.default_rng(0)
     unique = [{"a": np.unique(rng.integers(0, 99, 20))} for _ in range(40)]
-    calibration._layout_costs(Job(), unique, steps=3, warmup=10, rounds=1)
+    calibration._layout_costs(Job(), unique, 512, steps=3, warmup=10, rounds=1)
     assert seen["ps"] == [40, 40, 40, 40]  # 1x1 and 1x2, full and one-id batches
     assert seen["dense"] == [10, 10]
+    assert seen["dense_rows"] == [512, 512]  # DDP's cost at the runs' batch size
     assert calibration._ps_warmup(50, 40) == 50

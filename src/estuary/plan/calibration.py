@@ -24,7 +24,8 @@ Each component is timed on the job's own data and model (~1-2 min in all):
                  scatter) on the data's batches over tables that do nothing: the
                  trainer's own sparse work, which a PS layout adds to the client's.
   all-reduce     the dense step alone and in a 2-process DDP group
-                 (``probes.dense_layout``): the CPU per step DDP adds.
+                 (``probes.dense_layout``) at the batch size: the CPU per step
+                 DDP adds.
   parallel       the dense step at the batch size in 1 process, then in one
                  process per core at once (``probes.parallel_dense``,
                  independent processes, 2 s windows, interleaved rounds): the work
@@ -351,6 +352,7 @@ def _ps_warmup(warmup: int, batches: int) -> int:
 def _layout_costs(
     job: Any,
     unique: list[dict[str, np.ndarray]],
+    batch_rows: int,
     steps: int = 30,
     warmup: int = 10,
     rounds: int = 2,
@@ -367,9 +369,10 @@ def _layout_costs(
     real runs' steady figure does (it starts after their first epoch): with a
     10-step warm-up most timed steps inserted ids seen for the first time, 13-21%
     more server CPU a step (docs/deploy.md). Two gloo processes' DDP steps of the
-    job's dense model against one process's steps, at 8 rows a batch (best of ``rounds``
-    interleaved rounds each): the CPU per step DDP adds (the gradients'
-    all-reduce, its hooks and buffer broadcasts; none of it grows with the rows).
+    job's dense model against one process's steps, at ``batch_rows`` rows a batch
+    as the runs step (best of ``rounds`` interleaved rounds each): the CPU per
+    step DDP adds (the gradients' all-reduce, its hooks and buffer broadcasts,
+    gloo's threads working beside the backward).
     """
     from estuary.plan.probes import dense_layout, ps_layout
     from estuary.ps.types import HostedTable
@@ -392,14 +395,14 @@ def _layout_costs(
 
     (c1_fixed, c1_id), (s1_fixed, s1_id) = probe(1)
     (c2_fixed, c2_id), _ = probe(2)
-    # Interleaved, best of two each: one process's CPU per dense step alone and
-    # in a 2-process DDP group, at 8 rows a batch: DDP's work (the gradients'
-    # all-reduce, hooks, buffer broadcast) does not grow with the rows, so a
-    # small batch keeps it from being a small difference of two large figures.
+    # Interleaved, best of `rounds` each: one process's CPU per dense step alone
+    # and in a 2-process DDP group, at the runs' batch size. At 8 rows DDP added
+    # 1.1-1.5 ms a step, at 1024 rows 4.1-5.9 ms (load 2-3): what DDP costs grows
+    # with the step, so a small batch measured a layout the runs do not use.
     one, two = float("inf"), float("inf")
     for _ in range(rounds):
-        one = min(one, dense_layout(job, 1, 8, steps=steps, warmup=warmup).client_cpu_s)
-        two = min(two, dense_layout(job, 2, 8, steps=steps, warmup=warmup).client_cpu_s)
+        one = min(one, dense_layout(job, 1, batch_rows, steps=steps, warmup=warmup).client_cpu_s)
+        two = min(two, dense_layout(job, 2, batch_rows, steps=steps, warmup=warmup).client_cpu_s)
     return {
         "rpc_s_per_request": c1_fixed / 2,
         "rpc_s_per_id": c1_id,
@@ -450,7 +453,12 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
     collection = _collection_costs(job, dataset, job.train.batch_size, repeats)
     # 30 timed steps after 10 of warm-up at the default 3 repeats; fewer with fewer.
     layout = _layout_costs(
-        job, unique, steps=10 * repeats, warmup=min(10, 4 * repeats), rounds=min(2, repeats)
+        job,
+        unique,
+        job.train.batch_size,
+        steps=10 * repeats,
+        warmup=min(10, 4 * repeats),
+        rounds=min(2, repeats),
     )
     latency, bw, cpu_per_byte = measure_network(repeats)
     cores = os.cpu_count() or 1

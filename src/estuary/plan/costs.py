@@ -60,7 +60,8 @@ class Costs:
         ps_s_per_id: PS server: CPU per unique id of one trainer's step (its
             lookup, the update, the copies in and out).
         allreduce_s_per_step: trainer: CPU per step that DDP's gradient
-            all-reduce over gloo adds when W > 1 (measured at W = 2).
+            all-reduce over gloo adds when W > 1 (measured at W = 2 and the
+            batch size: it grows with the step).
         collection_s_per_row: trainer: the embedding collection's own CPU per
             row of a step (dedup of the batch's ids, pooling, scattering the
             gradient back to the unique ids), tables aside. In a one-process
