@@ -38,8 +38,8 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
     """The PS request probes warm up over at least one pass of the batches they
     cycle, so no timed step inserts an id the server has not seen (the real
     runs' figure starts after their first epoch); the dense probes keep theirs.
-    The all-reduce is timed at the runs' batch size. The probes are stand-ins
-    here: nothing is timed."""
+    The all-reduce is timed at the runs' batch size, the PS client between dense
+    steps (their CPU taken off). The probes are stand-ins here: nothing is timed."""
     from estuary.config.tables import TableSpec
     from estuary.plan import calibration, probes
 
@@ -49,9 +49,11 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
         tables: Any, batches: list[Any], features: Any, trainers: int, shards: int, **kw: int
     ) -> probes.LayoutTiming:
         steps, warmup = kw["steps"], kw["warmup"]
-        assert len(batches) == 40
+        assert len(batches) == 40 and kw["compute_s"] == 0.005
         seen["ps"].append(warmup)
-        return probes.LayoutTiming(trainers, shards, 0.01, 0.001, 0.002, steps)
+        # The client's CPU includes the stand-in dense step's 5 ms.
+        client = 0.005 + (0.001 if batches[0][0].size > 1 else 0.0004)
+        return probes.LayoutTiming(trainers, shards, 0.01, client, 0.002, steps)
 
     def fake_dense(job: Any, trainers: int, batch_rows: int, **kw: int) -> probes.LayoutTiming:
         seen["dense"].append(kw["warmup"])
@@ -66,8 +68,12 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(probes, "dense_layout", fake_dense)
     rng = np.random.default_rng(0)
     unique = [{"a": np.unique(rng.integers(0, 99, 20))} for _ in range(40)]
-    calibration._layout_costs(Job(), unique, 512, steps=3, warmup=10, rounds=1)
+    got = calibration._layout_costs(
+        Job(), unique, 512, steps=3, warmup=10, rounds=1, compute_s=0.005
+    )
     assert seen["ps"] == [40, 40, 40, 40]  # 1x1 and 1x2, full and one-id batches
     assert seen["dense"] == [10, 10]
     assert seen["dense_rows"] == [512, 512]  # DDP's cost at the runs' batch size
     assert calibration._ps_warmup(50, 40) == 50
+    # The client's requests are timed between dense steps; that step's CPU is not theirs.
+    assert 0 < 2 * got["rpc_s_per_request"] < 0.001
