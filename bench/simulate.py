@@ -1,7 +1,7 @@
 """Benchmark: a calibrated cluster simulator, validated on real runs, then a 100-node trace.
 
     python bench/simulate.py [--json PATH] [--costs PATH] [--real PATH...] [--repeats 3]
-                             [--epochs 3] [--jobs 200] [--nodes 100] [--seed 0]
+                             [--epochs 6] [--jobs 200] [--nodes 100] [--seed 0]
                              [--mean-gap-s 120]
 
 1. Calibration (``estuary.plan.calibration``): per-component costs of the real
@@ -13,7 +13,8 @@
    ``parallel_efficiency``); ``--costs`` loads a saved calibration instead.
 2. Validation: real ``estuary train`` runs with W trainers and S PS shards
    (bench/simulate_real.py: 1x0, 2x1, 2x2, 3x1, i.e. 1-4 processes, one torch
-   thread each, rows/s in the steady state after the first epoch, median of
+   thread each, rows/s in the steady state after the first epoch (epochs 2-6
+   by default: a 2-3 s window), median of
    ``--repeats`` interleaved rounds; ``--real`` reuses
    saved runs, pooling the rounds of several). Each round's prediction is
    ``model.predict_shared`` given the cores a probe found free around that run
@@ -87,6 +88,7 @@ def validate(costs: Costs, real: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "predicted_rounds": [p.rows_per_s for p in predicted],
                 "cores_1": [r["cores_1"] for r in cfg["rounds"]],
                 "cores_n": [r["cores_n"] for r in cfg["rounds"]],
+                "steady_window_s": [r.get("steady_window_s") for r in cfg["rounds"]],
                 "bottlenecks": [p.bottleneck for p in predicted],
             }
         )
@@ -138,7 +140,7 @@ def main() -> None:
         "several are pooled: every round of a config counts, the median over all",
     )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=simulate_real.EPOCHS)
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)

@@ -1,21 +1,22 @@
 """Real ``estuary train`` runs for bench/simulate.py's validation (importable and runnable).
 
-    python bench/simulate_real.py [--json PATH] [--repeats 3] [--epochs 4]
+    python bench/simulate_real.py [--json PATH] [--repeats 3] [--epochs 6]
                                   [--configs 1x0,2x1,2x2,3x1]
 
 Each config ``WxS`` is ``estuary train examples/criteo.yaml --nproc W --set
 runtime.ps_shards=S`` (``1x0``: one process, in-process tables) with one torch
 thread per trainer (``train.threads=1``: on a shared 2-core machine two threads
 per trainer slow the step 3-5x whenever another process holds a core), batch
-1024 rows per trainer, ``--epochs`` passes over the 31k training rows. The figure
+1024 rows per trainer, ``--epochs`` passes over the 31k training rows (default
+6: the steady window below is 5 epochs, 2-3 s here). The figure
 is the steady state the simulator predicts: rows over wall time from the end of
 the first epoch to the last step, from rank 0's ``timeseries.jsonl`` samples (the
 first epoch holds every id's first insert, the first calls into numba's and
 torch's code and DDP's first-step set-up: the first step alone took 0.37 s in a
 2x1 run, ~8 steady steps); ``rows_per_s_with_warmup`` keeps the run's
 ``samples_per_s`` (rows over the whole training loop). Rounds interleave the
-configs and the median over ``--repeats`` rounds is kept, with every round's value
-and the load average.
+configs and the median over ``--repeats`` rounds is kept, with every round's value,
+the load average and the steady window's seconds (``steady_window_s``).
 Around each run a probe measures the CPU the machine has free (busy loops for
 1 s, before and after; their mean): ``cores_1`` for one process, ``cores_n`` for
 as many as the run has. The simulator is given those cores, since on a shared
@@ -37,6 +38,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "criteo.yaml"
 BATCH_ROWS = 1024
+# 6 passes over the 31k training rows: the steady figure (epochs 2-6) spans ~155k
+# rows, 2-3 s at these rates; with 3 it spanned ~62k rows, about 1 s, so one
+# 0.1 s hiccup (another process, a GC pause) moved a round's figure by ~10%.
+EPOCHS = 6
 
 
 _PROBE = (
@@ -63,19 +68,61 @@ def probe_cores(processes: int, seconds: float = 1.0) -> float:
     return cpu / seconds
 
 
-def steady_rows_per_s(timeseries: Path, rows_per_epoch: int) -> float | None:
-    """Rows/s between the first sample at or past the end of the first epoch and
-    the last sample of ``timeseries`` (rank 0's ``timeseries.jsonl``: cumulative
-    ``rows`` and wall ``time`` at sampled steps); ``None`` with fewer than two."""
+def steady_samples(timeseries: Path, rows_per_epoch: int) -> list[tuple[float, int]]:
+    """(wall time, cumulative rows) of every sample of ``timeseries`` (rank 0's
+    ``timeseries.jsonl``) at or past the end of the first epoch."""
     samples = []
     for line in timeseries.read_text().splitlines():
         record = json.loads(line)
         if record.get("kind") == "sample" and "rows" in record:
             samples.append((float(record["time"]), int(record["rows"])))
-    after = [s for s in samples if s[1] >= rows_per_epoch]
+    return [s for s in samples if s[1] >= rows_per_epoch]
+
+
+def steady_window(timeseries: Path, rows_per_epoch: int) -> tuple[float, float] | None:
+    """(rows/s, seconds) between the first sample at or past the end of the first
+    epoch and the last sample of ``timeseries`` (``steady_samples``); ``None``
+    with fewer than two."""
+    after = steady_samples(timeseries, rows_per_epoch)
     if len(after) < 2 or after[-1][0] <= after[0][0]:
         return None
-    return (after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0])
+    seconds = after[-1][0] - after[0][0]
+    return (after[-1][1] - after[0][1]) / seconds, seconds
+
+
+def steady_rows_per_s(timeseries: Path, rows_per_epoch: int) -> float | None:
+    """``steady_window``'s rows/s; ``None`` with fewer than two samples."""
+    window = steady_window(timeseries, rows_per_epoch)
+    return None if window is None else window[0]
+
+
+def train_command(trainers: int, shards: int, epochs: int, out: str) -> list[str]:
+    """The ``estuary train`` command of config ``trainers`` x ``shards`` (module doc)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "estuary.cli",
+        "train",
+        str(JOB),
+        "--output",
+        out,
+        "--no-progress",
+        "-q",
+        "--set",
+        f"train.batch_size={BATCH_ROWS}",
+        "--set",
+        "train.threads=1",
+        "--set",
+        f"train.epochs={epochs}",
+    ]
+    if trainers > 1 or shards > 0:
+        cmd += ["--nproc", str(trainers), "--set", f"runtime.ps_shards={shards}"]
+    return cmd
+
+
+def train_env() -> dict[str, str]:
+    """The environment of a run: this checkout's sources first."""
+    return dict(os.environ, PYTHONPATH=str(ROOT / "src"))
 
 
 def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
@@ -85,34 +132,16 @@ def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
     processes = trainers + shards
     before_1, before_n = probe_cores(1), probe_cores(processes)
     with tempfile.TemporaryDirectory(prefix="estuary-sim-") as out:
-        cmd = [
-            sys.executable,
-            "-m",
-            "estuary.cli",
-            "train",
-            str(JOB),
-            "--output",
-            out,
-            "--no-progress",
-            "-q",
-            "--set",
-            f"train.batch_size={BATCH_ROWS}",
-            "--set",
-            "train.threads=1",
-            "--set",
-            f"train.epochs={epochs}",
-        ]
-        if trainers > 1 or shards > 0:
-            cmd += ["--nproc", str(trainers), "--set", f"runtime.ps_shards={shards}"]
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        cmd = train_command(trainers, shards, epochs, out)
         load = os.getloadavg()[0]
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, env=train_env(), stdout=subprocess.DEVNULL)
         summary = json.loads((Path(out) / "summary.json").read_text())
         per_epoch = int(summary["train_rows"]) // max(epochs, 1)
-        steady = steady_rows_per_s(Path(out) / "timeseries.jsonl", per_epoch)
+        steady = steady_window(Path(out) / "timeseries.jsonl", per_epoch)
     after_1, after_n = probe_cores(1), probe_cores(processes)
     return {
-        "rows_per_s": summary["samples_per_s"] if steady is None else steady,
+        "rows_per_s": summary["samples_per_s"] if steady is None else steady[0],
+        "steady_window_s": None if steady is None else steady[1],
         "rows_per_s_with_warmup": summary["samples_per_s"],
         "load_avg_1m": load,
         "cores_1": (before_1 + after_1) / 2,
@@ -160,7 +189,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=EPOCHS)
     ap.add_argument("--configs", default="1x0,2x1,2x2,3x1")
     args = ap.parse_args()
     result = measure(parse_configs(args.configs), args.repeats, args.epochs)

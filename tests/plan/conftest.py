@@ -36,6 +36,7 @@ def simple_costs(**changes: float) -> Costs:
         ps_s_per_request=0.0,
         ps_s_per_id=1e-6,
         allreduce_s_per_step=0.0,
+        collection_s_per_row=0.0,
         parallel_efficiency=1.0,
         net_latency_s=0.0,
         net_bytes_per_s=1e15,

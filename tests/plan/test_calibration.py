@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from estuary.config import load_job
@@ -24,8 +26,54 @@ def test_calibration_of_the_real_code_round_trips(tmp_path: Path) -> None:
     for name in ("parse_s_per_row", "dense_s_per_row", "bytes_per_row", "net_bytes_per_s"):
         assert getattr(costs, name) > 0, name
     assert costs.lookup_s_per_id + costs.lookup_s_per_call > 0
+    assert costs.collection_s_per_row > 0
     assert 0 < costs.unique_exp <= 1
     assert costs.machine["distinct_ids"] > 1000
     path = tmp_path / "costs.json"
     save_costs(costs, path)
     assert load_costs(path) == costs
+
+
+def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PS request probes warm up over at least one pass of the batches they
+    cycle, so no timed step inserts an id the server has not seen (the real
+    runs' figure starts after their first epoch); the dense probes keep theirs.
+    The all-reduce is timed at the runs' batch size, the PS client between dense
+    steps (their CPU taken off). The probes are stand-ins here: nothing is timed."""
+    from estuary.config.tables import TableSpec
+    from estuary.plan import calibration, probes
+
+    seen: dict[str, list[int]] = {"ps": [], "dense": [], "dense_rows": []}
+
+    def fake_ps(
+        tables: Any, batches: list[Any], features: Any, trainers: int, shards: int, **kw: int
+    ) -> probes.LayoutTiming:
+        steps, warmup = kw["steps"], kw["warmup"]
+        assert len(batches) == 40 and kw["compute_s"] == 0.005
+        seen["ps"].append(warmup)
+        # The client's CPU includes the stand-in dense step's 5 ms.
+        client = 0.005 + (0.001 if batches[0][0].size > 1 else 0.0004)
+        return probes.LayoutTiming(trainers, shards, 0.01, client, 0.002, steps)
+
+    def fake_dense(job: Any, trainers: int, batch_rows: int, **kw: int) -> probes.LayoutTiming:
+        seen["dense"].append(kw["warmup"])
+        seen["dense_rows"].append(batch_rows)
+        return probes.LayoutTiming(trainers, 0, 0.01, 0.001 * trainers, 0.0, kw["steps"])
+
+    class Job:
+        def table_spec(self, name: str) -> TableSpec:
+            return TableSpec(dim=4)
+
+    monkeypatch.setattr(probes, "ps_layout", fake_ps)
+    monkeypatch.setattr(probes, "dense_layout", fake_dense)
+    rng = np.random.default_rng(0)
+    unique = [{"a": np.unique(rng.integers(0, 99, 20))} for _ in range(40)]
+    got = calibration._layout_costs(
+        Job(), unique, 512, steps=3, warmup=10, rounds=1, compute_s=0.005
+    )
+    assert seen["ps"] == [40, 40, 40, 40]  # 1x1 and 1x2, full and one-id batches
+    assert seen["dense"] == [10, 10]
+    assert seen["dense_rows"] == [512, 512]  # DDP's cost at the runs' batch size
+    assert calibration._ps_warmup(50, 40) == 50
+    # The client's requests are timed between dense steps; that step's CPU is not theirs.
+    assert 0 < 2 * got["rpc_s_per_request"] < 0.001

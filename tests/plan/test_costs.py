@@ -69,13 +69,15 @@ def test_parallel_efficiency_out_of_range_names_the_field(tmp_path: Path, costs:
         load_costs(path)
 
 
-def test_a_costs_file_from_before_the_probe_is_refused(tmp_path: Path, costs: Costs) -> None:
-    data = costs.to_dict() | {"version": 2}
+def test_a_costs_file_from_before_the_collection_figure_is_refused(
+    tmp_path: Path, costs: Costs
+) -> None:
+    data = costs.to_dict() | {"version": 3}
     path = tmp_path / "c.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="version: expected 3, got 2"):
+    with pytest.raises(ConfigError, match="version: expected 4, got 3"):
         load_costs(path)
-    data.pop("parallel_efficiency")
+    data.pop("collection_s_per_row")
     path.write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="parallel_efficiency: missing"):
+    with pytest.raises(ConfigError, match="collection_s_per_row: missing"):
         load_costs(path)

@@ -100,6 +100,18 @@ def test_per_id_client_cost_and_the_all_reduce_are_trainer_cpu() -> None:
     assert pair.cpu_s_per_row["trainer"] == pytest.approx((0.010 + 0.003 + 0.002048) / 1024)
 
 
+def test_the_collections_own_work_is_trainer_cpu_with_ps_shards_only() -> None:
+    """In-process, the collection's dedup / pooling / scatter is inside the
+    calibrated table figures; with PS shards the trainer pays it beside the
+    client's requests (timed on ids already unique)."""
+    c = simple_costs(collection_s_per_row=1e-6)
+    solo = predict(c, Layout(1, 0, batch_rows=1024, preloaded=True))
+    assert solo.step_s == pytest.approx(0.010 + 0.001024)  # dense + tables, as without it
+    ps = predict(c, Layout(1, 1, batch_rows=1024, preloaded=True))
+    assert ps.cpu_s_per_row["trainer"] == pytest.approx((0.010 + 0.001024) / 1024)
+    assert ps.step_s == pytest.approx(0.010 + 0.001024 + 0.001024)  # + the shard's ids
+
+
 def test_trainers_and_shards_contend_for_a_shared_machines_cores(costs: Costs) -> None:
     # 3 trainers' 10 ms dense phases on 2 cores take 15 ms; the one shard's phase
     # (3 x 1.024 ms, one process) is not shortened by the second core.

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from estuary.config.tables import TableSpec
-from estuary.plan.probes import LayoutTiming, parallel_efficiency, ps_layout
+from estuary.plan.probes import LayoutTiming, parallel_efficiency, proc_cpu_s, ps_layout
 from estuary.ps.types import HostedTable
 
 
@@ -58,3 +62,30 @@ def test_parallel_efficiency_refuses_mismatched_rounds() -> None:
         parallel_efficiency([], [_timing(2, 0.01, 0.01)])
     with pytest.raises(ValueError, match="> 0 seconds"):
         parallel_efficiency([_timing(1, 0.01, 0.0)], [_timing(2, 0.01, 0.01)])
+
+
+_BURN = (
+    "import time\n"
+    "end = time.process_time() + 0.3\n"
+    "while time.process_time() < end: pass\n"
+    "print('done', flush=True)\n"
+    "input()\n"  # waits, using no CPU, until the test has read its figure
+)
+
+
+def test_proc_cpu_s_reads_another_process_cpu_finely() -> None:
+    """A child that has used 0.3 s of CPU (its own clock, so the load does not
+    matter) and then waits reads at least that, and within a few 10 ms ticks of
+    /proc's own tick count for it."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _BURN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "done"
+        got = proc_cpu_s(child.pid)
+        fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        assert got >= 0.3
+        assert abs(got - ticks) < 0.05
+    finally:
+        child.communicate("\n", timeout=10)

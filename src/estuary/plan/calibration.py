@@ -16,10 +16,18 @@ Each component is timed on the job's own data and model (~1-2 min in all):
                  (latency) and a 4 MiB one's (bytes/s).
   PS requests    a client process against one and against two ``ServerProcess``es
                  (``estuary.plan.probes.ps_layout``), the data's batches and the
-                 same cut to one id per table, after warm-up: client and server
-                 CPU per step, each solved into per-request and per-id parts.
+                 same cut to one id per table, after a warm-up of at least one
+                 pass over the batches (every id inserted, as in the runs' steady
+                 state after their first epoch), with the dense step's CPU (a
+                 busy loop) between each lookup and push as in a trainer: client
+                 (that CPU taken off) and server CPU per step, each solved into
+                 per-request and per-id parts.
+  collection     the embedding collection (dedup, pooling, the gradient's
+                 scatter) on the data's batches over tables that do nothing: the
+                 trainer's own sparse work, which a PS layout adds to the client's.
   all-reduce     the dense step alone and in a 2-process DDP group
-                 (``probes.dense_layout``): the CPU per step DDP adds.
+                 (``probes.dense_layout``) at the batch size: the CPU per step
+                 DDP adds.
   parallel       the dense step at the batch size in 1 process, then in one
                  process per core at once (``probes.parallel_dense``,
                  independent processes, 2 s windows, interleaved rounds): the work
@@ -44,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from estuary.embedding.types import Float32Array, Int64Array, TableStats
 from estuary.plan.costs import Costs
 
 __all__ = ["calibrate"]
@@ -271,12 +280,85 @@ def _trainer_costs_in(
     }
 
 
+class _NullStore:
+    """A table that holds nothing: zeros for every lookup, updates dropped, so
+    timing the embedding collection over it leaves the collection's own work."""
+
+    def __init__(self, dim: int) -> None:
+        self._dim = dim
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def lookup(
+        self, ids: Int64Array, *, train: bool, out: Float32Array | None = None
+    ) -> Float32Array:
+        rows = np.empty((ids.size, self._dim), np.float32) if out is None else out
+        rows.fill(0.0)  # (N, D)
+        return rows
+
+    def apply_gradients(
+        self, ids: Int64Array, grads: Float32Array, *, lr_scale: float = 1.0
+    ) -> None:
+        return None
+
+    def stats(self) -> TableStats:
+        return TableStats()
+
+
+def _collection_costs(job: Any, dataset: Any, batch_rows: int, repeats: int) -> float:
+    """CPU seconds per row of the embedding collection's own work in a training
+    step (``EmbeddingCollection.lookup``'s dedup and pooling, the gradient's
+    scatter back to the unique ids), over tables that do nothing (``_NullStore``),
+    on the data's batches at ``batch_rows``, one torch thread; best of ``repeats``
+    passes after one of warm-up (numba's first calls)."""
+    import torch
+
+    from estuary.nn.embedding_collection import EmbeddingCollection
+    from estuary.train.plan import TrainPlan
+
+    torch.set_num_threads(1)
+    plan = TrainPlan.from_job(job)
+    features = list(plan.features)
+    batches = list(dataset.batches("all", batch_rows))
+    first = batches[0]
+    # As the trainer builds it: `pooling: none` only where a row holds several ids.
+    jagged = {f for f in features if first.sparse[f].values.shape[0] > first.labels.shape[0]}
+    pooling = {f: plan.tables[plan.feature_tables[f]].pooling for f in features}
+    pooling = {f: "sum" if p == "none" and f not in jagged else p for f, p in pooling.items()}
+    dims = {job.table_spec(t).dim for t in set(plan.feature_tables.values())}
+    stores = {t: _NullStore(max(dims)) for t in set(plan.feature_tables.values())}
+    collection = EmbeddingCollection(features, stores, plan.feature_tables, pooling)
+    collection.train()
+
+    def one_pass() -> None:
+        for batch in batches:
+            pooled, sequences = collection.embed(collection.lookup(batch.sparse, train=True))
+            loss = pooled.sum() + sum((s.values.sum() for s in sequences.values()), torch.zeros(()))
+            loss.backward()
+            list(collection.gradients())  # the scatter runs on first access
+
+    one_pass()
+    rows = sum(int(b.labels.shape[0]) for b in batches)
+    return _best(one_pass, repeats) / rows
+
+
+def _ps_warmup(warmup: int, batches: int) -> int:
+    """Warm-up steps of a one-client PS probe: ``warmup``, and at least one pass
+    over its ``batches`` (the probe cycles them), so that no timed step inserts
+    an id for the first time."""
+    return max(warmup, batches)
+
+
 def _layout_costs(
     job: Any,
     unique: list[dict[str, np.ndarray]],
+    batch_rows: int,
     steps: int = 30,
     warmup: int = 10,
     rounds: int = 2,
+    compute_s: float = 0.0,
 ) -> dict[str, float]:
     """The PS request costs and the all-reduce, each from a direct timing of the
     real code in its multi-process layout (``estuary.plan.probes``), after warm-up.
@@ -285,10 +367,19 @@ def _layout_costs(
     two (``ShardedPSClient``), each on the data's batches (every table's unique
     ids) and on the same batches cut to one id per table: the client's CPU per
     step and the server's, solved into a per-request part (2 requests a step per
-    server) and a per-id part. Two gloo processes' DDP steps of the job's dense
-    model against one process's steps, at 8 rows a batch (best of ``rounds``
-    interleaved rounds each): the CPU per step DDP adds (the gradients'
-    all-reduce, its hooks and buffer broadcasts; none of it grows with the rows).
+    server) and a per-id part. The warm-up is at least one pass over the batches
+    (``_ps_warmup``), so the timed steps revisit ids the servers hold, as the
+    real runs' steady figure does (it starts after their first epoch): with a
+    10-step warm-up most timed steps inserted ids seen for the first time, 13-21%
+    more server CPU a step (docs/deploy.md). Between its lookup and its push
+    each client spends ``compute_s`` of CPU (the trainer's dense step; a busy
+    loop), as a trainer does, and that CPU is taken off the client's: its
+    requests cost more between dense steps than back to back (2.4-2.6 ms a step
+    against 1.4-1.7 ms with one server, load 2-7). Two gloo processes' DDP steps of the
+    job's dense model against one process's steps, at ``batch_rows`` rows a batch
+    as the runs step (best of ``rounds`` interleaved rounds each): the CPU per
+    step DDP adds (the gradients' all-reduce, its hooks and buffer broadcasts,
+    gloo's threads working beside the backward).
     """
     from estuary.plan.probes import dense_layout, ps_layout
     from estuary.ps.types import HostedTable
@@ -300,23 +391,33 @@ def _layout_costs(
     n_full = float(np.mean([sum(a.size for a in b) for b in full]))
     n_tiny = float(len(features))
 
+    warm = _ps_warmup(warmup, len(full))
+
     def probe(shards: int) -> tuple[tuple[float, float], tuple[float, float]]:
-        big = ps_layout(tables, full, features, 1, shards, steps=steps, warmup=warmup)
-        small = ps_layout(tables, tiny, features, 1, shards, steps=steps, warmup=warmup)
-        client = _affine((n_tiny, small.client_cpu_s), (n_full, big.client_cpu_s))
+        big = ps_layout(
+            tables, full, features, 1, shards, steps=steps, warmup=warm, compute_s=compute_s
+        )
+        small = ps_layout(
+            tables, tiny, features, 1, shards, steps=steps, warmup=warm, compute_s=compute_s
+        )
+        # The client's own CPU: the stand-in dense step's is taken off.
+        client = _affine(
+            (n_tiny, max(small.client_cpu_s - compute_s, 0.0)),
+            (n_full, max(big.client_cpu_s - compute_s, 0.0)),
+        )
         server = _affine((n_tiny, small.server_cpu_s), (n_full, big.server_cpu_s))
         return client, server
 
     (c1_fixed, c1_id), (s1_fixed, s1_id) = probe(1)
     (c2_fixed, c2_id), _ = probe(2)
-    # Interleaved, best of two each: one process's CPU per dense step alone and
-    # in a 2-process DDP group, at 8 rows a batch: DDP's work (the gradients'
-    # all-reduce, hooks, buffer broadcast) does not grow with the rows, so a
-    # small batch keeps it from being a small difference of two large figures.
+    # Interleaved, best of `rounds` each: one process's CPU per dense step alone
+    # and in a 2-process DDP group, at the runs' batch size. At 8 rows DDP added
+    # 1.1-1.5 ms a step, at 1024 rows 4.1-5.9 ms (load 2-3): what DDP costs grows
+    # with the step, so a small batch measured a layout the runs do not use.
     one, two = float("inf"), float("inf")
     for _ in range(rounds):
-        one = min(one, dense_layout(job, 1, 8, steps=steps, warmup=warmup).client_cpu_s)
-        two = min(two, dense_layout(job, 2, 8, steps=steps, warmup=warmup).client_cpu_s)
+        one = min(one, dense_layout(job, 1, batch_rows, steps=steps, warmup=warmup).client_cpu_s)
+        two = min(two, dense_layout(job, 2, batch_rows, steps=steps, warmup=warmup).client_cpu_s)
     return {
         "rpc_s_per_request": c1_fixed / 2,
         "rpc_s_per_id": c1_id,
@@ -351,7 +452,8 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
     Args:
         job: a loaded ``JobSpec`` with ``data.sources`` (its files are read).
         repeats: timings per figure; the best is kept. The multi-process probes
-            time 10 steps per repeat (after up to 10 of warm-up).
+            time 10 steps per repeat (the PS probes after at least one pass
+            over the data's batches, the dense ones after up to 10).
     """
     parse, hash_per_id, unique, row_bytes, dataset = _data_costs(job, repeats)
     features = list(unique[0])
@@ -363,9 +465,17 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
 
     bytes_per_row, dim = _bytes_per_row(job, unique)
     t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
+    collection = _collection_costs(job, dataset, job.train.batch_size, repeats)
     # 30 timed steps after 10 of warm-up at the default 3 repeats; fewer with fewer.
     layout = _layout_costs(
-        job, unique, steps=10 * repeats, warmup=min(10, 4 * repeats), rounds=min(2, repeats)
+        job,
+        unique,
+        job.train.batch_size,
+        steps=10 * repeats,
+        warmup=min(10, 4 * repeats),
+        rounds=min(2, repeats),
+        # The dense step's CPU between each probe client's lookup and push.
+        compute_s=t["dense_s_per_step"] + t["dense_s_per_row"] * job.train.batch_size,
     )
     latency, bw, cpu_per_byte = measure_network(repeats)
     cores = os.cpu_count() or 1
@@ -380,6 +490,7 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
         ps_s_per_request=layout["ps_s_per_request"],
         ps_s_per_id=layout["ps_s_per_id"],
         allreduce_s_per_step=layout["allreduce_s_per_step"],
+        collection_s_per_row=collection,
         parallel_efficiency=efficiency,
         parse_s_per_row=parse,
         hash_s_per_id=hash_per_id,

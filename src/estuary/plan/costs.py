@@ -21,7 +21,8 @@ from estuary.config.errors import ConfigError
 
 __all__ = ["COSTS_VERSION", "Costs", "load_costs", "save_costs"]
 
-COSTS_VERSION = 3  # 2: the PS figures from the multi-process probes; 3: parallel_efficiency
+COSTS_VERSION = 4  # 2: PS figures from the multi-process probes; 3: parallel_efficiency;
+# 4: collection_s_per_row
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,14 @@ class Costs:
         ps_s_per_id: PS server: CPU per unique id of one trainer's step (its
             lookup, the update, the copies in and out).
         allreduce_s_per_step: trainer: CPU per step that DDP's gradient
-            all-reduce over gloo adds when W > 1 (measured at W = 2).
+            all-reduce over gloo adds when W > 1 (measured at W = 2 and the
+            batch size: it grows with the step).
+        collection_s_per_row: trainer: the embedding collection's own CPU per
+            row of a step (dedup of the batch's ids, pooling, scattering the
+            gradient back to the unique ids), tables aside. In a one-process
+            layout it is inside the ``lookup_*`` / ``update_*`` figures (timed
+            through the collection); with PS shards the trainer pays it beside
+            the client's requests (``rpc_*`` are timed on ids already unique).
         parallel_efficiency: work one process does per CPU second while
             ``cores`` processes compute at once on this machine, over what it
             does alone (CPU per dense step alone over CPU per step with
@@ -98,6 +106,7 @@ class Costs:
     ps_s_per_request: float
     ps_s_per_id: float
     allreduce_s_per_step: float
+    collection_s_per_row: float
     parallel_efficiency: float
     net_latency_s: float
     net_bytes_per_s: float

@@ -11,7 +11,10 @@ A trainer step of ``b`` rows (``b`` = the per-trainer batch) costs:
           (``estuary.plan.probes``): the trainer's client CPU, a lookup and a
           push to each shard (``2S`` requests of ``rpc_s_per_request``, or
           ``rpc_sharded_s_per_request`` through the sharded client) and
-          ``n * rpc_s_per_id`` (``rpc_sharded_s_per_id``); on each shard, for
+          ``n * rpc_s_per_id`` (``rpc_sharded_s_per_id``), and the embedding
+          collection's own work on the batch (``b * collection_s_per_row``:
+          dedup, pooling, the gradient's scatter; in-process it is inside the
+          table figures); on each shard, for
           every trainer, 2 requests of ``ps_s_per_request`` (every table's fixed
           per-call cost is in it: each shard pays it, it does not split over
           shards) and ``n / S`` ids of ``ps_s_per_id`` (the hottest shard
@@ -164,7 +167,8 @@ def predict(
         shard_phase = shard_cpu = hottest_cpu = 0.0
     else:
         wire_bytes = n * (2 * 4 * c.embedding_dim + 16)
-        client_cpu = rpc_client_cpu(c, s, n)
+        # The client's requests and the collection's dedup / pooling / scatter.
+        client_cpu = rpc_client_cpu(c, s, n) + c.collection_s_per_row * b
         trainer_phase = (dense_wall + client_cpu) / eff_w
         trainer_cpu = dense_cpu + client_cpu
         hottest_cpu, shard_cpu = _shard_cpu(c, n, w, s, hot_factor)

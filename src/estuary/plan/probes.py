@@ -73,9 +73,24 @@ class LayoutTiming:
 
 
 def proc_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc): the
+    on-CPU nanoseconds of its live threads (``task/*/schedstat``), or where the
+    kernel keeps no schedstats the clock ticks of ``stat`` (10 ms each). Ticks
+    are too coarse for the PS probe's one-id steps: their server CPU over 30
+    steps is ~40 ms, 4 ticks, so one tick more or less moved
+    ``ps_s_per_request`` by 25%. A thread that exits between two readings takes
+    its time with it: read around spans in which none does."""
+    try:
+        return (
+            sum(
+                int((task / "schedstat").read_text().split()[0])
+                for task in Path(f"/proc/{pid}/task").iterdir()
+            )
+            / 1e9
+        )
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _ps_client(
@@ -107,7 +122,8 @@ def _ps_client(
         t0 = c0 = 0.0
         for i, (ids, g) in enumerate(zip(batches, grads, strict=True)):
             if i == warmup:
-                barrier.wait()  # the parent reads the servers' CPU here
+                barrier.wait()  # Blocking wait: every client has warmed up
+                barrier.wait()  # Blocking wait: the parent has read the servers' CPU
                 t0, c0 = time.perf_counter(), time.process_time()
             client.lookup_many(stores, ids, train=True)
             if compute_s > 0:  # the trainer's dense step: CPU time, not a sleep
@@ -118,7 +134,8 @@ def _ps_client(
         for table in stores:
             table.wait_applied()  # Blocking wait: every rank's last step has landed.
         out.put((rank, time.perf_counter() - t0, time.process_time() - c0))
-        barrier.wait()  # the parent reads the servers' CPU before anyone leaves
+        barrier.wait()  # Blocking wait: every client's last step has landed
+        barrier.wait()  # Blocking wait: the parent has read the servers' CPU
     finally:
         client.close()
 
@@ -179,10 +196,15 @@ def ps_layout(
             clients.append(ctx.Process(target=_ps_client, args=args, daemon=True))
         for p in clients:
             p.start()
+        # The servers' CPU is read while every client waits at the barrier: no
+        # request is in flight and no connection (a server thread) closes
+        # between the two readings, so their difference is the timed steps'.
         barrier.wait()  # Blocking wait: every client has done its warm-up steps
         s0 = sum(proc_cpu_s(s.pid or 0) for s in servers)
+        barrier.wait()  # Blocking wait: the clients start their timed steps
         barrier.wait()  # Blocking wait: every client's last step has landed
         server_s = sum(proc_cpu_s(s.pid or 0) for s in servers) - s0
+        barrier.wait()  # Blocking wait: the clients may close and leave
         got = sorted(out.get() for _ in range(trainers))
         for p in clients:
             p.join(timeout=30)
