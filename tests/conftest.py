@@ -15,11 +15,8 @@ import pytest
 # inside step 6 until a stop is asked of it (at most 60 s): a test's signal then
 # lands mid-training, at a known step.
 _HELD_CLI = """
-import sys, time
+import multiprocessing, sys, time
 from pathlib import Path
-
-from estuary.train import Trainer
-from estuary.train.callbacks import FaultInjection
 
 
 def _hold(state):  # every trainer process runs this module's top level
@@ -31,7 +28,13 @@ def _hold(state):  # every trainer process runs this module's top level
             time.sleep(0.1)
 
 
-Trainer.default_callbacks.append(lambda: FaultInjection(_hold))
+# A parameter-server process (spawned: it runs this top level too) needs neither
+# the patch nor the trainer's imports (torch: seconds per server started).
+if multiprocessing.current_process().name != "estuary-ps":
+    from estuary.train import Trainer
+    from estuary.train.callbacks import FaultInjection
+
+    Trainer.default_callbacks.append(lambda: FaultInjection(_hold))
 
 if __name__ == "__main__":
     from estuary.cli import main

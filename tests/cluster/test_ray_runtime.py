@@ -48,23 +48,33 @@ def sets(*overrides: str) -> list[str]:
     return [arg for o in overrides for arg in ("--set", o)]
 
 
+@pytest.fixture(scope="module")
+def local_2x2_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(job file, output folder) of ``write_job``'s job on the local runtime, 2
+    trainers and 2 PS shards: the run both data planes' Ray runs must equal (one
+    run for both; sync mode, so it is deterministic)."""
+    folder = tmp_path_factory.mktemp("local-2x2")
+    job_path = write_job(folder)
+    local = ["train", str(job_path), "--no-progress", "--output", str(folder / "local")]
+    assert main([*local, *sets("runtime.trainers=2", "runtime.ps_shards=2")]) == 0
+    return job_path, folder / "local"
+
+
 @pytest.mark.parametrize("plane", ["socket", "actor"])
 def test_ray_2x2_trains_what_the_local_runtime_trains(
-    ray_instance: Any, tmp_path: Path, plane: str
+    ray_instance: Any, local_2x2_run: tuple[Path, Path], tmp_path: Path, plane: str
 ) -> None:
     """Over either data plane (the servers' socket protocol, or Ray actor calls)."""
-    job_path = write_job(tmp_path)  # sync mode: deterministic
-    local = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "local")]
-    assert main([*local, *sets("runtime.trainers=2", "runtime.ps_shards=2")]) == 0
+    job_path, local_out = local_2x2_run
     on_ray = ["train", str(job_path), "--no-progress", "--output", str(tmp_path / "ray")]
     assert main([*on_ray, *sets(*RAY_2X2, f"runtime.ray.data_plane={plane}")]) == 0
-    want = json.loads((tmp_path / "local" / "summary.json").read_text())
+    want = json.loads((local_out / "summary.json").read_text())
     got = json.loads((tmp_path / "ray" / "summary.json").read_text())
     assert got["runtime"] == "ray" and got["roles"] == {"ps": 2, "trainer": 2}
     assert got["ps_shards"] == 2 and got["restarts"] == 0
     assert got["steps"] == want["steps"] == got["ps_applied_steps"]
     assert got["auc"] == pytest.approx(want["auc"], abs=1e-9)
-    assert_same_tables(tmp_path / "ray", tmp_path / "local")
+    assert_same_tables(tmp_path / "ray", local_out)
     # A Ray checkpoint resumes on the local runtime with other counts, and that
     # one back on Ray: checkpoints move between runtimes and shard counts.
     more = sets("train.epochs=3", "runtime.trainers=1", "runtime.ps_shards=1")
@@ -115,9 +125,9 @@ def test_a_stop_reaches_every_trainer_and_checkpoints_one_step(
 
 
 def big_job(folder: Path, **runtime: Any) -> Path:
-    """Long enough (about 240 steps) that a kill lands mid-run; a checkpoint
-    every 3 steps; one restart allowed."""
-    path = write_job(folder, rows=4000)
+    """Long enough (47 steps) that a kill after the first checkpoint (step 3)
+    lands mid-run; a checkpoint every 3 steps; one restart allowed."""
+    path = write_job(folder, rows=2000)
     raw = yaml.safe_load(path.read_text())
     raw["output"]["checkpoint_every_steps"] = 3
     raw["train"]["epochs"] = 1

@@ -43,11 +43,8 @@ HOLD = 10  # rank 0 holds before step 11: checkpoint 9 is epoch 1's step 2
 TIMEOUT_S = 120
 
 HOLDING_CLI = """
-import sys, time
+import multiprocessing, sys, time
 from pathlib import Path
-
-from estuary.train import Trainer
-from estuary.train.callbacks import FaultInjection
 
 
 def _hold(state):  # every trainer process runs this module's top level
@@ -56,7 +53,13 @@ def _hold(state):  # every trainer process runs this module's top level
         time.sleep(3600)  # SIGKILLed here
 
 
-Trainer.default_callbacks.append(lambda: FaultInjection(_hold))
+# A parameter-server process (spawned: it runs this top level too) needs neither
+# the patch nor the trainer's imports (torch: seconds per server started).
+if multiprocessing.current_process().name != "estuary-ps":
+    from estuary.train import Trainer
+    from estuary.train.callbacks import FaultInjection
+
+    Trainer.default_callbacks.append(lambda: FaultInjection(_hold))
 
 if __name__ == "__main__":
     from estuary.cli import main

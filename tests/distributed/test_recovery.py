@@ -27,11 +27,8 @@ TIMEOUT_S = 240
 # Every trainer process imports this script (multiprocessing's __mp_main__); the
 # killing rank kills (SIGKILL) itself or a server before step AT, once per marker file.
 KILLING_CLI = """
-import os, signal, sys
+import multiprocessing, os, signal, sys
 from pathlib import Path
-
-from estuary.train import Trainer
-from estuary.train.callbacks import FaultInjection
 
 KILLS = {kills!r}  # marker files: one kill each, in order
 
@@ -49,7 +46,13 @@ def _kill(state):
             return
 
 
-Trainer.default_callbacks.append(lambda: FaultInjection(_kill))
+# A parameter-server process (spawned: it runs this top level too) needs neither
+# the patch nor the trainer's imports (torch: seconds per server started).
+if multiprocessing.current_process().name != "estuary-ps":
+    from estuary.train import Trainer
+    from estuary.train.callbacks import FaultInjection
+
+    Trainer.default_callbacks.append(lambda: FaultInjection(_kill))
 
 if __name__ == "__main__":
     import estuary.ps.process as process
