@@ -50,11 +50,6 @@ def _libc_madvise() -> Callable[[int, int, int], int] | None:
 _MADVISE = _libc_madvise()
 
 
-def _address(array: np.ndarray) -> int:
-    """The address of ``array``'s first byte."""
-    return int(array.__array_interface__["data"][0])
-
-
 class Prefaulter:
     """Maps in the byte ranges of one mapping ``buf`` that readers will use.
 
@@ -69,16 +64,10 @@ class Prefaulter:
         self.madvise = _MADVISE is not None  # False after the kernel refused it
         self.pages = 0  # pages mapped in (asked for) so far
 
-    def span(self, *arrays: np.ndarray) -> None:
-        """Map in the pages from the first byte of ``arrays`` (views of ``buf``) to
-        their last, not mapped in yet for a range starting there: a range seen
-        before costs a dict lookup, a range that grew its new pages."""
-        # ``__array_interface__``, not ``.ctypes.data``: a third of the cost (~2 us)
-        spans = [(_address(a) - self._base, a.nbytes) for a in arrays if a.nbytes]
-        if not spans:
-            return
-        begin = min(at for at, _ in spans)
-        end = max(at + n for at, n in spans)
+    def span(self, begin: int, end: int) -> None:
+        """Map in bytes ``[begin, end)`` of the mapping, but for what was mapped in
+        for a span starting at ``begin`` already: a span seen before costs a dict
+        lookup, a span that grew its new pages."""
         if begin < 0 or end > self._bytes.size:
             raise ValueError(f"bytes {begin}..{end} are not in the mapping of {self._bytes.size}")
         start = max(begin, self._done.get(begin, begin))

@@ -37,7 +37,7 @@ import json
 import mmap
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ import torch
 
 from estuary.embedding.delta import EVICTED_IDS, IDS, UNKNOWN_PREFIX, WEIGHTS, is_full
 from estuary.embedding.hashing import as_ids
-from estuary.serve.link_reader import parse_safetensors
+from estuary.serve.link_reader import read_header, tensor_view
 from estuary.serve.prefault import Prefaulter
 from estuary.serve.prepared import PreparedTable, check_delta
 from estuary.serve.slot_table import count_new, fill_index, index_size, remove_ids, upsert_rows
@@ -536,54 +536,79 @@ class SlotWriter:
         return True
 
 
+@dataclass
+class _Mapped:
+    """A slot file as the server maps it: the mapping, what of it is mapped in,
+    and the views made of it (tensor -> its header entry's signature, the view)."""
+
+    buf: mmap.mmap
+    prefault: Prefaulter
+    views: dict[str, tuple[tuple[Any, str, str], np.ndarray]] = field(default_factory=dict)
+
+
 class SlotReader:
     """Views the versions in slot files (the server's side): each file is mapped
     once, shared and read-only, and its arrays are views of the mapping (nothing
     copied but the dense network's few tensors)."""
 
     def __init__(self, keep: int = 4) -> None:
-        self._maps: dict[str, tuple[mmap.mmap, Prefaulter]] = {}
+        self._maps: dict[str, _Mapped] = {}
         self._keep = keep
 
     def read(self, path: Path, size: int, *, dense: bool = True) -> PreparedVersion:
         """The version in the file ``path`` of ``size`` bytes; its dense tensors
         (copied out of the file) only with ``dense`` (else ``{}``).
 
+        Per version only what changed costs: a tensor whose header entry is the
+        one read before from this mapping is the view made then; a table region
+        seen before is mapped in already.
+
         Raises:
             CheckpointError: missing or not a slot file (naming ``path``).
         """
         mapped = self._maps.get(str(path))
-        if mapped is None or len(mapped[0]) < size:
+        if mapped is None or len(mapped.buf) < size:
             mapped = self._map(path)
-        buf, prefault = mapped
-        arrays, bf16 = parse_safetensors(buf, path)
+        buf, views = mapped.buf, mapped.views
+        header, data = read_header(buf, path)
         tables: dict[str, dict[str, np.ndarray]] = {}
         tensors: dict[str, torch.Tensor] = {}
-        for key, array in arrays.items():
-            if key.startswith(_DENSE):
-                if not dense:
-                    continue
+        for key, spec in header.items():
+            is_dense = key.startswith(_DENSE)
+            if is_dense and not dense:
+                continue
+            if not is_dense and not key.startswith(_TABLE):
+                raise CheckpointError(f"{path}: unexpected tensor {key!r}")
+            sig = (spec.get("dtype"), str(spec.get("shape")), str(spec.get("data_offsets")))
+            held = views.get(key)
+            if held is not None and held[0] == sig:
+                array = held[1]
+            else:
+                array = tensor_view(buf, data, key, spec, path)
+                views[key] = (sig, array)
+            if is_dense:
                 t = torch.from_numpy(array.copy())  # a few small tensors, writable
-                tensors[key[len(_DENSE) :]] = t.view(torch.bfloat16) if key in bf16 else t
-            elif key.startswith(_TABLE):
+                bf16 = spec["dtype"] == "BF16"
+                tensors[key[len(_DENSE) :]] = t.view(torch.bfloat16) if bf16 else t
+            else:
                 name, part = key[len(_TABLE) :].rsplit("/", 1)
                 tables.setdefault(name, {})[part] = array
-            else:
-                raise CheckpointError(f"{path}: unexpected tensor {key!r}")
         try:
             out = {
                 n: (p["index"], p["weights"], p["unknown"], int(p["count"][0]))
                 for n, p in tables.items()
             }
+            for name in tables:
+                # The region's pages, from its index to its unknown rows (its rows
+                # and spare rows between): mapped in once, now, not by the lookups.
+                begin = header[f"{_TABLE}{name}/index"]["data_offsets"][0]
+                end = header[f"{_TABLE}{name}/unknown"]["data_offsets"][1]
+                mapped.prefault.span(data + int(begin), data + int(end))
         except KeyError as exc:
             raise CheckpointError(f"{path}: a table lacks {exc}") from None
-        for index, _, unknown, _ in out.values():
-            # The region's pages, from its index to its unknown rows (its rows and
-            # spare rows between): mapped in once, now, not by the lookups.
-            prefault.span(index, unknown)
         return PreparedVersion(out, tensors)
 
-    def _map(self, path: Path) -> tuple[mmap.mmap, Prefaulter]:
+    def _map(self, path: Path) -> _Mapped:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
@@ -594,7 +619,7 @@ class SlotReader:
             buf = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
-        mapped = self._maps[str(path)] = (buf, Prefaulter(buf))
+        mapped = self._maps[str(path)] = _Mapped(buf, Prefaulter(buf))
         while len(self._maps) > self._keep:  # files replaced since: their views live on
             del self._maps[next(iter(self._maps))]
         return mapped
