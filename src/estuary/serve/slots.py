@@ -424,7 +424,7 @@ class SlotWriter:
     """
 
     def __init__(
-        self, folder: Path, slots: int = 2, growth: float = 2.0, room: float = 4.0
+        self, folder: Path, slots: int = 2, growth: float = 2.0, room: float = 8.0
     ) -> None:
         if room < 1:
             raise ValueError(f"SlotWriter: room must be >= 1, not {room}")
