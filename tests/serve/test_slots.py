@@ -91,7 +91,7 @@ def delta(
 def test_a_slot_applies_what_it_missed_in_place_and_grows_whole(tmp_path: Path) -> None:
     ids = np.arange(4, dtype=np.int64) * 3  # 0 3 6 9
     base = PreparedTable("t", ids, np.ones((4, 2), np.float32), np.zeros((1, 2), np.float32), 7, 0)
-    writer, reader = SlotWriter(tmp_path), SlotReader()
+    writer, reader = SlotWriter(tmp_path, room=1.0), SlotReader()  # no room: grows whole
     writer.base({"t": base})
     links = [
         {"t": delta([3, 4, -5], 2.0, 1, evicted=(6,))},  # 3 updated, 4 and -5 new, 6 gone
