@@ -5,12 +5,12 @@ A server maps each slot file (``estuary.serve.slots``) once; a file has room
 to grow (spare rows per table, and spare bytes at its end that tmpfs does not
 back with memory until they are written). ``MAP_POPULATE`` would map every page
 of the file, its room included, at a cost per page paid whenever a new file is
-mapped (~12-17 ms of the follower thread's CPU for a 15-35 MiB file of the bench
+mapped (2-16 ms of the follower thread's CPU for a 6-43 MiB file of the bench
 model); and reading a page of room would make tmpfs back it with memory. Here
-only the byte ranges a version's tensors use are mapped in, each once per
-mapping: a range seen before costs nothing, a range grown since (rows appended)
-only its new pages. So the pages a lookup reads are in place before the
-version is served, not faulted in one by one on the prediction thread.
+only the spans the reader names (a table's region) are mapped in, each once per
+mapping: a span seen before costs a dict lookup, a span grown since only its
+new pages. So the pages a lookup reads are in place before the version is
+served, not faulted in one by one on the prediction thread.
 
 Pages are mapped with ``madvise(MADV_POPULATE_READ)`` (Linux 5.14+) called
 through ctypes, which releases the GIL for the call; where the kernel or the C

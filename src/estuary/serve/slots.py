@@ -25,10 +25,20 @@ change: a held id's row is written where it is, a new id's row after the last
 row and its id into the index, an evicted id's index entry marked gone (its row
 stays, unreferenced, until the slot is next laid out). Nothing else moves, so
 with two slots a slot catches up by the touched rows of the last two versions,
-not by a copy of every table. A slot is laid out and written whole (into a new,
-larger file when it does not fit its own, which the server maps anew) when it
-has not been written yet, a version was prepared whole (a new chain, a pruned
-link), a table outgrew its region, or a delta changes a shape or encoding.
+not by a copy of every table. A table that outgrows its region moves: it is
+laid out anew, with room to double, in the file's room after the regions (a
+new file is ``room`` times the size its version needs; tmpfs backs those bytes
+with memory only once written), its rows copied, the other tables left where
+they are; its old region stays, unused, until the slot is next laid out. A slot
+is laid out and written whole (into a new, larger file when it does not fit its
+own, which the server maps anew) when it has not been written yet, a version
+was prepared whole (a new chain, a pruned link), a table outgrew its region and
+the file has no room left, or a delta changes a shape or encoding.
+
+The server (``SlotReader``) maps each file once without ``MAP_POPULATE`` (which
+would map in, and back with memory, the room too) and maps in each table's
+region when a version first names it (``Prefaulter``); per version it parses
+the header and makes views only of the entries that changed.
 """
 
 from __future__ import annotations
