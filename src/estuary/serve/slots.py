@@ -549,11 +549,11 @@ class SlotWriter:
 @dataclass
 class _Mapped:
     """A slot file as the server maps it: the mapping, what of it is mapped in,
-    and the views made of it (tensor -> its header entry's signature, the view)."""
+    and the views made of it (tensor -> its header entry, the view)."""
 
     buf: mmap.mmap
     prefault: Prefaulter
-    views: dict[str, tuple[tuple[Any, str, str], np.ndarray]] = field(default_factory=dict)
+    views: dict[str, tuple[dict[str, Any], np.ndarray]] = field(default_factory=dict)
 
 
 class SlotReader:
@@ -589,13 +589,12 @@ class SlotReader:
                 continue
             if not is_dense and not key.startswith(_TABLE):
                 raise CheckpointError(f"{path}: unexpected tensor {key!r}")
-            sig = (spec.get("dtype"), str(spec.get("shape")), str(spec.get("data_offsets")))
             held = views.get(key)
-            if held is not None and held[0] == sig:
+            if held is not None and held[0] == spec:  # dtype, shape, offsets: unchanged
                 array = held[1]
             else:
                 array = tensor_view(buf, data, key, spec, path)
-                views[key] = (sig, array)
+                views[key] = (spec, array)
             if is_dense:
                 t = torch.from_numpy(array.copy())  # a few small tensors, writable
                 bf16 = spec["dtype"] == "BF16"
