@@ -1,19 +1,22 @@
 """Slot files written by what they missed (``estuary.serve.slots``): each slot
 catches up in place by the deltas of the versions written into the other one,
 and looks up what the tables merged in memory look up; a table outgrowing its
-region, a whole version or a new chain rewrites the slot whole; the version the
-server serves is never written."""
+region moves to the file's room (the other tables stay), or, without room, the
+slot is rewritten whole, as a whole version or a new chain is; the version the
+server serves is never written; the reader maps in only the pages versions use."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from estuary.embedding.delta import BASE, EVICTED_IDS, IDS, LINEAGE, VERSION, WEIGHTS
 from estuary.serve.checkpoints import model_from_checkpoint
 from estuary.serve.follow import UpdateKind
+from estuary.serve.prefault import Prefaulter
 from estuary.serve.prepared import PreparedTable
 from estuary.serve.preparer import Preparer
 from estuary.serve.slot_table import SlotTable
@@ -88,7 +91,7 @@ def delta(
 def test_a_slot_applies_what_it_missed_in_place_and_grows_whole(tmp_path: Path) -> None:
     ids = np.arange(4, dtype=np.int64) * 3  # 0 3 6 9
     base = PreparedTable("t", ids, np.ones((4, 2), np.float32), np.zeros((1, 2), np.float32), 7, 0)
-    writer, reader = SlotWriter(tmp_path), SlotReader()
+    writer, reader = SlotWriter(tmp_path, room=1.0), SlotReader()  # no room: grows whole
     writer.base({"t": base})
     links = [
         {"t": delta([3, 4, -5], 2.0, 1, evicted=(6,))},  # 3 updated, 4 and -5 new, 6 gone
@@ -123,7 +126,73 @@ def test_a_slot_applies_what_it_missed_in_place_and_grows_whole(tmp_path: Path) 
     table = served_table(reader.read(fourth, size), "t")
     assert table.stats().rows == len(expect) + len(many)
     np.testing.assert_array_equal(table.lookup(np.array([9, 1500]), train=False)[:, 0], [4.0, 5.0])
-    assert writer.writes == 4 and writer.whole_writes == 3
+    assert writer.writes == 4 and writer.whole_writes == 3 and writer.moves == 0
     torch.testing.assert_close(reader.read(fourth, size).dense["w"], DENSE["w"])
     writer.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_table_that_outgrows_its_region_moves_into_the_files_room(tmp_path: Path) -> None:
+    small = PreparedTable(
+        "s",
+        np.array([1, 2], np.int64),
+        np.ones((2, 2), np.float32),
+        np.zeros((1, 2), np.float32),
+        7,
+        0,
+    )
+    big = PreparedTable(
+        "t",
+        np.arange(4, dtype=np.int64),
+        np.ones((4, 2), np.float32),
+        np.zeros((1, 2), np.float32),
+        7,
+        0,
+    )
+    writer, reader = SlotWriter(tmp_path, slots=1, room=8.0), SlotReader()
+    path, size = writer.write_whole({"s": small, "t": big}, DENSE)
+    writer.served()
+    first = reader.read(path, size).tables["s"]
+    before = first[1]  # the small table's rows, a view
+    many = list(range(100, 3100))  # more new rows than t's region (1,028) holds
+    again, size = writer.write_deltas([{"t": delta(many, 5.0, 1)}], DENSE)
+    assert again == path and not writer.last_whole and writer.moves == 1
+    assert writer.whole_writes == 1
+    version = reader.read(again, size, dense=False)
+    assert version.dense == {}
+    assert version.tables["s"][1].ctypes.data == before.ctypes.data  # s did not move
+    assert version.tables["s"][0] is first[0]  # its index's entry unchanged: the same view
+    table = served_table(version, "t")
+    assert table.stats().rows == 4 + len(many)
+    np.testing.assert_array_equal(
+        table.lookup(np.array([0, 3, 100, 3099, 5000]), train=False)[:, 0], [1, 1, 5, 5, 0]
+    )
+    # The room used up: the next table that outgrows its region rewrites the slot whole.
+    more = list(range(10_000, 40_000))
+    writer.served()
+    _, size = writer.write_deltas([{"t": delta(more, 6.0, 2)}], DENSE)
+    assert writer.last_whole and writer.moves == 1 and writer.whole_writes == 2
+    writer.close()
+
+
+def test_the_prefaulter_maps_in_each_range_once_and_only_its_new_pages(tmp_path: Path) -> None:
+    import mmap
+
+    page = mmap.PAGESIZE
+    path = tmp_path / "f"
+    path.write_bytes(bytes(16 * page))
+    with path.open("rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    prefault = Prefaulter(buf)
+    prefault.span(page + 8, 3 * page)  # from inside a page: the whole page
+    assert prefault.pages == 2
+    prefault.span(page + 8, 3 * page)  # seen: nothing to do
+    assert prefault.pages == 2
+    prefault.span(page + 8, 5 * page + 1)  # grown: only its new pages
+    assert prefault.pages == 5
+    prefault.span(0, 0)
+    assert prefault.pages == 5
+    with pytest.raises(ValueError, match="not in the mapping"):
+        prefault.span(page, 17 * page)
+    del prefault
+    buf.close()

@@ -35,7 +35,7 @@ from estuary.embedding.delta import merge_server_parts
 from estuary.train.checkpoint import Link, table_part_file
 from estuary.train.checkpoint_chain import CheckpointError, read_manifest, table_file
 
-__all__ = ["parse_safetensors", "read_link", "read_verified"]
+__all__ = ["parse_safetensors", "read_header", "read_link", "read_verified", "tensor_view"]
 
 State = dict[str, np.ndarray]
 
@@ -99,28 +99,55 @@ def parse_safetensors(
     Raises:
         CheckpointError: not a safetensors layout (naming ``path``).
     """
+    header, data = read_header(buf, path)
+    out: State = {}
+    bf16: set[str] = set()
+    for key, spec in header.items():
+        if keep is not None and not keep(key):
+            continue
+        if spec["dtype"] == "BF16":
+            bf16.add(key)
+        out[key] = tensor_view(buf, data, key, spec, path)
+    return out, bf16
+
+
+def read_header(buf: bytearray | mmap.mmap, path: Path) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header (tensor name -> its spec; ``__metadata__``
+    left out) and where its data starts.
+
+    Raises:
+        CheckpointError: not a safetensors header (naming ``path``).
+    """
     try:
         (n,) = struct.unpack_from("<Q", buf, 0)
         header = json.loads(bytes(buf[8 : 8 + n]))
         if not isinstance(header, dict):
             raise ValueError("the header is not a JSON object")
-        out: State = {}
-        bf16: set[str] = set()
-        for key, spec in header.items():
-            if key == "__metadata__" or (keep is not None and not keep(key)):
-                continue
-            dtype = _DTYPES[spec["dtype"]]
-            if spec["dtype"] == "BF16":
-                bf16.add(key)
-            begin, end = (8 + n + int(o) for o in spec["data_offsets"])
-            shape = tuple(int(d) for d in spec["shape"])
-            count = math.prod(shape)
-            if end > len(buf) or end - begin != count * dtype.itemsize:
-                raise ValueError(f"tensor {key!r}: offsets {spec['data_offsets']} do not fit")
-            out[key] = np.frombuffer(buf, dtype, count, begin).reshape(shape)
-    except (struct.error, ValueError, KeyError, TypeError) as exc:
+    except (struct.error, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable tensor file ({exc!r})") from exc
-    return out, bf16
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def tensor_view(
+    buf: bytearray | mmap.mmap, data: int, key: str, spec: Mapping[str, Any], path: Path
+) -> np.ndarray:
+    """The numpy view of ``buf`` that ``spec`` (a header entry: dtype, shape,
+    data offsets from ``data``) describes; BF16 as its bits (uint16).
+
+    Raises:
+        CheckpointError: a spec that does not fit ``buf`` (naming ``path`` and ``key``).
+    """
+    try:
+        dtype = _DTYPES[spec["dtype"]]
+        begin, end = (data + int(o) for o in spec["data_offsets"])
+        shape = tuple(int(d) for d in spec["shape"])
+        count = math.prod(shape)
+        if end > len(buf) or end - begin != count * dtype.itemsize:
+            raise ValueError(f"tensor {key!r}: offsets {spec['data_offsets']} do not fit")
+        return np.frombuffer(buf, dtype, count, begin).reshape(shape)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: unreadable tensor file ({exc!r})") from exc
 
 
 def read_link(

@@ -318,12 +318,13 @@ class ProcessFollower:
 
     def _apply(self, message: dict[str, Any]) -> None:
         cpu = time.thread_time()
-        version = self._reader.read(Path(message["file"]), int(message["bytes"]))
         name = str(message["checkpoint"])
         kind = UpdateKind(message["kind"])
         dense_due = (
             kind is UpdateKind.FULL or time.monotonic() - self._dense_at >= self.dense_every_s
         )
+        path, size = Path(message["file"]), int(message["bytes"])
+        version = self._reader.read(path, size, dense=dense_due)  # dense copied when due
         model = self.model.new_dense(version.dense) if dense_due else None
         dense_from = name if model is not None else self.dense_from
         tables = {

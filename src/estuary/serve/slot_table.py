@@ -35,6 +35,8 @@ __all__ = ["EMPTY", "GONE", "SlotTable", "index_size", "warm_up"]
 State = dict[str, np.ndarray]
 EMPTY, GONE = -1, -2
 _UNKNOWN = UNKNOWN_PREFIX + WEIGHTS
+# The row encodings a slot file stores (``decode_rows`` reads each; bfloat16 as uint16 bits).
+_ROW_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint16)})
 
 
 def index_size(rows: int) -> int:
@@ -218,7 +220,8 @@ class SlotTable(ReadOnlyStore):
             raise ValueError(f"{name}: an index of shape {index.shape}, not (2^k, 2)")
         if weights.ndim != 2:
             raise ValueError(f"{name}: weights shape {weights.shape} is not (rows, dim)")
-        decode_rows(weights[:0], None)
+        if weights.dtype not in _ROW_DTYPES:  # a set lookup: one per table per update
+            raise ValueError(f"{name}: rows of dtype {weights.dtype}, not one of {_ROW_DTYPES}")
         if unknown.ndim != 2 or unknown.shape[1] != weights.shape[1]:
             raise ValueError(f"{name}: unknown rows {unknown.shape} do not fit {weights.shape}")
         if unknown.shape[0] != shards:

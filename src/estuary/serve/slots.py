@@ -25,10 +25,20 @@ change: a held id's row is written where it is, a new id's row after the last
 row and its id into the index, an evicted id's index entry marked gone (its row
 stays, unreferenced, until the slot is next laid out). Nothing else moves, so
 with two slots a slot catches up by the touched rows of the last two versions,
-not by a copy of every table. A slot is laid out and written whole (into a new,
-larger file when it does not fit its own, which the server maps anew) when it
-has not been written yet, a version was prepared whole (a new chain, a pruned
-link), a table outgrew its region, or a delta changes a shape or encoding.
+not by a copy of every table. A table that outgrows its region moves: it is
+laid out anew, with room to double, in the file's room after the regions (a
+new file is ``room`` times the size its version needs; tmpfs backs those bytes
+with memory only once written), its rows copied, the other tables left where
+they are; its old region stays, unused, until the slot is next laid out. A slot
+is laid out and written whole (into a new, larger file when it does not fit its
+own, which the server maps anew) when it has not been written yet, a version
+was prepared whole (a new chain, a pruned link), a table outgrew its region and
+the file has no room left, or a delta changes a shape or encoding.
+
+The server (``SlotReader``) maps each file once without ``MAP_POPULATE`` (which
+would map in, and back with memory, the room too) and maps in each table's
+region when a version first names it (``Prefaulter``); per version it parses
+the header and makes views only of the entries that changed.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import json
 import mmap
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +56,8 @@ import torch
 
 from estuary.embedding.delta import EVICTED_IDS, IDS, UNKNOWN_PREFIX, WEIGHTS, is_full
 from estuary.embedding.hashing import as_ids
-from estuary.serve.link_reader import parse_safetensors
+from estuary.serve.link_reader import read_header, tensor_view
+from estuary.serve.prefault import Prefaulter
 from estuary.serve.prepared import PreparedTable, check_delta
 from estuary.serve.slot_table import count_new, fill_index, index_size, remove_ids, upsert_rows
 from estuary.train.checkpoint_chain import CheckpointError
@@ -59,6 +70,7 @@ _UNKNOWN = UNKNOWN_PREFIX + WEIGHTS
 _TABLE, _DENSE = "table/", "dense/"
 _ALIGN = 64
 _MIN_SPARE_ROWS = 1024
+_WIDE = 10**15  # a number as wide as any offset or index size in a header
 _NAMES: dict[np.dtype[Any], str] = {
     np.dtype(np.float64): "F64",
     np.dtype(np.float32): "F32",
@@ -213,6 +225,11 @@ class _Region:
         self.lineage, self.version = lineage, version
 
 
+def _cap(rows: int, growth: float) -> int:
+    """Rows a region laid out for ``rows`` rows has room for."""
+    return max(int(growth * rows), rows + _MIN_SPARE_ROWS)
+
+
 def _entry(dtype: str, shape: list[int], offset: int, nbytes: int) -> dict[str, Any]:
     return {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
 
@@ -230,6 +247,7 @@ class _SlotFile:
         finally:
             os.close(fd)
         self.head = 0
+        self.end = 0  # data bytes laid out (regions moved since included)
         self.regions: dict[str, _Region] = {}
         self.dense: dict[str, tuple[np.ndarray, str, int]] = {}  # view, dtype name, offset
 
@@ -245,7 +263,7 @@ class _SlotFile:
         places: dict[str, tuple[int, int]] = {}
         for name, table in tables.items():
             n = table.ids.size
-            cap = max(int(growth * n), n + _MIN_SPARE_ROWS)
+            cap = _cap(n, growth)
             places[name] = (offset, cap)
             dim, item = table.weights.shape[1], table.weights.itemsize
             offset += sum(_Region.parts(cap, dim, item, table.unknown.size))
@@ -253,14 +271,15 @@ class _SlotFile:
         for key, tensor in dense.items():
             dense_at[key] = offset
             offset += _aligned(_dense_array(tensor)[0].nbytes)
-        # The header's room: its text with every shape and offset at its largest.
+        # The header's room: its text with every shape and offset at its largest
+        # (a table's region may move to the end of a larger file: ``move``).
         widest = {
-            f"{_TABLE}{name}/{part}": _entry("BF16", [index_size(cap), 10**6], offset, offset)
-            for name, (_, cap) in places.items()
+            f"{_TABLE}{name}/{part}": _entry("BF16", [_WIDE, 10**6], _WIDE, _WIDE)
+            for name in places
             for part in ("index", "count", "weights", "unknown")
         }
         widest.update(
-            {f"{_DENSE}{key}": _entry("BF16", [10**9] * 4, offset, offset) for key in dense}
+            {f"{_DENSE}{key}": _entry("BF16", [10**9] * 4, _WIDE, _WIDE) for key in dense}
         )
         head = _aligned(len(json.dumps(widest, separators=(",", ":"))) + 256) - 8
         return head, places, dense_at, 8 + head + offset
@@ -276,6 +295,7 @@ class _SlotFile:
         if size > self.capacity:
             raise ValueError(f"{self.path}: {size} bytes do not fit in {self.capacity}")
         self.head = head
+        self.end = size - 8 - head
         data = 8 + head
         self.regions = {
             name: _Region.place(self.buf, data, *places[name], table)
@@ -288,41 +308,67 @@ class _SlotFile:
             self.dense[key] = (view.reshape(array.shape), dtype, dense_at[key])
         self.write_dense(dense)
 
-    def fits(self, links: Sequence[Link], dense: Mapping[str, torch.Tensor]) -> bool:
+    def grows(
+        self, links: Sequence[Link], dense: Mapping[str, torch.Tensor]
+    ) -> dict[str, int] | None:
         """Whether ``links`` (in order) can be merged in place and ``dense`` written
-        in its places."""
+        in its places: ``None`` when not (a shape, an encoding or a chain key
+        changed, a delta of every row), else the tables whose regions are too
+        small, each with at most how many rows it will use (``move`` them first)."""
         if sorted(dense) != sorted(self.dense):
-            return False
+            return None
         for key, tensor in dense.items():
             array, dtype = _dense_array(tensor)
             view, held, _ = self.dense[key]
             if dtype != held or array.shape != view.shape:
-                return False
+                return None
         keys = {name: (r.lineage, r.version) for name, r in self.regions.items()}
         used = {name: r.m for name, r in self.regions.items()}
         for link in links:
             for name, delta in link.items():
                 region = self.regions.get(name)
                 if region is None or is_full(dict(delta)):
-                    return False
+                    return None
                 try:
                     lineage, version, _ = check_delta(name, *keys[name], delta)
                 except ValueError:
-                    return False
+                    return None
                 keys[name] = (lineage, version)
                 rows = np.asarray(delta[WEIGHTS])
                 ids = as_ids(delta[IDS])
                 dim = region.weights.shape[1]
                 if rows.dtype != region.weights.dtype or rows.shape != (ids.size, dim):
-                    return False
+                    return None
                 if _UNKNOWN in delta and np.asarray(delta[_UNKNOWN]).size != region.unknown.size:
-                    return False
+                    return None
                 # At most every id new; counted exactly only when that does not fit.
                 bound = ids.size + np.asarray(delta.get(EVICTED_IDS, ())).size
                 used[name] += bound if used[name] + bound <= region.cap else region.new_rows(delta)
-                if used[name] > region.cap:
-                    return False
-        return True
+        return {name: rows for name, rows in used.items() if rows > self.regions[name].cap}
+
+    def move_bytes(self, grows: Mapping[str, int], growth: float) -> int:
+        """Bytes the regions ``move`` would lay out for ``grows`` (table -> rows)."""
+        total = 0
+        for name, rows in grows.items():
+            region = self.regions[name]
+            dim, item = region.weights.shape[1], region.weights.itemsize
+            total += sum(_Region.parts(_cap(rows, growth), dim, item, region.unknown.size))
+        return total
+
+    def room(self) -> int:
+        """Bytes free at the end of the file (not backed by memory until written)."""
+        return self.capacity - (8 + self.head + self.end)
+
+    def move(self, name: str, rows: int, growth: float) -> None:
+        """Lay table ``name`` out anew, with room for ``rows`` rows and more, at the
+        end of the file (``room`` checked by the caller): its rows held are copied,
+        O(its rows), the other tables stay where they are. Its old region stays,
+        unused, until the slot is next written whole."""
+        table = self.regions[name].table()
+        region = _Region.place(self.buf, 8 + self.head, self.end, _cap(rows, growth), table)
+        self.regions[name] = region
+        dim, item = region.weights.shape[1], region.weights.itemsize
+        self.end += sum(_Region.parts(region.cap, dim, item, region.unknown.size))
 
     def apply(self, link: Link) -> None:
         for name, delta in link.items():
@@ -381,12 +427,21 @@ class SlotWriter:
         folder: where the slot files go (memory-backed, ``/dev/shm``).
         slots: how many files take turns.
         growth: a table written whole gets room for ``growth`` times its rows
-            (at least 1,024 more).
+            (at least 1,024 more); so does a table moved.
+        room: a new file is ``room`` times the size its version needs: bytes
+            that tmpfs backs with memory only once written, where the regions of
+            tables that outgrew theirs move to (``moves`` counts them).
     """
 
-    def __init__(self, folder: Path, slots: int = 2, growth: float = 2.0) -> None:
+    def __init__(
+        self, folder: Path, slots: int = 2, growth: float = 2.0, room: float = 8.0
+    ) -> None:
+        if room < 1:
+            raise ValueError(f"SlotWriter: room must be >= 1, not {room}")
         self.folder = folder
         self.growth = growth
+        self.room = room
+        self.moves = 0
         self._files: list[_SlotFile | None] = [None] * slots
         self._missed: list[list[_Whole | _Deltas]] = [[] for _ in range(slots)]
         self._next = 0
@@ -434,7 +489,8 @@ class SlotWriter:
         wholes = [i for i, u in enumerate(missed) if isinstance(u, _Whole)]
         after = missed[wholes[-1] + 1 :] if wholes else missed
         links = [link for u in after if isinstance(u, _Deltas) for link in u.links]
-        if not wholes and slot is not None and slot.fits(links, dense):
+        grows = slot.grows(links, dense) if not wholes and slot is not None else None
+        if grows is not None and slot is not None and self._moved(slot, grows):
             for link in links:
                 slot.apply(link)
             slot.write_dense(dense)
@@ -467,16 +523,37 @@ class SlotWriter:
         slot = self._files[index]
         size = _SlotFile.plan(tables, dense, self.growth)[3]
         if slot is None or slot.capacity < size:
-            # A new file is mapped anew by the server (its pages faulted in):
-            # rare, as each table has room to grow.
+            # A new file is mapped anew by the server: rare, as each table has
+            # room to grow and the file room (``room``) for regions to move into.
             self._made += 1
             path = self.folder / f"{os.getpid()}-{self._made}.slot"
-            new = _SlotFile(path, size)
+            new = _SlotFile(path, int(self.room * size))
             if slot is not None:
                 slot.close()
             slot = self._files[index] = new
         slot.fill(tables, dense, self.growth)
         return slot
+
+    def _moved(self, slot: _SlotFile, grows: Mapping[str, int]) -> bool:
+        """Move the regions of ``grows``' tables to the end of ``slot`` (each with
+        room for its rows and more); ``False`` (nothing moved) when the file has
+        not the room."""
+        if grows and slot.move_bytes(grows, self.growth) > slot.room():
+            return False
+        for name, rows in grows.items():
+            slot.move(name, rows, self.growth)
+            self.moves += 1
+        return True
+
+
+@dataclass
+class _Mapped:
+    """A slot file as the server maps it: the mapping, what of it is mapped in,
+    and the views made of it (tensor -> its header entry, the view)."""
+
+    buf: mmap.mmap
+    prefault: Prefaulter
+    views: dict[str, tuple[dict[str, Any], np.ndarray]] = field(default_factory=dict)
 
 
 class SlotReader:
@@ -485,55 +562,76 @@ class SlotReader:
     copied but the dense network's few tensors)."""
 
     def __init__(self, keep: int = 4) -> None:
-        self._maps: dict[str, mmap.mmap] = {}
+        self._maps: dict[str, _Mapped] = {}
         self._keep = keep
 
-    def read(self, path: Path, size: int) -> PreparedVersion:
-        """The version in the file ``path`` of ``size`` bytes.
+    def read(self, path: Path, size: int, *, dense: bool = True) -> PreparedVersion:
+        """The version in the file ``path`` of ``size`` bytes; its dense tensors
+        (copied out of the file) only with ``dense`` (else ``{}``).
+
+        Per version only what changed costs: a tensor whose header entry is the
+        one read before from this mapping is the view made then; a table region
+        seen before is mapped in already.
 
         Raises:
             CheckpointError: missing or not a slot file (naming ``path``).
         """
-        buf = self._maps.get(str(path))
-        if buf is None or len(buf) < size:
-            buf = self._map(path)
-        arrays, bf16 = parse_safetensors(buf, path)
+        mapped = self._maps.get(str(path))
+        if mapped is None or len(mapped.buf) < size:
+            mapped = self._map(path)
+        buf, views = mapped.buf, mapped.views
+        header, data = read_header(buf, path)
         tables: dict[str, dict[str, np.ndarray]] = {}
-        dense: dict[str, torch.Tensor] = {}
-        for key, array in arrays.items():
-            if key.startswith(_DENSE):
+        tensors: dict[str, torch.Tensor] = {}
+        for key, spec in header.items():
+            is_dense = key.startswith(_DENSE)
+            if is_dense and not dense:
+                continue
+            if not is_dense and not key.startswith(_TABLE):
+                raise CheckpointError(f"{path}: unexpected tensor {key!r}")
+            held = views.get(key)
+            if held is not None and held[0] == spec:  # dtype, shape, offsets: unchanged
+                array = held[1]
+            else:
+                array = tensor_view(buf, data, key, spec, path)
+                views[key] = (spec, array)
+            if is_dense:
                 t = torch.from_numpy(array.copy())  # a few small tensors, writable
-                dense[key[len(_DENSE) :]] = t.view(torch.bfloat16) if key in bf16 else t
-            elif key.startswith(_TABLE):
+                bf16 = spec["dtype"] == "BF16"
+                tensors[key[len(_DENSE) :]] = t.view(torch.bfloat16) if bf16 else t
+            else:
                 name, part = key[len(_TABLE) :].rsplit("/", 1)
                 tables.setdefault(name, {})[part] = array
-            else:
-                raise CheckpointError(f"{path}: unexpected tensor {key!r}")
         try:
             out = {
                 n: (p["index"], p["weights"], p["unknown"], int(p["count"][0]))
                 for n, p in tables.items()
             }
+            for name in tables:
+                # The region's pages, from its index to its unknown rows (its rows
+                # and spare rows between): mapped in once, now, not by the lookups.
+                begin = header[f"{_TABLE}{name}/index"]["data_offsets"][0]
+                end = header[f"{_TABLE}{name}/unknown"]["data_offsets"][1]
+                mapped.prefault.span(data + int(begin), data + int(end))
         except KeyError as exc:
             raise CheckpointError(f"{path}: a table lacks {exc}") from None
-        return PreparedVersion(out, dense)
+        return PreparedVersion(out, tensors)
 
-    def _map(self, path: Path) -> mmap.mmap:
+    def _map(self, path: Path) -> _Mapped:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise CheckpointError(f"{path}: prepared version missing ({exc})") from exc
         try:
-            # Every page mapped now (MAP_POPULATE; the GIL released during the
-            # call), not faulted in one by one by the lookups after the swap.
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            buf = mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ)
+            # No MAP_POPULATE: the file's room would be mapped too (and backed
+            # with memory); ``read`` maps in the pages each version uses.
+            buf = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
-        self._maps[str(path)] = buf
+        mapped = self._maps[str(path)] = _Mapped(buf, Prefaulter(buf))
         while len(self._maps) > self._keep:  # files replaced since: their views live on
             del self._maps[next(iter(self._maps))]
-        return buf
+        return mapped
 
     def forget(self) -> None:
         """Map every file anew from now on (a new preparing process writes new ones)."""
