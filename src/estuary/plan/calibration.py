@@ -315,7 +315,7 @@ def _collection_costs(job: Any, dataset: Any, batch_rows: int, repeats: int) -> 
     passes after one of warm-up (numba's first calls)."""
     import torch
 
-    from estuary.nn.embedding_collection import EmbeddingCollection
+    from estuary.train.build import build_collection
     from estuary.train.plan import TrainPlan
 
     torch.set_num_threads(1)
@@ -325,11 +325,9 @@ def _collection_costs(job: Any, dataset: Any, batch_rows: int, repeats: int) -> 
     first = batches[0]
     # As the trainer builds it: `pooling: none` only where a row holds several ids.
     jagged = {f for f in features if first.sparse[f].values.shape[0] > first.labels.shape[0]}
-    pooling = {f: plan.tables[plan.feature_tables[f]].pooling for f in features}
-    pooling = {f: "sum" if p == "none" and f not in jagged else p for f, p in pooling.items()}
     dims = {job.table_spec(t).dim for t in set(plan.feature_tables.values())}
     stores = {t: _NullStore(max(dims)) for t in set(plan.feature_tables.values())}
-    collection = EmbeddingCollection(features, stores, plan.feature_tables, pooling)
+    collection = build_collection(plan, stores, jagged)
     collection.train()
 
     def one_pass() -> None:

@@ -22,7 +22,14 @@ from estuary.train.engine import Engine, resolve_device
 from estuary.train.plan import TrainPlan
 from estuary.train.sparse_updates import LockedStore
 
-__all__ = ["DENSE_OPTIMIZERS", "TableStore", "build_engine", "build_tables", "seed_everything"]
+__all__ = [
+    "DENSE_OPTIMIZERS",
+    "TableStore",
+    "build_collection",
+    "build_engine",
+    "build_tables",
+    "seed_everything",
+]
 
 DENSE_OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = plugins.DENSE_OPTIMIZERS
 """``train.dense_optimizer.name`` -> torch optimizer class (adam, adamw, adagrad, sgd)."""
@@ -62,6 +69,20 @@ def build_tables(
     return tables
 
 
+def build_collection(
+    plan: TrainPlan, stores: Mapping[str, EmbeddingStore], jagged: Container[str]
+) -> EmbeddingCollection:
+    """The plan's embedding collection over ``stores`` (table -> store).
+
+    ``pooling: none`` leaves sequence features unpooled (the model gets them
+    padded); a one-id feature (not in ``jagged``, the features whose rows may
+    hold several ids) is already unpooled and stays in (B, F, D)."""
+    features = list(plan.features)
+    pooling = {f: plan.tables[plan.feature_tables[f]].pooling for f in features}
+    pooling = {f: "sum" if p == "none" and f not in jagged else p for f, p in pooling.items()}
+    return EmbeddingCollection(features, dict(stores), plan.feature_tables, pooling)
+
+
 def build_engine(
     job: JobSpec,
     plan: TrainPlan,
@@ -85,12 +106,8 @@ def build_engine(
     stores: dict[str, EmbeddingStore] = (
         dict(tables) if external else {name: LockedStore(t) for name, t in tables.items()}
     )
-    # `pooling: none` leaves sequence features unpooled (the model gets them
-    # padded); a one-id feature's row is already unpooled and stays in (B, F, D).
     features = list(plan.features)
-    pooling = {f: plan.tables[plan.feature_tables[f]].pooling for f in features}
-    pooling = {f: "sum" if p == "none" and f not in jagged else p for f, p in pooling.items()}
-    embeddings = EmbeddingCollection(features, stores, plan.feature_tables, pooling)
+    embeddings = build_collection(plan, stores, jagged)
     sequence_features = embeddings.sequence_features
     if model is not None and sequence_features and not accepts_sequences(model):
         raise TypeError(
