@@ -90,12 +90,6 @@ def steady_window(timeseries: Path, rows_per_epoch: int) -> tuple[float, float] 
     return (after[-1][1] - after[0][1]) / seconds, seconds
 
 
-def steady_rows_per_s(timeseries: Path, rows_per_epoch: int) -> float | None:
-    """``steady_window``'s rows/s; ``None`` with fewer than two samples."""
-    window = steady_window(timeseries, rows_per_epoch)
-    return None if window is None else window[0]
-
-
 def train_command(trainers: int, shards: int, epochs: int, out: str) -> list[str]:
     """The ``estuary train`` command of config ``trainers`` x ``shards`` (module doc)."""
     cmd = [

@@ -31,13 +31,13 @@ def test_the_first_epoch_is_left_out(tmp_path: Path) -> None:
     # 1000 rows an epoch; the first epoch takes 3 s (warm-up), then 1000 rows/s.
     path = tmp_path / "timeseries.jsonl"
     _write(path, [(1.0, 200), (3.0, 1000), (3.5, 1500), (4.0, 2000), (5.0, 3000)])
-    assert _simulate_real().steady_rows_per_s(path, 1000) == 1000.0
+    assert _simulate_real().steady_window(path, 1000)[0] == 1000.0
 
 
 def test_too_few_samples_after_the_first_epoch_give_none(tmp_path: Path) -> None:
     path = tmp_path / "timeseries.jsonl"
     _write(path, [(1.0, 200), (2.0, 600), (3.0, 1000)])
-    assert _simulate_real().steady_rows_per_s(path, 1000) is None
+    assert _simulate_real().steady_window(path, 1000) is None
 
 
 def test_the_window_reports_its_seconds(tmp_path: Path) -> None:
