@@ -31,7 +31,7 @@ from estuary.embedding.hashing import as_ids, mix64, shard_of
 from estuary.embedding.storage import rows_out
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 
-__all__ = ["SCALE", "FrozenTable", "decode_rows"]
+__all__ = ["SCALE", "UNSCALED_ROW_DTYPES", "FrozenTable", "decode_rows"]
 
 State = dict[str, np.ndarray]
 SCALE = "weights.scale"
@@ -64,6 +64,10 @@ def _gather_sorted(
         else:
             out[i, :] = unknown[0, :]
     return found
+
+
+# The row encodings ``decode_rows`` reads without a scale (bfloat16 as uint16 bits).
+UNSCALED_ROW_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint16)})
 
 
 def decode_rows(weights: np.ndarray, scale: np.ndarray | None) -> np.ndarray:

@@ -28,15 +28,13 @@ from estuary.embedding.hashing import _ROUTE_SALT as ROUTE_SALT
 from estuary.embedding.hashing import as_ids, mix64, shard_of
 from estuary.embedding.storage import rows_out
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
-from estuary.serve.frozen_table import ReadOnlyStore, decode_rows
+from estuary.serve.frozen_table import UNSCALED_ROW_DTYPES, ReadOnlyStore, decode_rows
 
 __all__ = ["EMPTY", "GONE", "SlotTable", "index_size", "warm_up"]
 
 State = dict[str, np.ndarray]
 EMPTY, GONE = -1, -2
 _UNKNOWN = UNKNOWN_PREFIX + WEIGHTS
-# The row encodings a slot file stores (``decode_rows`` reads each; bfloat16 as uint16 bits).
-_ROW_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint16)})
 
 
 def index_size(rows: int) -> int:
@@ -220,8 +218,9 @@ class SlotTable(ReadOnlyStore):
             raise ValueError(f"{name}: an index of shape {index.shape}, not (2^k, 2)")
         if weights.ndim != 2:
             raise ValueError(f"{name}: weights shape {weights.shape} is not (rows, dim)")
-        if weights.dtype not in _ROW_DTYPES:  # a set lookup: one per table per update
-            raise ValueError(f"{name}: rows of dtype {weights.dtype}, not one of {_ROW_DTYPES}")
+        if weights.dtype not in UNSCALED_ROW_DTYPES:  # a set lookup: one per table per update
+            allowed = sorted(map(str, UNSCALED_ROW_DTYPES))
+            raise ValueError(f"{name}: rows of dtype {weights.dtype}, not one of {allowed}")
         if unknown.ndim != 2 or unknown.shape[1] != weights.shape[1]:
             raise ValueError(f"{name}: unknown rows {unknown.shape} do not fit {weights.shape}")
         if unknown.shape[0] != shards:
