@@ -12,6 +12,8 @@ Shapes: ``N`` ids in a request, ``D`` a table's dim.
         lookup_many / push_many           the same for every table of a step, one request
         state_dict / load_state_dict / delta_state_dict / apply_delta
         stats / remove / wait / shutdown
+        stats_many                        many tables' stats in one request (the
+                                          time-series sample reads every table)
         snapshot / snapshot_write / snapshot_wait / snapshot_drop
                                           asynchronous checkpoints: the server copies a
                                           table's state right after a given step is
@@ -132,6 +134,7 @@ class ParameterServer:
             "push_many": self._op_push_many,
             "wait": self._op_wait,
             "stats": self._op_stats,
+            "stats_many": self._op_stats_many,
             "server_stats": self._op_server_stats,
             "state_dict": self._op_state_dict,
             "load_state_dict": self._op_load_state_dict,
@@ -456,6 +459,17 @@ class ParameterServer:
     def _op_stats(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         table, steps = self._table(header)
         return {"stats": asdict(table.stats()), **_step_counters(steps)}, {}
+
+    def _op_stats_many(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        # Every name is checked before any table is read: an unknown one fails the request.
+        names = header.get("tables")
+        if not isinstance(names, list) or not names:
+            raise PSError(f"field 'tables' must be a non-empty list of names, got {names!r}")
+        parts = [(name, *self._named_table(name)) for name in names]
+        stats = [
+            {"stats": asdict(table.stats()), **_step_counters(steps)} for _, table, steps in parts
+        ]
+        return {"tables": stats}, {}
 
     def _op_server_stats(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         return {"tables": {name: _step_counters(s) for name, s in self.steps.items()}}, {}
