@@ -70,9 +70,10 @@ def test_a_server_of_another_protocol_version_is_refused(
     client: PSClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from estuary.ps import client as client_module
+    from estuary.ps.protocol import PROTOCOL_VERSION
 
     monkeypatch.setattr(client_module, "PROTOCOL_VERSION", 1)
-    with pytest.raises(PSError, match=r"speaks protocol 6, this client 1"):
+    with pytest.raises(PSError, match=rf"speaks protocol {PROTOCOL_VERSION}, this client 1"):
         client.hello()
 
 

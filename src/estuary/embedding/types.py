@@ -10,7 +10,7 @@ its own process.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -139,6 +139,10 @@ class MultiTableStore(Protocol):
         every i, in one call (``lr_scales`` ``None``: every scale 1)."""
         ...
 
+    def stats_many(self, stores: Sequence[EmbeddingStore]) -> list[TableStats]:
+        """``stores[i].stats()`` for every i, in one call."""
+        ...
+
 
 def shared_multi_store(stores: Iterable[object]) -> MultiTableStore | None:
     """The ``MultiTableStore`` that serves every one of ``stores`` (each store's
@@ -151,3 +155,13 @@ def shared_multi_store(stores: Iterable[object]) -> MultiTableStore | None:
             return None
         found = multi
     return found
+
+
+def stats_of(tables: Mapping[str, EmbeddingStore]) -> dict[str, TableStats]:
+    """Every table's ``stats()`` by name: one ``stats_many`` call where one
+    ``MultiTableStore`` serves them all (one request per parameter server instead
+    of one per table and server), else table by table."""
+    multi = shared_multi_store(tables.values())
+    if multi is None:
+        return {name: table.stats() for name, table in tables.items()}
+    return dict(zip(tables, multi.stats_many(list(tables.values())), strict=True))

@@ -14,7 +14,8 @@ Batching: ``PSClient`` is the ``MultiTableStore`` of its tables. ``lookup_many``
 and ``apply_gradients_many`` send every table's ids (gradients) of a step in ONE
 request (``lookup_many`` / ``push_many`` ops) instead of one per table; each
 table keeps its own step counter, staleness wait and exactly-once push, so the
-rows and tables are the same as with per-table calls.
+rows and tables are the same as with per-table calls. ``stats_many`` reads
+every table's counters in one request (``stats_many`` op).
 """
 
 from __future__ import annotations
@@ -336,6 +337,25 @@ class PSClient:
             table.pushed = max(table.pushed, int(step))
         return [not duplicate for duplicate in header["duplicate"]]
 
+    def stats_many(self, stores: Sequence[EmbeddingStore]) -> list[TableStats]:
+        """Every table's ``stats()`` in one request -> per table its counters.
+
+        ``stores``: ``RemoteTable``s of this client, each at most once.
+
+        Raises:
+            PSError: the server hosts no table of that name (the error names it).
+        """
+        tables = self._own(stores, "stats_many")
+        if not tables:
+            return []
+        header, _ = self.call("stats_many", {"tables": [t.name for t in tables]})
+        replies = header["tables"]
+        if not isinstance(replies, list) or len(replies) != len(tables):
+            raise ProtocolError(
+                f"stats_many: reply 'tables' is {replies!r}, expected {len(tables)} entries"
+            )
+        return [table_stats(reply["stats"]) for reply in replies]
+
     def _own(self, stores: Sequence[EmbeddingStore], op: str) -> list[RemoteTable]:
         return owned_tables(self, stores, op, RemoteTable)
 
@@ -482,7 +502,7 @@ class RemoteTable:
     def stats(self) -> TableStats:
         """The server-side table's counters."""
         header, _ = self.client.call("stats", {"table": self.name})
-        return TableStats(**{k: int(v) for k, v in header["stats"].items() if k in _STATS_FIELDS})
+        return table_stats(header["stats"])
 
     def state_dict(self, *, mark_clean: bool = True) -> dict[str, np.ndarray]:
         """The table's state (``EmbeddingTable.state_dict`` layout), after every step
@@ -554,6 +574,12 @@ def owned_tables(
             raise ValueError(f"{op}: {store!r} is listed twice")
         tables.append(store)
     return tables
+
+
+def table_stats(fields: Mapping[str, Any]) -> TableStats:
+    """A reply's ``stats`` fields as ``TableStats`` (fields this side does not
+    know, from a newer server, are left out)."""
+    return TableStats(**{k: int(v) for k, v in fields.items() if k in _STATS_FIELDS})
 
 
 def checked_grads(table: EmbeddingStore, ids: Int64Array, grads: Any) -> Float32Array:

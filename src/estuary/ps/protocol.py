@@ -31,8 +31,9 @@ from estuary.ps.types import ProtocolError
 
 # 2: lookup_many, push_many; 3: lr_scale(s) on push(_many); 4: state_dict mark,
 # snapshot ops; 5: slot-map routing version and migration ops (estuary.ps.migration);
-# 6: chain and join ops, set_routing/routing members (servers added or retired)
-PROTOCOL_VERSION = 6
+# 6: chain and join ops, set_routing/routing members (servers added or retired);
+# 7: stats_many
+PROTOCOL_VERSION = 7
 MAX_HEADER_BYTES = 1 << 20
 MAX_ARRAY_BYTES = 1 << 34  # 16 GiB per message: a bound, not an expectation
 # Little-endian (or byte-order-free) numeric dtypes only, by their ``dtype.str``.

@@ -12,6 +12,8 @@ Shapes: ``N`` ids in a request, ``D`` a table's dim.
         lookup_many / push_many           the same for every table of a step, one request
         state_dict / load_state_dict / delta_state_dict / apply_delta
         stats / remove / wait / shutdown
+        stats_many                        many tables' stats in one request (the
+                                          time-series sample reads every table)
         snapshot / snapshot_write / snapshot_wait / snapshot_drop
                                           asynchronous checkpoints: the server copies a
                                           table's state right after a given step is
@@ -37,7 +39,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
@@ -132,6 +134,7 @@ class ParameterServer:
             "push_many": self._op_push_many,
             "wait": self._op_wait,
             "stats": self._op_stats,
+            "stats_many": self._op_stats_many,
             "server_stats": self._op_server_stats,
             "state_dict": self._op_state_dict,
             "load_state_dict": self._op_load_state_dict,
@@ -455,7 +458,15 @@ class ParameterServer:
 
     def _op_stats(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         table, steps = self._table(header)
-        return {"stats": asdict(table.stats()), **_step_counters(steps)}, {}
+        return _stats_reply(table, steps), {}
+
+    def _op_stats_many(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
+        # Every name is checked before any table is read: an unknown one fails the request.
+        names = header.get("tables")
+        if not isinstance(names, list) or not names:
+            raise PSError(f"field 'tables' must be a non-empty list of names, got {names!r}")
+        parts = [(name, *self._named_table(name)) for name in names]
+        return {"tables": [_stats_reply(table, steps) for _, table, steps in parts]}, {}
 
     def _op_server_stats(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         return {"tables": {name: _step_counters(s) for name, s in self.steps.items()}}, {}
@@ -686,6 +697,12 @@ def _naming(table: str) -> Iterator[None]:
         if not isinstance(exc, ValueError | KeyError | TypeError):
             logger.exception("parameter server: table %r failed", table)
         raise PSError(f"table {table!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _stats_reply(table: EmbeddingTable, steps: StepAggregator) -> Header:
+    # vars, not dataclasses.asdict: the fields are ints, and asdict's deep copy
+    # cost ~16 us a table (0.4 ms of a 26-table stats_many).
+    return {"stats": dict(vars(table.stats())), **_step_counters(steps)}
 
 
 def _step_counters(steps: StepAggregator) -> dict[str, int]:

@@ -494,6 +494,15 @@ class ShardedPSClient:
         fresh = self.each(one)
         return [any(per_server) for per_server in zip(*fresh, strict=True)]
 
+    def stats_many(self, stores: Sequence[EmbeddingStore]) -> list[TableStats]:
+        """Every table's ``stats()`` (the servers' counters summed) in one request
+        per server, all servers at once."""
+        tables = self._own(stores, "stats_many")
+        if not tables:
+            return []
+        per_server = self.each(lambda p: self.clients[p].stats_many([t.parts[p] for t in tables]))
+        return [sum(stats, TableStats()) for stats in zip(*per_server, strict=True)]
+
     def server_stats(self) -> dict[str, dict[str, int]]:
         """Per table, the servers' step figures combined: ``applied`` (the minimum),
         ``duplicates`` and ``waits`` (sums), ``pending_steps`` and ``max_behind``
@@ -615,10 +624,7 @@ class ShardedTable:
 
     def stats(self) -> TableStats:
         """The servers' counters, summed."""
-        total = TableStats()
-        for stats in self.client.each(lambda p: self.parts[p].stats()):
-            total = total + stats
-        return total
+        return self.client.stats_many([self])[0]
 
     def state_dict(self, *, mark_clean: bool = True) -> State:
         """All rows and state, the servers' parts merged (a table of P x shards

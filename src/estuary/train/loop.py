@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from estuary.data.types import Batch
+from estuary.embedding.types import stats_of
 from estuary.metrics.evaluation import EvalResult, evaluate_predictions
 from estuary.metrics.progress import ProgressBar
 from estuary.metrics.training import TrainingMetrics
@@ -253,7 +254,7 @@ class FitLoop:
         checkpoint = cadence.last if feed.rules.final_before_eval else None
         if feed.rules.final and not feed.rules.final_before_eval and state.chief:
             checkpoint = self.checkpointer.save(state)
-        stats = {name: t.stats() for name, t in self.tables.items()}
+        stats = stats_of(self.tables)  # one request per PS server
         bad_rows = feed.bad_rows()
         if self.metrics.server is not None:  # the final figures (the eval's lookups too)
             observer.sample(record=False)

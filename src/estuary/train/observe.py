@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from estuary.embedding.types import stats_of
 from estuary.metrics.evaluation import EvalResult, roc_auc
 from estuary.metrics.logs import LOG_CONTEXT
 from estuary.metrics.timeseries import TimeSeriesWriter
@@ -148,7 +149,7 @@ class RunObserver(Callback):
         """Read the figures, publish them and (``record``) append a series record;
         returns them."""
         now = time.monotonic()
-        stats = {name: t.stats() for name, t in self.tables.items()}
+        stats = stats_of(self.tables)  # one request per PS server
         lag_now_s = time.time()
         newest = self.feed.newest_event_s()
         queues = {"sparse_updates": self.updater.submitted - self.updater.landed}
