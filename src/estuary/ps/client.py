@@ -7,8 +7,9 @@ Steps: a ``RemoteTable`` numbers its train lookups and its gradient pushes
 1, 2, 3, ... (both counters start at 0 when the table object is made). The
 lookup of step s may wait at the server for the staleness bound; push t
 carries (t, rank) so the server applies each step exactly once. Eval lookups,
-``state_dict``, ``delta_state_dict`` and ``stats`` wait until every step this
-table pushed has been applied (read your writes).
+``state_dict`` and ``delta_state_dict`` wait until every step this table pushed
+has been applied (read your writes); ``stats`` and ``stats_many`` read the
+counters as they are (a time-series sample must not wait on a step).
 
 Batching: ``PSClient`` is the ``MultiTableStore`` of its tables. ``lookup_many``
 and ``apply_gradients_many`` send every table's ids (gradients) of a step in ONE
