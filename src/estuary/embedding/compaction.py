@@ -42,10 +42,14 @@ from dataclasses import dataclass
 
 from estuary.embedding.storage import GROWTH
 
-# Compact when fewer than this share of the rows allocated hold an id: the
-# arrays are then at least half empty, worth a pass over the index and the
-# moved rows; above it the room is left for later admissions to reuse.
-COMPACT_BELOW = 0.5
+# Compact when fewer than this share of the rows allocated hold an id (a
+# quarter or more free). A split takes every other slot of the fullest server:
+# its shards keep about half their rows, which is just above or below one half
+# of the rows allocated depending on the growth slack (0-10%) and the slots'
+# sizes, so a threshold of 0.5 would skip many split sources. Above 0.75 the
+# room is left for later admissions to reuse (a compaction there would give
+# back under 17% once the headroom is kept).
+COMPACT_BELOW = 0.75
 
 
 @dataclass(frozen=True)

@@ -654,7 +654,11 @@ class ParameterServer:
         with steps.exclusive():
             removed = table.remove(ids)
             forgot = table.forget_pending(pending)
-        return {"removed": removed, "pending": forgot}, {}
+            # Between steps still: the shards the drop left mostly empty give
+            # their memory back (a split's source keeps about half its rows).
+            done = table.compact(below=self.config.compact_below)
+        freed = sum(d.freed_bytes for d in done)
+        return {"removed": removed, "pending": forgot, "freed_bytes": freed}, {}
 
 
 def _error_reply(exc: BaseException) -> Header:
