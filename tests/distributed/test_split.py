@@ -326,5 +326,9 @@ def test_a_splits_source_gives_its_table_memory_back(compact_below: float) -> No
             table = tables["u"]  # trains on as before, on both servers
             table.apply_gradients(ids, table.lookup(ids, train=True) - 0.25)
             assert len(a.tables["u"]) + len(b.tables["u"]) == ids.size
+            kept = b.tables["u"].allocated_rows
+            client.retire_server(1)  # a merge: the leaving server drops all, keeps its arrays
+            assert len(b.tables["u"]) == 0 and b.tables["u"].allocated_rows == kept
+            np.testing.assert_array_equal(tables["t"].lookup(ids, train=False), want["t"])
         finally:
             client.close()

@@ -886,6 +886,8 @@ class EmbeddingShard:
                 filt.observe_counts(*_unique_counts(ids, counts), admit=False)
 
     def _upsert_rows(self, ids: Int64Array, state: State, *, check_new: bool) -> None:
+        if check_new:  # all new: room for them first (``HashIndex.reserve``)
+            self._index.reserve(len(self._index) + ids.size)
         rows, new_at = self._index.get_or_insert_new(ids)
         if check_new and new_at.size < ids.size:
             raise ValueError(f"{self.name}: state has duplicate ids")

@@ -200,9 +200,8 @@ def migrate(
         )
         dropped = client.adopt(new, members, conns)
         for (source, table), (ids, pend) in moved.items():
-            reply, _ = conns[source].call(
-                "drop_ids", {"table": table}, {"ids": ids, "pending": pend}
-            )
+            header = {"table": table, "compact": source != retire}  # a leaving server: no
+            reply, _ = conns[source].call("drop_ids", header, {"ids": ids, "pending": pend})
             freed += int(reply.get("freed_bytes", 0))
     finally:
         client.each(lambda p: conns[p].call("lift"), everyone)

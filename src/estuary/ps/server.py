@@ -292,6 +292,13 @@ class ParameterServer:
         return values
 
     @staticmethod
+    def _flag(header: Header, key: str, default: bool) -> bool:
+        value = header.get(key, default)
+        if not isinstance(value, bool):
+            raise PSError(f"field {key!r} must be true or false, got {value!r}")
+        return value
+
+    @staticmethod
     def _float(header: Header, key: str, default: float) -> float:
         value = header.get(key, default)
         if not isinstance(value, int | float) or isinstance(value, bool):
@@ -655,8 +662,10 @@ class ParameterServer:
             removed = table.remove(ids)
             forgot = table.forget_pending(pending)
             # Between steps still: the shards the drop left mostly empty give
-            # their memory back (a split's source keeps about half its rows).
-            done = table.compact(below=self.config.compact_below)
+            # their memory back (a split's source keeps about half its rows);
+            # not on a server leaving the job (``compact: false``, a merge).
+            below = self.config.compact_below if self._flag(header, "compact", True) else 0.0
+            done = table.compact(below=below)
         freed = sum(d.freed_bytes for d in done)
         return {"removed": removed, "pending": forgot, "freed_bytes": freed}, {}
 
