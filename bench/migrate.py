@@ -24,7 +24,8 @@ fetches the map.
 ``--compact-below F``: the servers' ``ServerConfig.compact_below`` (default
 0.75; 0 = never compact). Per migration also: server 0's resident memory
 (``/proc/PID/statm``) and its table's bytes (``stats().bytes``) before and
-after, and ``freed_bytes`` (what the sources' compaction gave back).
+after, ``freed_bytes`` (what the sources' compaction gave back) and
+``compact_ms`` (the time it took, inside ``move_ms``).
 
 ``--json PATH`` writes ``{"config", "runs"}``.
 """
@@ -166,7 +167,7 @@ def main() -> None:
                 f"(wait {m['wait_ms']:6.1f}, move {m['move_ms']:8.1f}); server 0 "
                 f"RSS {m['rss_mib'][0]:.0f}->{m['rss_mib'][1]:.0f} MiB, table "
                 f"{m['table_mib'][0]:.1f}->{m['table_mib'][1]:.1f} MiB, "
-                f"freed {m['freed_bytes'] / 2**20:.1f} MiB"
+                f"freed {m['freed_bytes'] / 2**20:.1f} MiB in {m['compact_ms']:.1f} ms"
             )
         print(
             f"R={rows:>9,}  trainer step: median {result['step_ms_median']} ms, "

@@ -90,7 +90,8 @@ class Migration:
     job's server count after it (one more after a split); ``retired``: the
     server that left (a merge; the caller stops it, see ``ShardedPSClient.retire_server``);
     ``freed_bytes``: table memory the sources gave back by compacting after the
-    drop (``ServerConfig.compact_below``)."""
+    drop (``ServerConfig.compact_below``), ``compact_ms`` the time they spent
+    on it (part of ``move_ms``)."""
 
     slots: int
     sources: tuple[int, ...]
@@ -106,6 +107,7 @@ class Migration:
     servers: int = 0
     retired: int | None = None
     freed_bytes: int = 0
+    compact_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -173,7 +175,7 @@ def migrate(
     before = range(running)  # the job's servers now (a joining one is not fenced)
     everyone = range(len(conns))
     dropped: list[PSClient] = []
-    freed = 0
+    freed, compact_ms = 0, 0.0
     t0 = time.perf_counter()
     try:
         first = client.each(lambda p: conns[p].call("fence")[0]["fence"], before)
@@ -203,6 +205,7 @@ def migrate(
             header = {"table": table, "compact": source != retire}  # a leaving server: no
             reply, _ = conns[source].call("drop_ids", header, {"ids": ids, "pending": pend})
             freed += int(reply.get("freed_bytes", 0))
+            compact_ms += float(reply.get("compact_ms", 0.0))
     finally:
         client.each(lambda p: conns[p].call("lift"), everyone)
     for retired in dropped:
@@ -223,6 +226,7 @@ def migrate(
         servers=new.servers,
         retired=retire,
         freed_bytes=freed,
+        compact_ms=compact_ms,
     )
 
 

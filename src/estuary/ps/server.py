@@ -36,6 +36,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing import AuthenticationError
@@ -665,9 +666,12 @@ class ParameterServer:
             # their memory back (a split's source keeps about half its rows);
             # not on a server leaving the job (``compact: false``, a merge).
             below = self.config.compact_below if self._flag(header, "compact", True) else 0.0
+            t0 = time.perf_counter()
             done = table.compact(below=below)
+            compact_ms = (time.perf_counter() - t0) * 1e3
         freed = sum(d.freed_bytes for d in done)
-        return {"removed": removed, "pending": forgot, "freed_bytes": freed}, {}
+        reply = {"removed": removed, "pending": forgot, "freed_bytes": freed}
+        return {**reply, "compact_ms": compact_ms}, {}
 
 
 def _error_reply(exc: BaseException) -> Header:
