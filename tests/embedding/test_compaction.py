@@ -167,3 +167,9 @@ def test_a_table_compacts_each_shard() -> None:
     assert len(done) == 2 and all(d.skipped is None for d in done)
     assert sum(d.held for d in done) == len(table) == 100
     assert table.allocated_rows < allocated / 10
+    table.remove(KEYS[:100])  # every row gone: down to the unknown row
+    assert all(d.skipped is None for d in table.compact()) and table.allocated_rows == 0
+    twin = EmbeddingTable(replace(TableSpec(dim=DIM), shards=2), seed=3, name="t")
+    np.testing.assert_array_equal(
+        table.lookup(KEYS[:50], train=True), twin.lookup(KEYS[:50], train=True)
+    )
