@@ -21,6 +21,12 @@ server process joins and takes half of server 0's slots
 (``retire_server``); the trainer's client connects to it and drops it as it
 fetches the map.
 
+``--compact-below F``: the servers' ``ServerConfig.compact_below`` (default
+0.75; 0 = never compact). Per migration also: server 0's resident memory
+(``/proc/PID/statm``) and its table's bytes (``stats().bytes``) before and
+after, ``freed_bytes`` (what the sources' compaction gave back) and
+``compact_ms`` (the time it took, inside ``move_ms``).
+
 ``--json PATH`` writes ``{"config", "runs"}``.
 """
 
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -41,6 +48,15 @@ from estuary.ps import HostedTable, PSClient, ServerConfig, ServerProcess
 from estuary.ps.sharded import ShardedPSClient, server_share
 
 
+def rss_mib(pid: int | None) -> float:
+    """Resident memory of process ``pid`` (MiB), from /proc (0 where there is none)."""
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def run(rows: int, args: argparse.Namespace) -> dict[str, Any]:
     spec = TableSpec(
         dim=args.dim,
@@ -48,7 +64,12 @@ def run(rows: int, args: argparse.Namespace) -> dict[str, Any]:
         optimizer=SparseOptimizerSpec(name="adagrad", lr=0.05),
         initial_capacity_rows=rows,
     )
-    config = ServerConfig({"t": server_share(HostedTable(spec, 0), 2)}, world_size=1, staleness=0)
+    config = ServerConfig(
+        {"t": server_share(HostedTable(spec, 0), 2)},
+        world_size=1,
+        staleness=0,
+        compact_below=args.compact_below,
+    )
     procs = [ServerProcess(config) for _ in range(3 if args.resize else 2)]
     try:
 
@@ -81,9 +102,12 @@ def run(rows: int, args: argparse.Namespace) -> dict[str, Any]:
         thread.start()
         migrations = []
         moved = np.empty(0, np.int64)
+        watch = PSClient(procs[0].address, procs[0].authkey)
+        source = watch.table("t")  # server 0's part: the split's source
         for k in range(args.moves):
             while len(times) < (k + 1) * args.steps // (args.moves + 1) and not done.is_set():
                 time.sleep(0.001)
+            before = (rss_mib(procs[0].pid), source.stats().bytes / 2**20)
             if args.resize:
                 spare = procs[2]
                 migration = (
@@ -101,9 +125,14 @@ def run(rows: int, args: argparse.Namespace) -> dict[str, Any]:
                     key: round(value, 2) if isinstance(value, float) else value
                     for key, value in migration.as_dict().items()
                 }
+                | {
+                    "rss_mib": [round(before[0], 1), round(rss_mib(procs[0].pid), 1)],
+                    "table_mib": [round(before[1], 1), round(source.stats().bytes / 2**20, 1)],
+                }
             )
         thread.join()
         trainer.close()
+        watch.close()
         mover.close()
     finally:
         for proc in procs:
@@ -125,6 +154,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--moves", type=int, default=3)
     parser.add_argument("--resize", action="store_true", help="split and merge instead")
+    parser.add_argument("--compact-below", type=float, default=0.75, help="0 = never compact")
     args = parser.parse_args()
     runs = []
     for rows in args.rows:
@@ -134,7 +164,10 @@ def main() -> None:
             print(
                 f"R={rows:>9,}  moved {m['rows']:>8,} rows ({m['bytes'] / 2**20:6.1f} MiB) "
                 f"{m['sources']}->{m['to']}: pause {m['pause_ms']:8.1f} ms "
-                f"(wait {m['wait_ms']:6.1f}, move {m['move_ms']:8.1f})"
+                f"(wait {m['wait_ms']:6.1f}, move {m['move_ms']:8.1f}); server 0 "
+                f"RSS {m['rss_mib'][0]:.0f}->{m['rss_mib'][1]:.0f} MiB, table "
+                f"{m['table_mib'][0]:.1f}->{m['table_mib'][1]:.1f} MiB, "
+                f"freed {m['freed_bytes'] / 2**20:.1f} MiB in {m['compact_ms']:.1f} ms"
             )
         print(
             f"R={rows:>9,}  trainer step: median {result['step_ms_median']} ms, "

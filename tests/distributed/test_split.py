@@ -297,3 +297,38 @@ def test_a_client_that_missed_a_split_checkpoints_the_new_servers_rows_too() -> 
             mover.close()
             trainer.close()
             loader.close()
+
+
+@pytest.mark.parametrize("compact_below", [0.75, 0.0])
+def test_a_splits_source_gives_its_table_memory_back(compact_below: float) -> None:
+    ids = np.arange(-2000, 6000, dtype=np.int64)
+    setting = replace(config(2, world_size=1), compact_below=compact_below)
+    with serving(setting) as a, serving(setting) as b:
+        client = ShardedPSClient([connect(a)])
+        try:
+            tables = client.tables()
+            for table in tables.values():
+                table.apply_gradients(ids, table.lookup(ids, train=True) + 0.5)
+            want = {n: t.lookup(ids, train=False) for n, t in tables.items()}
+            held = {n: a.tables[n].stats().bytes for n in tables}
+            allocated = {n: a.tables[n].allocated_rows for n in tables}
+            migration = client.add_server(connect(b))  # half of server 0's slots
+            for name, table in tables.items():
+                np.testing.assert_array_equal(table.lookup(ids, train=False), want[name])
+                source = a.tables[name]
+                if compact_below:  # about half the rows left: the arrays follow
+                    # (the bytes count the log of the ids dropped, 8 B each, too)
+                    assert source.stats().bytes < 0.75 * held[name]
+                    assert source.allocated_rows < 0.65 * allocated[name]
+                else:
+                    assert source.allocated_rows == allocated[name]
+            assert (migration.freed_bytes > 0) == (compact_below > 0)
+            table = tables["u"]  # trains on as before, on both servers
+            table.apply_gradients(ids, table.lookup(ids, train=True) - 0.25)
+            assert len(a.tables["u"]) + len(b.tables["u"]) == ids.size
+            kept = b.tables["u"].allocated_rows
+            client.retire_server(1)  # a merge: the leaving server drops all, keeps its arrays
+            assert len(b.tables["u"]) == 0 and b.tables["u"].allocated_rows == kept
+            np.testing.assert_array_equal(tables["t"].lookup(ids, train=False), want["t"])
+        finally:
+            client.close()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from estuary.embedding import memory
-from estuary.embedding.memory import HUGE_MIN_BYTES, zeros
+from estuary.embedding.memory import HUGE_MIN_BYTES, shrunk, zeros
 
 
 @pytest.mark.parametrize(
@@ -44,3 +44,22 @@ def test_without_huge_pages_large_arrays_are_still_zeroed(monkeypatch: pytest.Mo
     monkeypatch.setattr(memory, "_MADV_HUGEPAGE", None)
     a = zeros((HUGE_MIN_BYTES // 4,), np.float32)
     assert a.ctypes.data % 64 == 0 and not a.any()
+
+
+@pytest.mark.parametrize("rows", [HUGE_MIN_BYTES // 64, 100])
+def test_shrunk_keeps_the_first_rows_and_gives_the_rest_back(rows: int) -> None:
+    a = zeros((rows, 16), np.float32)
+    a[...] = np.arange(rows, dtype=np.float32)[:, None]
+    keep = rows // 3
+    out = shrunk(a, keep)
+    assert out.shape == (keep, 16) and out.flags.c_contiguous
+    np.testing.assert_array_equal(out[:, 0], np.arange(keep, dtype=np.float32))
+    if a.nbytes >= HUGE_MIN_BYTES:
+        # Cut in place: a view, and the whole pages past it were released (an
+        # anonymous private page reads zeros once given back).
+        assert np.shares_memory(out, a)
+        past = -(-out.nbytes // 4096) * 4096 // a[0].nbytes + 1
+        assert not a[past:].any()
+    else:
+        assert not np.shares_memory(out, a) and a[keep:].all()
+    assert shrunk(out, keep) is out  # nothing to cut

@@ -285,6 +285,15 @@ def _remove_kernel(
     return removed
 
 
+@njit(cache=True, nogil=True)
+def _renumber_kernel(table: Int64Array, new_end: int, moved_to: Int64Array) -> None:
+    # Values (slot + 1) of slots >= new_end become moved_to[slot - new_end] + 1.
+    for k in range(table.shape[0]):
+        slot = table[k, 1] - 1
+        if slot >= new_end:
+            table[k, 1] = moved_to[slot - new_end] + 1
+
+
 GROWTH = 1.25  # table growth factor: amortised O(1) rehash per insert (module docstring)
 
 
@@ -347,6 +356,49 @@ class HashIndex:
         rehash_into(self._table, new)
         self._table = new
         self._limit = int(new.shape[0] * self._max_load)
+
+    def reserve(self, ids: int) -> None:
+        """Grow now, if needed, so the table holds ``ids`` ids in all without
+        passing ``max_load``: for a caller about to insert that many new ids at
+        once (rows moved in). Besides paying one rehash, it keeps ids that
+        arrive in hash order (another table's export) from piling up in one
+        probe run: inserted in home order into a table whose load plus the new
+        ids' share passes 1 before the limit is reached, each id probes past
+        all the ids inserted before it (measured: 250k exported rows imported
+        into a compacted shard, index at load 0.6: 1.2 s; 60 ms with the table
+        grown first)."""
+        if ids > self._limit:
+            self._grow(ids)
+
+    def pack(self) -> tuple[Int64Array, Int64Array]:
+        """Renumber the slots so the ``len`` ids held use ``first_slot ..
+        first_slot + len - 1``: each id in a slot past that range moves to a free
+        slot inside it. Returns the moves ``(src, dst)`` int64 (M,) each, for the
+        caller to move its rows the same way. Empties the free list
+        (``slot_end`` becomes ``first_slot + len``) and rebuilds the table at the
+        size the ids need (load ``max_load / GROWTH``, as after a growth) where
+        it has more than ``GROWTH`` times that. Cost: a pass over the table, a
+        sort of the M moved slots; a rehash when it is rebuilt."""
+        first, held = self._first_slot, len(self)
+        new_end = first + held
+        _, slots = self.items()
+        src = np.sort(slots[slots >= new_end])
+        used = np.zeros(held, np.bool_)
+        used[slots[slots < new_end] - first] = True
+        dst = np.flatnonzero(~used) + first  # the free slots below new_end, as many as src
+        moved_to = np.full(self.slot_end - new_end, -1, np.int64)
+        moved_to[src - new_end] = dst
+        _renumber_kernel(self._table, new_end, moved_to)
+        self._meta[_NEXT_SLOT] = new_end
+        self._meta[_FREE_COUNT] = 0
+        self._free = np.empty(0, np.int64)
+        need = entries_for(int(held * GROWTH), self._max_load)
+        if self._table.shape[0] > GROWTH * need:
+            new = zeros((need, 2), np.int64)
+            rehash_into(self._table, new)
+            self._table = new
+            self._limit = int(need * self._max_load)
+        return src, dst
 
     def get_or_insert_new(
         self, ids: Int64Array, touch: Touch = NO_TOUCH

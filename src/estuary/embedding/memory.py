@@ -43,3 +43,39 @@ def zeros(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     raw = np.frombuffer(buf, np.uint8)
     start = -raw.ctypes.data % align
     return raw[start : start + nbytes].view(dt).reshape(shape)
+
+
+def _mapping_of(arr: np.ndarray) -> mmap.mmap | None:
+    # The anonymous mapping ``zeros`` placed ``arr`` in, or None (an np.zeros buffer).
+    base: object = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap):
+        return base.obj
+    return None
+
+
+def shrunk(arr: np.ndarray, rows: int) -> np.ndarray:
+    """The first ``rows`` rows of ``arr`` (C-contiguous, from ``zeros``), with the
+    memory past them given back to the OS (RSS drops).
+
+    An array in a mapping of its own (``HUGE_MIN_BYTES`` or more) is cut in place:
+    the whole pages past row ``rows`` are released (``madvise(MADV_DONTNEED)``;
+    the address range stays reserved until the array is dropped) and the result
+    is a view of the rows kept: nothing is copied, no memory is added. A smaller
+    array is copied into a new one of ``rows`` rows (under ``HUGE_MIN_BYTES``).
+    """
+    if rows >= arr.shape[0]:
+        return arr
+    buf = _mapping_of(arr)
+    if buf is None or not hasattr(mmap, "MADV_DONTNEED"):
+        out = zeros((rows, *arr.shape[1:]), arr.dtype)
+        out[...] = arr[:rows]
+        return out
+    kept = arr[:rows]
+    base = np.frombuffer(buf, np.uint8).ctypes.data
+    end = kept.ctypes.data + kept.nbytes - base  # first byte past the rows kept
+    start = -(-end // mmap.PAGESIZE) * mmap.PAGESIZE
+    if start < len(buf):
+        buf.madvise(mmap.MADV_DONTNEED, start, len(buf) - start)
+    return kept

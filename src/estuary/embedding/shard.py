@@ -31,6 +31,13 @@ import numpy as np
 from estuary.config.spec import TableSpec
 from estuary.embedding.admission import AdmissionFilter, make_admission_filter
 from estuary.embedding.admission_sketch import SketchAdmissionFilter
+from estuary.embedding.compaction import (
+    COMPACT_BELOW,
+    Compaction,
+    check_below,
+    rows_to_keep,
+    skip_reason,
+)
 from estuary.embedding.delta import (
     AGING,
     AGING_TOUCHES,
@@ -531,6 +538,30 @@ class EmbeddingShard:
             self._storage.max_rows = cap + 1
             return cap
 
+    def compact(self, *, below: float = COMPACT_BELOW) -> Compaction:
+        """Give back the memory of rows that left (moved away, evicted) when fewer
+        than ``below`` of the rows allocated hold an id: the rows in use are
+        packed to the front, every per-row array and the hash index renumbered
+        alike, and the arrays cut to the rows in use plus one growth's headroom
+        (``estuary.embedding.compaction``). Lookups, updates and states are
+        unchanged (only row numbers move). Safe between any two calls (it holds
+        the lock). Returns what it did, or why it skipped."""
+        below = check_below(below)
+        with self._lock:
+            s, index = self._storage, self._index
+            held, allocated = len(index), s.capacity_rows - 1
+            before = index.nbytes + s.nbytes
+            reason = skip_reason(held, allocated, below)
+            if self._disk is not None:
+                reason = "a disk tier's memory rows are bounded by its budget and refill from disk"
+            if reason is not None:
+                return Compaction(held, allocated, allocated, before, before, skipped=reason)
+            src, dst = index.pack()
+            s.pack(src, dst)
+            s.shrink(rows_to_keep(held, s.max_rows))
+            after = index.nbytes + s.nbytes
+            return Compaction(held, allocated, s.capacity_rows - 1, before, after, int(src.size))
+
     @property
     def capacity_rows(self) -> int | None:
         """Most rows this shard holds; ``None``: unbounded."""
@@ -855,6 +886,8 @@ class EmbeddingShard:
                 filt.observe_counts(*_unique_counts(ids, counts), admit=False)
 
     def _upsert_rows(self, ids: Int64Array, state: State, *, check_new: bool) -> None:
+        if check_new:  # all new: room for them first (``HashIndex.reserve``)
+            self._index.reserve(len(self._index) + ids.size)
         rows, new_at = self._index.get_or_insert_new(ids)
         if check_new and new_at.size < ids.size:
             raise ValueError(f"{self.name}: state has duplicate ids")

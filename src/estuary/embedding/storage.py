@@ -39,7 +39,7 @@ from numba import njit
 from estuary.embedding.delta import dirty_slots
 from estuary.embedding.hash_index import Float64Array, Int32Array, Touch
 from estuary.embedding.initializers import initial_weight
-from estuary.embedding.memory import zeros
+from estuary.embedding.memory import shrunk, zeros
 from estuary.embedding.precision import FP32, draw_row_bits, f32_to_half_sr
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch, prefetch_span
 from estuary.embedding.row_formats import RowFormat
@@ -134,6 +134,19 @@ def rows_out(out: Float32Array | None, n: int, dim: int) -> Float32Array:
 
 
 GROWTH = 1.1  # row growth factor (module docstring)
+# Every array of RowStorage with one entry per row: what a growth, a packing
+# (``pack``) and a cut (``shrink``) must all carry.
+PER_ROW = ("array", "owner", "stamp", "freq", "touch_s")
+
+
+@njit(cache=True, nogil=True)
+def _move_rows(arr: Any, src: Int64Array, dst: Int64Array) -> None:
+    # arr[dst[n]] = arr[src[n]] row by row, in place (no temporary): the two sets
+    # of rows are disjoint (``RowStorage.pack``).
+    for n in range(src.size):
+        if n + ROWS_AHEAD < src.size:
+            prefetch_span(arr, src[n + ROWS_AHEAD] * arr.shape[1], arr.shape[1])
+        arr[dst[n]] = arr[src[n]]
 
 
 def _grown(arr: np.ndarray, rows: int) -> np.ndarray:
@@ -187,8 +200,26 @@ class RowStorage:
     @property
     def nbytes(self) -> int:
         """Memory held by the rows and the metadata."""
-        arrays = (self.array, self.owner, self.stamp, self.freq, self.touch_s)
-        return int(sum(a.nbytes for a in arrays))
+        return int(sum(getattr(self, name).nbytes for name in PER_ROW))
+
+    def pack(self, src: Int64Array, dst: Int64Array) -> None:
+        """Move rows ``src`` int64 (M,) to free slots ``dst`` (M,), every per-row
+        array (``PER_ROW``) alike: weights, optimizer state and metadata. The
+        slots of ``src`` are left holding stale copies (the caller cuts them off
+        with ``shrink``). In place: no temporary beyond the two index arrays."""
+        for name in PER_ROW:
+            arr = getattr(self, name)
+            if arr.size:
+                _move_rows(arr.reshape(arr.shape[0], -1), src, dst)
+
+    def shrink(self, rows: int) -> None:
+        """Cut every per-row array to ``rows`` rows and give the memory past them
+        back to the OS (``memory.shrunk``: no copy for the large arrays). Rows
+        ``rows..`` must be free."""
+        for name in PER_ROW:
+            arr = getattr(self, name)
+            if arr.size:
+                setattr(self, name, shrunk(arr, rows))
 
     def ensure_rows(self, rows: int) -> None:
         """Make rows ``0 .. rows-1`` addressable (copies once per growth).
@@ -200,13 +231,8 @@ class RowStorage:
         target = max(rows, int(GROWTH * self.array.shape[0]))
         if self.max_rows is not None:
             target = max(rows, min(target, self.max_rows))
-        grown = zeros((target, self.width), np.float32)
-        grown[: self.array.shape[0]] = self.array
-        self.array = grown
-        self.owner = _grown(self.owner, target)
-        self.stamp = _grown(self.stamp, target)
-        self.freq = _grown(self.freq, target)
-        self.touch_s = _grown(self.touch_s, target)
+        for name in PER_ROW:
+            setattr(self, name, _grown(getattr(self, name), target))
 
     def _stamp_of(self, now: int) -> int:
         # The value a touch at clock ``now`` leaves in ``stamp``.

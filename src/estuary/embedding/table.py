@@ -24,6 +24,7 @@ from dataclasses import replace
 import numpy as np
 
 from estuary.config.spec import TableSpec
+from estuary.embedding.compaction import COMPACT_BELOW, Compaction
 from estuary.embedding.delta import DeltaChain, is_full, merge_states, split_state
 from estuary.embedding.hashing import as_ids, route
 from estuary.embedding.shard import EmbeddingShard, RawExport
@@ -191,6 +192,11 @@ class EmbeddingTable:
             shard.forget_pending(ids[order[offsets[k] : offsets[k + 1]]])
             for k, shard in enumerate(self.shards)
         )
+
+    def compact(self, *, below: float = COMPACT_BELOW) -> list[Compaction]:
+        """Compact each shard whose arrays are mostly empty (see
+        ``EmbeddingShard.compact``); returns what each shard did, in order."""
+        return [shard.compact(below=below) for shard in self.shards]
 
     def cap_rows(self, rows: int) -> int:
         """Lower the table's row capacity to ``rows`` (split evenly over its

@@ -14,7 +14,9 @@ parameter servers between two steps, while the trainers run.
           them: weights, optimizer slots, eviction stamps/freq/time, exact
           pending admission counts) -> import_rows on the destination
       4 set_routing (map version v + 1) on every server
-      5 drop_ids on the sources (rows logged as evicted for the delta chain)
+      5 drop_ids on the sources (rows logged as evicted for the delta chain);
+        a table shard the drop left mostly empty is compacted there, its
+        arrays cut to the rows left (``ServerConfig.compact_below``)
       6 lift: waiting lookups see version v + 1, are refused as stale, and
         their clients fetch the map and route the same step again
 
@@ -86,7 +88,10 @@ class Migration:
     (the most any trainer waited), ``wait_ms`` for the fence step to be applied
     everywhere, ``move_ms`` export, import, switch and drop. ``servers``: the
     job's server count after it (one more after a split); ``retired``: the
-    server that left (a merge; the caller stops it, see ``ShardedPSClient.retire_server``)."""
+    server that left (a merge; the caller stops it, see ``ShardedPSClient.retire_server``);
+    ``freed_bytes``: table memory the sources gave back by compacting after the
+    drop (``ServerConfig.compact_below``), ``compact_ms`` the time they spent
+    on it (part of ``move_ms``)."""
 
     slots: int
     sources: tuple[int, ...]
@@ -101,6 +106,8 @@ class Migration:
     move_ms: float
     servers: int = 0
     retired: int | None = None
+    freed_bytes: int = 0
+    compact_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -168,6 +175,7 @@ def migrate(
     before = range(running)  # the job's servers now (a joining one is not fenced)
     everyone = range(len(conns))
     dropped: list[PSClient] = []
+    freed, compact_ms = 0, 0.0
     t0 = time.perf_counter()
     try:
         first = client.each(lambda p: conns[p].call("fence")[0]["fence"], before)
@@ -194,7 +202,10 @@ def migrate(
         )
         dropped = client.adopt(new, members, conns)
         for (source, table), (ids, pend) in moved.items():
-            conns[source].call("drop_ids", {"table": table}, {"ids": ids, "pending": pend})
+            header = {"table": table, "compact": source != retire}  # a leaving server: no
+            reply, _ = conns[source].call("drop_ids", header, {"ids": ids, "pending": pend})
+            freed += int(reply.get("freed_bytes", 0))
+            compact_ms += float(reply.get("compact_ms", 0.0))
     finally:
         client.each(lambda p: conns[p].call("lift"), everyone)
     for retired in dropped:
@@ -214,6 +225,8 @@ def migrate(
         move_ms=(t2 - t1) * 1e3,
         servers=new.servers,
         retired=retire,
+        freed_bytes=freed,
+        compact_ms=compact_ms,
     )
 
 

@@ -38,6 +38,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
@@ -293,6 +294,13 @@ class ParameterServer:
         ):
             raise PSError(f"field {key!r} must be a list of {count} ints, got {values!r}")
         return values
+
+    @staticmethod
+    def _flag(header: Header, key: str, default: bool) -> bool:
+        value = header.get(key, default)
+        if not isinstance(value, bool):
+            raise PSError(f"field {key!r} must be true or false, got {value!r}")
+        return value
 
     @staticmethod
     def _float(header: Header, key: str, default: float) -> float:
@@ -665,7 +673,16 @@ class ParameterServer:
         with steps.exclusive():
             removed = table.remove(ids)
             forgot = table.forget_pending(pending)
-        return {"removed": removed, "pending": forgot}, {}
+            # Between steps still: the shards the drop left mostly empty give
+            # their memory back (a split's source keeps about half its rows);
+            # not on a server leaving the job (``compact: false``, a merge).
+            below = self.config.compact_below if self._flag(header, "compact", True) else 0.0
+            t0 = time.perf_counter()
+            done = table.compact(below=below)
+            compact_ms = (time.perf_counter() - t0) * 1e3
+        freed = sum(d.freed_bytes for d in done)
+        reply = {"removed": removed, "pending": forgot, "freed_bytes": freed}
+        return {**reply, "compact_ms": compact_ms}, {}
 
 
 def _error_reply(exc: BaseException) -> Header:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from estuary.config.spec import TableSpec
+from estuary.embedding.compaction import COMPACT_BELOW, check_below
 
 # Where a server listens: an AF_UNIX socket path or a TCP (host, port).
 Address = str | tuple[str, int]
@@ -42,6 +43,10 @@ class ServerConfig:
             fails with a ``PSTimeoutError`` naming the ranks that have not pushed.
         max_pending_steps: pushes may run at most this many steps ahead of the last
             applied step (bounds the memory of buffered gradients).
+        compact_below: after ``drop_ids`` (the rows a migration moved away), a
+            table shard with fewer than this share of its allocated rows in use
+            is compacted: its arrays shrink to the rows left
+            (``estuary.embedding.compaction``). In [0, 1]; 0 = never.
     """
 
     tables: dict[str, HostedTable] = field(default_factory=dict)
@@ -49,6 +54,7 @@ class ServerConfig:
     staleness: int | None = 0
     wait_timeout_s: float = 300.0
     max_pending_steps: int = 64
+    compact_below: float = COMPACT_BELOW
 
     def validate(self) -> None:
         if self.world_size < 1:
@@ -59,6 +65,7 @@ class ServerConfig:
             raise ValueError(f"wait_timeout_s must be > 0, got {self.wait_timeout_s}")
         if self.max_pending_steps < 1:
             raise ValueError(f"max_pending_steps must be >= 1, got {self.max_pending_steps}")
+        check_below(self.compact_below, "compact_below")
 
 
 class PSError(RuntimeError):
