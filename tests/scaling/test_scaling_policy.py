@@ -196,6 +196,7 @@ def test_dlrover_rules_grow_by_ps_cpu_headroom_at_most_twice_and_double_memory_o
         ("wait_high", 1.5, "runtime.scaling.wait_high"),
         ("hot_ratio", 1.0, "runtime.scaling.hot_ratio"),
         ("bridge_reads", -1, "runtime.scaling.bridge_reads"),
+        ("compact_below", 1.5, "runtime.scaling.compact_below"),
         ("bogus", 1, "runtime.scaling.bogus"),
     ],
 )
@@ -204,6 +205,18 @@ def test_scaling_config_errors_name_the_field(key: str, value: object, path: str
     with pytest.raises(ConfigError) as err:
         job_from_dict(raw)
     assert path in str(err.value)
+
+
+def test_compact_below_reaches_every_ps_server_and_defaults_to_the_shards() -> None:
+    from estuary.embedding.compaction import COMPACT_BELOW
+    from estuary.runtime.launcher import ps_server_config
+    from estuary.train.plan import TrainPlan
+
+    assert job_from_dict({"data": DATA}).runtime.scaling.compact_below == COMPACT_BELOW
+    raw = {"data": DATA, "runtime": {"backend": "ray", "scaling": {"compact_below": 0.5}}}
+    job = job_from_dict(raw)
+    config = ps_server_config(job, TrainPlan.from_job(job), 2, 2, 30.0)
+    assert config.compact_below == 0.5 and config.world_size == 2
 
 
 def test_scaling_needs_the_ray_runtime() -> None:

@@ -56,6 +56,10 @@ class ScalingSpec:
             the budget) when one executor's peak crosses ``memory_target`` of it
             at one read at a time; ``None``: the ask is never raised (the
             manager still lowers an executor's concurrent reads to fit).
+        compact_below: after a migration moves rows off a PS shard (a split, a
+            hot-shard move), each table shard left holding fewer than this
+            fraction of its allocated rows is compacted: rows packed, arrays cut,
+            the memory given back (``EmbeddingShard.compact``). 0: never.
         timeline: write ``scaling.json`` (every decision, its trigger and its
             measured effect) and ``scaling.png`` to the run folder.
     """
@@ -73,6 +77,7 @@ class ScalingSpec:
     max_executor_threads: int = 1
     bridge_reads: int = 4
     max_executor_memory_mb: int | None = None
+    compact_below: float = 0.75  # estuary.embedding.compaction.COMPACT_BELOW (tested equal)
     timeline: bool = True
 
     def validate(self, path: str) -> None:
@@ -94,5 +99,9 @@ class ScalingSpec:
             raise ConfigError(f"{path}.bridge_reads", f"must be >= 0, got {self.bridge_reads}")
         if self.max_executor_memory_mb is not None and self.max_executor_memory_mb < 1:
             raise ConfigError(f"{path}.max_executor_memory_mb", "must be >= 1")
+        if not 0.0 <= self.compact_below <= 1.0:
+            raise ConfigError(
+                f"{path}.compact_below", f"must be in [0, 1] (0: never), got {self.compact_below}"
+            )
         if self.hot_ratio <= 1.0:
             raise ConfigError(f"{path}.hot_ratio", f"must be > 1, got {self.hot_ratio}")

@@ -103,6 +103,20 @@ def start_context() -> Any:
     return context
 
 
+def ps_server_config(
+    job: JobSpec, plan: TrainPlan, world_size: int, shards: int, wait_timeout_s: float
+) -> ServerConfig:
+    """The configuration every one of ``shards`` PS servers of ``job`` starts with
+    (each its ``1 / shards`` share of every table), on either runtime."""
+    return ServerConfig(
+        {name: server_share(t, shards) for name, t in plan.hosted_tables().items()},
+        world_size=world_size,
+        staleness=plan.staleness,
+        compact_below=job.runtime.scaling.compact_below,
+        wait_timeout_s=wait_timeout_s,
+    )
+
+
 def default_backend(job: JobSpec) -> str:
     """``nccl`` when the job's dense model runs on CUDA, else ``gloo``."""
     return "nccl" if resolve_device(job.train.device).type == "cuda" else "gloo"
@@ -187,12 +201,7 @@ def run_distributed(
         raise ValueError("backend 'nccl' needs train.device 'cuda' (or 'auto' with CUDA present)")
     plan = TrainPlan.from_job(job)
     shards = job.runtime.ps_shards
-    config = ServerConfig(
-        {name: server_share(t, shards) for name, t in plan.hosted_tables().items()},
-        world_size=world_size,
-        staleness=plan.staleness,
-        wait_timeout_s=ps_wait_timeout_s,
-    )
+    config = ps_server_config(job, plan, world_size, shards, ps_wait_timeout_s)
     # The servers start while the trainers import torch; they retry their connect.
     servers: list[ServerProcess] = []
     context = None

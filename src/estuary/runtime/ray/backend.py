@@ -14,9 +14,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from estuary.config import JobSpec
 from estuary.config.spec import data_delivery
-from estuary.ps import ServerConfig, server_share
 from estuary.runtime.failure import policy_for
-from estuary.runtime.launcher import act, default_backend
+from estuary.runtime.launcher import act, default_backend, ps_server_config
 from estuary.runtime.ray.actors import ServerActor, TrainerActor, kill_all
 from estuary.runtime.ray.cluster import Placement, PlacementError, connect, place, role_asks
 from estuary.runtime.ray.delivery import RayPartRoutes
@@ -129,12 +128,7 @@ class RayRuntime:
         # A resume after a split or merge starts the shards the checkpoint had.
         shards = resumed_shard_count(job) if resume else None
         count = runtime.ps_shards if shards is None else shards
-        config = ServerConfig(
-            {name: server_share(t, count) for name, t in plan.hosted_tables().items()},
-            world_size=world,
-            staleness=plan.staleness,
-            wait_timeout_s=self.ps_wait_timeout_s,
-        )
+        config = ps_server_config(job, plan, world, count, self.ps_wait_timeout_s)
         ps_res, tr_res = runtime.ray.ps, runtime.ray.trainer
         keys = [os.urandom(32) for _ in range(count)]
         servers = [
