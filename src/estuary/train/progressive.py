@@ -31,6 +31,7 @@ share of each step (it alone holds the data progress); nothing is gathered.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -43,13 +44,20 @@ from estuary.config.spec import JobSpec
 from estuary.data.graph.progress import Progress
 from estuary.data.types import Batch, Int64Array
 from estuary.metrics.progressive import NEW_IDS, ProgressiveCollector, ProgressiveStats
+from estuary.metrics.progressive_state import restore_stats, stats_arrays
 from estuary.metrics.training import TrainingMetrics
 from estuary.train.arrival import ArrivalScorer
 from estuary.train.callbacks import LoopState
 from estuary.train.engine import Engine
 from estuary.train.feeds import Feed, GraphFeed
 
-__all__ = ["ProgressiveEval", "SeenIds", "progressive_for", "score_on_arrival"]
+__all__ = ["CHECKPOINT_NAME", "ProgressiveEval", "SeenIds", "progressive_for", "score_on_arrival"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "progressive"
+"""Checkpoint extra state (``extra/progressive.safetensors``): the figures so far
+(``metrics.progressive_state``, ``stats.`` prefix) and the seen-ids bitmap."""
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -70,7 +78,7 @@ class SeenIds:
     """
 
     def __init__(self, bits: int = 26) -> None:
-        self._bitmap = np.zeros(1 << (bits - 3), np.uint8)
+        self.bitmap = np.zeros(1 << (bits - 3), np.uint8)  # (2**bits / 8,)
         self._shift = np.uint64(64 - bits)
 
     def first_seen(self, ids: Int64Array) -> BoolArray:
@@ -79,8 +87,8 @@ class SeenIds:
         slot = (ids.view(np.uint64) * _GOLDEN) >> self._shift  # wraps mod 2**64
         byte = slot >> np.uint64(3)
         bit = np.left_shift(np.uint8(1), (slot & np.uint64(7)).astype(np.uint8))
-        new: BoolArray = (self._bitmap[byte] & bit) == 0
-        np.bitwise_or.at(self._bitmap, byte, bit)
+        new: BoolArray = (self.bitmap[byte] & bit) == 0
+        np.bitwise_or.at(self.bitmap, byte, bit)
         return new
 
     def new_rows(self, batch: Batch) -> BoolArray:
@@ -111,6 +119,33 @@ class ProgressiveEval:
     ) -> None:
         self.progress, self.stats, self.clock = progress, stats, clock
         self.seen = SeenIds()
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """The figures and the seen-ids bitmap, copied (``CheckpointExtra``)."""
+        arrays = {f"stats.{k}": torch.from_numpy(v) for k, v in stats_arrays(self.stats).items()}
+        return {**arrays, "seen_ids": torch.from_numpy(self.seen.bitmap.copy())}
+
+    def restore_state(self, tensors: dict[str, torch.Tensor] | None) -> None:
+        """Continue from a checkpoint's figures and bitmap; ``None`` (a checkpoint
+        written without them): start afresh, saying so once.
+
+        Raises:
+            ValueError: the saved state is unreadable (names the array).
+        """
+        if tensors is None:
+            logger.warning(
+                "the checkpoint has no progressive-evaluation state (written before "
+                "it was saved): the progressive figures start afresh"
+            )
+            return
+        prefix = "stats."
+        arrays = {k[len(prefix) :]: v.numpy() for k, v in tensors.items() if k.startswith(prefix)}
+        restore_stats(self.stats, arrays)
+        bitmap = tensors.get("seen_ids")
+        if bitmap is not None and tuple(bitmap.shape) == self.seen.bitmap.shape:
+            self.seen.bitmap = bitmap.numpy().astype(np.uint8, copy=True)
+        else:  # another bitmap size: ids seen before the resume read as new
+            logger.warning("the checkpoint's seen-ids bitmap does not fit: it starts empty")
 
     def record(self, batch: Batch, logits: torch.Tensor) -> None:
         """``logits`` (B,): the step's forward on ``batch``, before its update."""
