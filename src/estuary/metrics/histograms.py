@@ -96,9 +96,8 @@ class ScoreHistogram:
         logit = np.nan_to_num(logit, nan=0.0, posinf=LOGIT_RANGE, neginf=-LOGIT_RANGE)
         scaled = (logit + LOGIT_RANGE) * (self.bins / (2 * LOGIT_RANGE))
         index = np.clip(np.floor(scaled), 0, self.bins - 1).astype(np.intp)  # (N,)
-        positive = np.asarray(labels) > 0
-        _count_into(self.counts[1], index[positive])
-        _count_into(self.counts[0], index[~positive])
+        index += self.bins * (np.asarray(labels) > 0)  # (N,) into counts viewed flat
+        _count_into(self.counts.reshape(-1), index)
 
     def auc(self) -> float:
         """ROC AUC of the counted rows, pairs sharing a bin counted 1/2; NaN with

@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from estuary.metrics.histograms import LagHistogram, weighted_quantiles
-from estuary.metrics.progressive_groups import GroupScores, Window, Windows
+from estuary.metrics.progressive_groups import GroupScores, Window, Windows, log_loss_sum
 
 __all__ = [
     "NEW_IDS",
@@ -87,10 +87,11 @@ class ProgressiveStats:
         in each of ``origins``, and in the lag (``lag_s`` for each of them;
         ``None``: not yet trained, ``record_lag`` files it when they are)."""
         origins = list(origins)
+        loss = log_loss_sum(labels, probs)  # once for the window and each origin
         with self.lock:
-            self.windows.get(window).add(labels, probs)
+            self.windows.get(window).add(labels, probs, loss)
             for origin in origins:
-                self.origins.setdefault(origin, GroupScores()).add(labels, probs)
+                self.origins.setdefault(origin, GroupScores()).add(labels, probs, loss)
             if lag_s is not None:
                 self._add_lag(lag_s, int(labels.shape[0]), origins)
 

@@ -22,7 +22,14 @@ import numpy.typing as npt
 from estuary.metrics.evaluation import roc_auc
 from estuary.metrics.histograms import SCORE_BINS, ScoreHistogram
 
-__all__ = ["EXACT_ROWS", "FOLDED_BINS", "OPEN_WINDOWS", "GroupScores", "Windows"]
+__all__ = [
+    "EXACT_ROWS",
+    "FOLDED_BINS",
+    "OPEN_WINDOWS",
+    "GroupScores",
+    "Windows",
+    "log_loss_sum",
+]
 
 EXACT_ROWS = 1 << 18
 """Rows a group keeps one by one (1.25 MiB) before it turns to a histogram."""
@@ -38,8 +45,10 @@ LOGLOSS_EPS = 1e-7  # as metrics.evaluation.log_loss clips
 Window = tuple[int, int]  # (start_s, end_s)
 
 
-def _log_loss_sum(labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]) -> float:
+def log_loss_sum(labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]) -> float:
     p = np.clip(np.asarray(probs, np.float64), LOGLOSS_EPS, 1.0 - LOGLOSS_EPS)
+    """Sum of the rows' binary cross-entropies, probabilities clipped as
+    ``metrics.evaluation.log_loss`` does (float64)."""
     y = labels > 0
     return float(-(np.log(p[y]).sum() + np.log1p(-p[~y]).sum()))
 
@@ -71,13 +80,19 @@ class GroupScores:
         kept = sum(a.nbytes for a in self.labels) + sum(a.nbytes for a in self.probs)
         return kept + (self.histogram.size_bytes if self.histogram is not None else 0)
 
-    def add(self, labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]) -> None:
-        """Rows ``labels`` (N,) in {0, 1} and their probabilities ``probs`` (N,)."""
+    def add(
+        self,
+        labels: npt.NDArray[np.int8],
+        probs: npt.NDArray[np.float32],
+        loss_sum: float | None = None,
+    ) -> None:
+        """Rows ``labels`` (N,) in {0, 1} and their probabilities ``probs`` (N,);
+        ``loss_sum``: their ``log_loss_sum`` when the caller has it already."""
         n = int(labels.shape[0])
         if n == 0:
             return
         self.rows += n
-        self.loss_sum += _log_loss_sum(labels, probs)
+        self.loss_sum += log_loss_sum(labels, probs) if loss_sum is None else loss_sum
         if self.histogram is not None:
             self.histogram.add(labels, probs)
             return
