@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from estuary.data.synthetic import SynthOutput, write_synthetic
@@ -16,7 +17,7 @@ from estuary.metrics import progressive_groups
 from estuary.train import Trainer, TrainingStopped
 from estuary.train.callbacks import FaultInjection, LoopState
 from estuary.train.checkpoint import MANIFEST
-from estuary.train.progressive import CHECKPOINT_NAME
+from estuary.train.progressive import CHECKPOINT_NAME, SeenIds
 
 from .test_progressive_eval import ROWS, STEADY, job_for
 
@@ -82,3 +83,16 @@ def test_a_checkpoint_without_progressive_state_resumes_with_the_figures_afresh(
     assert got["rows"] == STEADY.hours * ROWS - STOP_AT * 50  # the rows after the resume
     afresh = [r for r in caplog.records if "start afresh" in r.getMessage()]
     assert len(afresh) == 1
+
+
+def test_the_seen_ids_bitmap_is_saved_sparse_when_few_ids_and_restores_either_way() -> None:
+    rng = np.random.default_rng(0)
+    for ids in (100, 5000):  # 2**12 bits: 512 bytes, sparse below ~102 set bytes
+        seen = SeenIds(bits=12)
+        seen.first_seen(rng.integers(0, 2**62, ids, dtype=np.int64))
+        state = seen.state()
+        assert ("at" in state) == (ids == 100)
+        again = SeenIds(bits=12)
+        assert again.restore(state)
+        np.testing.assert_array_equal(again.bitmap, seen.bitmap)
+    assert not SeenIds(bits=16).restore(state)  # another size: refused, left empty

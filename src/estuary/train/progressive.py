@@ -57,7 +57,8 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "progressive"
 """Checkpoint extra state (``extra/progressive.safetensors``): the figures so far
-(``metrics.progressive_state``, ``stats.`` prefix) and the seen-ids bitmap."""
+(``metrics.progressive_state``, ``stats.`` prefix) and the seen-ids bitmap
+(``SeenIds.state``, ``seen_ids.`` prefix)."""
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -91,6 +92,31 @@ class SeenIds:
         np.bitwise_or.at(self.bitmap, byte, bit)
         return new
 
+    def state(self) -> dict[str, np.ndarray]:
+        """A copy for a checkpoint: ``size`` int64 (1,), the bitmap's bytes, and
+        its nonzero bytes as ``at`` int32 (K,) + ``bytes`` uint8 (K,) (5 bytes
+        each) while they are under a fifth of it, else the whole ``bitmap``."""
+        at = np.flatnonzero(self.bitmap)
+        size = np.array([self.bitmap.shape[0]], np.int64)
+        if at.shape[0] * 5 < self.bitmap.shape[0]:
+            return {"size": size, "at": at.astype(np.int32), "bytes": self.bitmap[at]}
+        return {"size": size, "bitmap": self.bitmap.copy()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> bool:
+        """Back to a ``state()``; False (and left as is) when it is of another
+        size or incomplete."""
+        size = state.get("size")
+        if size is None or int(size[0]) != self.bitmap.shape[0]:
+            return False
+        if "bitmap" in state:
+            self.bitmap = np.asarray(state["bitmap"], np.uint8).copy()
+            return True
+        if "at" not in state or "bytes" not in state:
+            return False
+        self.bitmap = np.zeros_like(self.bitmap)
+        self.bitmap[np.asarray(state["at"], np.int64)] = state["bytes"]
+        return True
+
     def new_rows(self, batch: Batch) -> BoolArray:
         """bool (B,): rows with at least one id (any feature) not seen before."""
         out = np.zeros(batch.num_rows, np.bool_)
@@ -100,6 +126,11 @@ class SeenIds:
             np.cumsum(new, out=seen[1:])
             out |= seen[bag.offsets[1:]] > seen[bag.offsets[:-1]]  # any new id in the bag
         return out
+
+
+def _under(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """The arrays named ``prefix + name``, by ``name``."""
+    return {k[len(prefix) :]: v.numpy() for k, v in tensors.items() if k.startswith(prefix)}
 
 
 class ProgressiveEval:
@@ -122,8 +153,9 @@ class ProgressiveEval:
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         """The figures and the seen-ids bitmap, copied (``CheckpointExtra``)."""
-        arrays = {f"stats.{k}": torch.from_numpy(v) for k, v in stats_arrays(self.stats).items()}
-        return {**arrays, "seen_ids": torch.from_numpy(self.seen.bitmap.copy())}
+        stats = {f"stats.{k}": v for k, v in stats_arrays(self.stats).items()}
+        seen = {f"seen_ids.{k}": v for k, v in self.seen.state().items()}
+        return {k: torch.from_numpy(v) for k, v in {**stats, **seen}.items()}
 
     def restore_state(self, tensors: dict[str, torch.Tensor] | None) -> None:
         """Continue from a checkpoint's figures and bitmap; ``None`` (a checkpoint
@@ -138,13 +170,9 @@ class ProgressiveEval:
                 "it was saved): the progressive figures start afresh"
             )
             return
-        prefix = "stats."
-        arrays = {k[len(prefix) :]: v.numpy() for k, v in tensors.items() if k.startswith(prefix)}
-        restore_stats(self.stats, arrays)
-        bitmap = tensors.get("seen_ids")
-        if bitmap is not None and tuple(bitmap.shape) == self.seen.bitmap.shape:
-            self.seen.bitmap = bitmap.numpy().astype(np.uint8, copy=True)
-        else:  # another bitmap size: ids seen before the resume read as new
+        restore_stats(self.stats, _under("stats.", tensors))
+        if not self.seen.restore(_under("seen_ids.", tensors)):
+            # ids seen before the resume read as new (new_ids overcounts a while)
             logger.warning("the checkpoint's seen-ids bitmap does not fit: it starts empty")
 
     def record(self, batch: Batch, logits: torch.Tensor) -> None:
