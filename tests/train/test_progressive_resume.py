@@ -7,17 +7,19 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
+import torch
 
 from estuary.data.synthetic import SynthOutput, write_synthetic
 from estuary.metrics import progressive_groups
+from estuary.metrics.progressive import ProgressiveStats
 from estuary.train import Trainer, TrainingStopped
 from estuary.train.callbacks import FaultInjection, LoopState
 from estuary.train.checkpoint import MANIFEST
-from estuary.train.progressive import CHECKPOINT_NAME, SeenIds
+from estuary.train.progressive import CHECKPOINT_NAME, ProgressiveEval, SeenIds
 
 from .test_progressive_eval import ROWS, STEADY, job_for
 
@@ -96,3 +98,22 @@ def test_the_seen_ids_bitmap_is_saved_sparse_when_few_ids_and_restores_either_wa
         assert again.restore(state)
         np.testing.assert_array_equal(again.bitmap, seen.bitmap)
     assert not SeenIds(bits=16).restore(state)  # another size: refused, left empty
+
+
+def test_an_unreadable_progressive_state_starts_the_figures_afresh_without_failing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stats = ProgressiveStats("all rows")
+    stats.record(
+        (0, 3600), ["hist/a"], np.array([0, 1], np.int8), np.array([0.2, 0.7], np.float32), 1.0
+    )
+    progressive = ProgressiveEval(cast(Any, None), stats)
+    saved = progressive.checkpoint_state()
+    saved["stats.index"] = torch.from_numpy(np.frombuffer(b'{"format": 99}', np.uint8).copy())
+    fresh = ProgressiveEval(cast(Any, None), ProgressiveStats("all rows"))
+    with caplog.at_level(logging.WARNING, logger="estuary.train.progressive"):
+        fresh.restore_state(saved)
+    assert fresh.stats.rows == 0
+    assert any("format 99" in r.getMessage() for r in caplog.records)
+    fresh.restore_state(progressive.checkpoint_state())  # a readable one goes on from it
+    assert fresh.stats.report() == stats.report()

@@ -125,7 +125,17 @@ def restore_stats(stats: ProgressiveStats, arrays: Arrays) -> None:
     index = json.loads(_array(arrays, "index", np.uint8).tobytes().decode())
     if index.get("format") != FORMAT:
         raise ValueError(f"progressive state: format {index.get('format')!r}, not {FORMAT}")
-    restored = ProgressiveStats(stats.scope)
+    try:
+        restored = _restored(stats.scope, index, arrays)
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"progressive state: index entry missing or malformed ({exc!r})") from exc
+    with stats.lock:
+        stats.windows, stats.origins = restored.windows, restored.origins
+        stats.lags, stats.origin_lags = restored.lags, restored.origin_lags
+
+
+def _restored(scope: str, index: dict[str, Any], arrays: Arrays) -> ProgressiveStats:
+    restored = ProgressiveStats(scope)
     for i, entry in enumerate(index["groups"]):
         scores = _restored_group(i, entry, arrays)
         if "origin" in entry:
@@ -141,6 +151,4 @@ def restore_stats(stats: ProgressiveStats, arrays: Arrays) -> None:
         str(e["origin"]): _restored_lag(f"lag{i}", e, arrays)
         for i, e in enumerate(index["origin_lags"])
     }
-    with stats.lock:
-        stats.windows, stats.origins = restored.windows, restored.origins
-        stats.lags, stats.origin_lags = restored.lags, restored.origin_lags
+    return restored
