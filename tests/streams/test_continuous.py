@@ -227,6 +227,11 @@ def test_history_then_a_live_stream_until_stopped_then_resume(
     assert again["rows_committed_before"] == total
     assert again["rows_committed"] == total + more
     assert again["duplicate_rows"] == 0
+    # The progressive figures went on from the checkpoint's (saved with it).
+    figures = again["progressive"]
+    assert figures["rows"] == total + more
+    assert figures["origins"]["live/live"]["rows"] == total + more - history_rows
+    assert figures["windows"][:HISTORY_HOURS] == windows[:HISTORY_HOURS]
 
 
 def test_history_then_a_live_nats_stream_until_stopped_then_resume(

@@ -444,7 +444,7 @@ def test_the_history_ids_are_checkpointed_and_a_resume_knows_them(
     assert set(seen) == {"C1", "C2", "C3"} and all(len(ids) > 5 for ids in seen.values())
     folder = tmp_path / "out" / "checkpoints"
     ckpt = load_checkpoint(folder)
-    assert ckpt.manifest["extras"] == ["history_ids"]
+    assert ckpt.manifest["extras"] == ["history_ids", "progressive"]  # progressive_eval is on
     assert "extra/history_ids.safetensors" in ckpt.manifest["files"]
     saved = ckpt.extra("history_ids")
     assert saved is not None and saved["C1"].dtype == torch.int64

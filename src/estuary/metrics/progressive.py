@@ -3,9 +3,12 @@ window and per origin, and the event -> trained lag.
 
 ``ProgressiveStats`` only accumulates what the training loop hands it (labels and
 the probabilities the model gave each row *before* training on it, grouped by
-window and origin); ``estuary.train.progressive`` decides the groups. Every row's
-prediction is kept (5 bytes a row: float32 probability + int8 label) so each
-window's AUC is exact; ``report`` computes them with ``metrics.evaluation``.
+window and origin); ``estuary.train.progressive`` decides the groups. Memory is
+bounded whatever the rows (``progressive_groups``): a group keeps its rows (5
+bytes each, exact AUC) up to ``EXACT_ROWS``, then a score histogram (1 MiB, AUC
+within ``ScoreHistogram.auc_bound``); windows past the ``OPEN_WINDOWS`` most
+recently recorded are folded to their figures; lags go to a log-scale
+histogram. ``progressive_state`` saves and restores all of it with checkpoints.
 
 Prometheus (``ProgressiveCollector``, rendered at scrape time from the stats):
 ``estuary_progressive_rows_total{origin}``, ``estuary_progressive_auc{origin}``
@@ -19,7 +22,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,9 +30,16 @@ import numpy.typing as npt
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from estuary.metrics.evaluation import EvalResult, evaluate_predictions
+from estuary.metrics.histograms import LagHistogram, weighted_quantiles
+from estuary.metrics.progressive_groups import GroupScores, Window, Windows, log_loss_sum
 
-__all__ = ["NEW_IDS", "ProgressiveCollector", "ProgressiveStats", "format_report"]
+__all__ = [
+    "NEW_IDS",
+    "ProgressiveCollector",
+    "ProgressiveStats",
+    "format_report",
+    "weighted_quantiles",
+]
 
 NEW_IDS = "new_ids"
 """The origin bucket of rows holding an id never seen before (see docs/mixture.md)."""
@@ -38,31 +47,8 @@ NEW_IDS = "new_ids"
 LAG_QUANTILES = (0.5, 0.99)
 
 
-@dataclass
-class _Scores:
-    """Labels and probabilities of one group, appended a step at a time."""
-
-    labels: list[npt.NDArray[np.int8]] = field(default_factory=list)
-    probs: list[npt.NDArray[np.float32]] = field(default_factory=list)
-    rows: int = 0
-
-    def add(self, labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]) -> None:
-        self.labels.append(labels)
-        self.probs.append(probs)
-        self.rows += int(labels.shape[0])
-
-    def result(self) -> EvalResult:
-        if not self.labels:
-            return evaluate_predictions(np.zeros(0), np.zeros(0))
-        # Merge the parts once, so a later call sorts one array, not many.
-        self.labels = [np.concatenate(self.labels)]
-        self.probs = [np.concatenate(self.probs)]
-        return evaluate_predictions(self.labels[0].astype(np.float32), self.probs[0])
-
-
-def _figures(scores: _Scores) -> dict[str, Any]:
-    result = scores.result()
-    return {"rows": result.rows, "auc": _num(result.auc), "logloss": _num(result.logloss)}
+def _figures(scores: GroupScores) -> dict[str, Any]:
+    return {"rows": scores.rows, "auc": _num(scores.auc()), "logloss": _num(scores.logloss())}
 
 
 def _num(x: float) -> float | None:
@@ -73,23 +59,9 @@ def _iso(seconds: int) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def weighted_quantiles(
-    values: npt.NDArray[np.float64], weights: npt.NDArray[np.int64], qs: Iterable[float]
-) -> list[float]:
-    """Quantiles of ``values`` (N,) each counted ``weights`` (N,) times: the
-    smallest value whose cumulative weight reaches ``q`` of the total."""
-    order = np.argsort(values, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    total = int(cumulative[-1])
-    out = []
-    for q in qs:
-        at = int(np.searchsorted(cumulative, q * total, side="left"))
-        out.append(float(values[order][min(at, order.shape[0] - 1)]))
-    return out
-
-
 class ProgressiveStats:
-    """Progressive AUC / logloss per event-time window and per origin, and lag.
+    """Progressive AUC / logloss per event-time window and per origin, and lag,
+    in memory independent of the rows (see module docstring).
 
     Args:
         scope: a line saying whose rows these are (e.g. rank 0's share).
@@ -98,15 +70,14 @@ class ProgressiveStats:
     def __init__(self, scope: str) -> None:
         self.scope = scope
         self.lock = threading.Lock()  # the training thread appends, a scrape reads
-        self.windows: dict[tuple[int, int], _Scores] = {}  # (start_s, end_s) -> scores
-        self.origins: dict[str, _Scores] = {}
-        self._lags: list[float] = []  # seconds, one per (step, task) group
-        self._lag_rows: list[int] = []
-        self._origin_lags: dict[str, tuple[list[float], list[int]]] = {}
+        self.windows = Windows()
+        self.origins: dict[str, GroupScores] = {}
+        self.lags = LagHistogram()  # every row's
+        self.origin_lags: dict[str, LagHistogram] = {}
 
     def record(
         self,
-        window: tuple[int, int],
+        window: Window,
         origins: Iterable[str],
         labels: npt.NDArray[np.int8],
         probs: npt.NDArray[np.float32],
@@ -116,10 +87,11 @@ class ProgressiveStats:
         in each of ``origins``, and in the lag (``lag_s`` for each of them;
         ``None``: not yet trained, ``record_lag`` files it when they are)."""
         origins = list(origins)
+        loss = log_loss_sum(labels, probs)  # once for the window and each origin
         with self.lock:
-            self.windows.setdefault(window, _Scores()).add(labels, probs)
+            self.windows.get(window).add(labels, probs, loss)
             for origin in origins:
-                self.origins.setdefault(origin, _Scores()).add(labels, probs)
+                self.origins.setdefault(origin, GroupScores()).add(labels, probs, loss)
             if lag_s is not None:
                 self._add_lag(lag_s, int(labels.shape[0]), origins)
 
@@ -130,11 +102,8 @@ class ProgressiveStats:
 
     def _add_lag(self, lag_s: float, rows: int, origins: list[str]) -> None:
         for origin in origins:
-            lags, lag_rows = self._origin_lags.setdefault(origin, ([], []))
-            lags.append(lag_s)
-            lag_rows.append(rows)
-        self._lags.append(lag_s)
-        self._lag_rows.append(rows)
+            self.origin_lags.setdefault(origin, LagHistogram()).add(lag_s, rows)
+        self.lags.add(lag_s, rows)
 
     def record_origin(
         self, origin: str, labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]
@@ -142,29 +111,29 @@ class ProgressiveStats:
         """Rows counted in one more origin only (e.g. the new-ids bucket)."""
         if labels.shape[0]:
             with self.lock:
-                self.origins.setdefault(origin, _Scores()).add(labels, probs)
+                self.origins.setdefault(origin, GroupScores()).add(labels, probs)
 
     @property
     def rows(self) -> int:
-        return sum(s.rows for s in self.windows.values())
+        return self.windows.rows
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of every array held (rows kept, histograms)."""
+        groups = [s for _, s in self.windows.items()] + list(self.origins.values())
+        lags = [self.lags, *self.origin_lags.values()]
+        return sum(g.size_bytes for g in groups) + sum(h.counts.nbytes for h in lags)
 
     def lag_quantiles(self, origin: str | None = None) -> list[float]:
         """Event -> trained lag (s) at ``LAG_QUANTILES``, row-weighted, of every row
-        or of ``origin``'s; NaN when empty."""
-        lags, rows = (
-            (self._lags, self._lag_rows)
-            if origin is None
-            else self._origin_lags.get(origin, ([], []))
-        )
-        if not lags:
+        or of ``origin``'s (within 0.55% of ``1 + lag``); NaN when empty."""
+        lags = self.lags if origin is None else self.origin_lags.get(origin)
+        if lags is None:
             return [math.nan for _ in LAG_QUANTILES]
-        return weighted_quantiles(np.array(lags), np.array(rows, np.int64), LAG_QUANTILES)
+        return lags.quantiles(LAG_QUANTILES)
 
-    def newest_window(self) -> tuple[tuple[int, int], _Scores] | None:
-        if not self.windows:
-            return None
-        key = max(self.windows)
-        return key, self.windows[key]
+    def newest_window(self) -> tuple[Window, GroupScores] | None:
+        return self.windows.newest()
 
     def report(self) -> dict[str, Any]:
         """For summary.json: ``windows`` (time order), ``origins``, ``lag_s``."""
@@ -178,7 +147,7 @@ class ProgressiveStats:
             "rows": self.rows,
             "windows": [
                 {"start": _iso(start), "end": _iso(end), **_figures(scores)}
-                for (start, end), scores in sorted(self.windows.items())
+                for (start, end), scores in self.windows.items()
             ],
             "origins": {name: _figures(s) for name, s in sorted(self.origins.items())},
             "lag_s": {
@@ -189,7 +158,7 @@ class ProgressiveStats:
                     name: dict(
                         zip(("p50", "p99"), map(_num, self.lag_quantiles(name)), strict=True)
                     )
-                    for name in sorted(self._origin_lags)
+                    for name in sorted(self.origin_lags)
                 },
             },
         }
@@ -248,18 +217,16 @@ class ProgressiveCollector(Collector):
         """Add the samples to the families (lock held)."""
         rows, auc, logloss, w_auc, w_rows, w_start, lag = families
         for name, scores in sorted(self.stats.origins.items()):
-            result = scores.result()
-            rows.add_metric([name], result.rows)
-            if not math.isnan(result.auc):
-                auc.add_metric([name], result.auc)
-            logloss.add_metric([name], result.logloss)
+            rows.add_metric([name], scores.rows)
+            if not math.isnan(value := scores.auc()):
+                auc.add_metric([name], value)
+            logloss.add_metric([name], scores.logloss())
         newest = self.stats.newest_window()
         if newest is not None:
             (start, _), scores = newest
-            result = scores.result()
-            if not math.isnan(result.auc):
-                w_auc.add_metric([], result.auc)
-            w_rows.add_metric([], result.rows)
+            if not math.isnan(value := scores.auc()):
+                w_auc.add_metric([], value)
+            w_rows.add_metric([], scores.rows)
             w_start.add_metric([], start)
         for q, value in zip(LAG_QUANTILES, self.stats.lag_quantiles(), strict=True):
             if not math.isnan(value):

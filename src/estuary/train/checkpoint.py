@@ -11,7 +11,8 @@ Layout of one checkpoint (a folder)::
                                wrote its own (manifest ``table_parts``: name -> P;
                                loading merges them, ``merge_server_parts``)
         extra/<name>.safetensors    other training state (manifest ``extras``), e.g. a
-                               mixture's ``history_ids``: ``Checkpoint.extra(name)``
+                               mixture's ``history_ids``, progressive evaluation's
+                               figures (``progressive``): ``Checkpoint.extra(name)``
 
 A *full* checkpoint holds every table row (``state_dict``). A *delta* holds, per
 table, only the rows changed and the ids evicted since its parent checkpoint

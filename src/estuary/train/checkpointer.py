@@ -170,6 +170,19 @@ class Checkpointer:
         # Other training state saved with each checkpoint and restored by
         # ``load`` (name -> owner), e.g. a mixture's ``history_ids``.
         self.extras: dict[str, CheckpointExtra] = {}
+        # After ``load``: the loaded checkpoint's extra state not yet claimed by
+        # an owner (``add_extra``; e.g. progressive evaluation's, made by fit).
+        self._loaded_extras: dict[str, dict[str, torch.Tensor]] | None = None
+
+    def add_extra(self, name: str, owner: CheckpointExtra) -> None:
+        """Save ``owner``'s state with each checkpoint as ``name``; after a
+        ``load``, first restore it from that checkpoint (``None`` to the owner
+        when the checkpoint has none, e.g. written before it was saved; once)."""
+        self.extras[name] = owner
+        if self._loaded_extras is not None:
+            owner.restore_state(self._loaded_extras.pop(name, None))
+            if not self._loaded_extras:
+                self._loaded_extras = None
 
     def root(self) -> Path:
         return self.job.resolve(self.job.output.dir) / "checkpoints"
@@ -394,3 +407,9 @@ class Checkpointer:
         self.data_progress = metadata.get("data_progress")
         for name, extra in self.extras.items():
             extra.restore_state(ckpt.extra(name))
+        self._loaded_extras = {}  # for owners added later (add_extra), each claimed once
+        for name in ckpt.manifest.get("extras", []):
+            if name not in self.extras:
+                tensors = ckpt.extra(name)
+                if tensors is not None:
+                    self._loaded_extras[name] = tensors

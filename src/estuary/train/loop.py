@@ -46,7 +46,12 @@ from estuary.train.checkpointer import Checkpointer
 from estuary.train.engine import Engine, UpdatePlan
 from estuary.train.feeds import Feed
 from estuary.train.observe import RunObserver
-from estuary.train.progressive import ProgressiveEval, progressive_for, score_on_arrival
+from estuary.train.progressive import (
+    CHECKPOINT_NAME,
+    ProgressiveEval,
+    progressive_for,
+    score_on_arrival,
+)
 from estuary.train.result import FitResult, TrainingStopped
 from estuary.train.sparse_updates import SparseUpdater
 
@@ -127,6 +132,8 @@ class FitLoop:
         )
         job = self.checkpointer.job
         self._progressive = progressive_for(job, feed, state, self.metrics)
+        if self._progressive is not None:  # saved with each checkpoint; a resume continues
+            self.checkpointer.add_extra(CHECKPOINT_NAME, self._progressive)
         self._scored_on_arrival = score_on_arrival(feed, engine, self._progressive, state)
         observer = RunObserver(
             self.metrics,
