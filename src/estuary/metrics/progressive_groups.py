@@ -46,9 +46,9 @@ Window = tuple[int, int]  # (start_s, end_s)
 
 
 def log_loss_sum(labels: npt.NDArray[np.int8], probs: npt.NDArray[np.float32]) -> float:
-    p = np.clip(np.asarray(probs, np.float64), LOGLOSS_EPS, 1.0 - LOGLOSS_EPS)
     """Sum of the rows' binary cross-entropies, probabilities clipped as
     ``metrics.evaluation.log_loss`` does (float64)."""
+    p = np.clip(np.asarray(probs, np.float64), LOGLOSS_EPS, 1.0 - LOGLOSS_EPS)
     y = labels > 0
     return float(-(np.log(p[y]).sum() + np.log1p(-p[~y]).sum()))
 
