@@ -230,6 +230,10 @@ def test_a_stop_and_resume_neither_loses_nor_repeats_a_row(data_root: Path, tmp_
     # Rows waiting in the buffer at the stop were read again; none was lost.
     assert extra["rows_committed"] + extra["rows_dropped"] == HOURS * ROWS
     assert extra["rows_dropped"] > before["rows_dropped"]  # the resumed run shed rows too
+    # The progressive figures went on from the checkpoint's, which held the rows
+    # its data progress counted (trained or dropped): the rows waiting in the
+    # buffer at the stop were scored again when read again, and each row counts once.
+    assert extra["progressive"]["rows"] == HOURS * ROWS
 
 
 @pytest.mark.parametrize(

@@ -180,7 +180,11 @@ class FitLoop:
                     plan = self.plan_for(batch) if self.plan_for is not None else None
                     loss = engine.step(batch, looked_up, updater, plan, loss_scale=share.loss_scale)
                     if progressive is not None and self._scored_on_arrival:
-                        progressive.record_lag(batch)  # its rows were scored on arrival
+                        # Scored on arrival: every rank's rows of the step filed now,
+                        # as the feed commits them (with the lag).
+                        progressive.file_trained(
+                            share.row_ids if share.row_ids is not None else batch.row_ids
+                        )
                     elif progressive is not None:  # the step's logits, before its update
                         assert engine.last_logits is not None
                         progressive.record(batch, engine.last_logits)

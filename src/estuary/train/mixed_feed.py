@@ -5,9 +5,10 @@ through a ``MixedBuffer`` before training::
       scores = scorer(batch)               with a scorer (importance: loss, or
                                            progressive evaluation): the model's
                                            probabilities as the rows arrive;
-                                           on_scored(batch, scores) files them
+                                           on_scored(batch, scores) holds them
       buffer.offer(batch, origin, scores)  sampled down / evicted under pressure
       progress.record(dropped, dropped=True)   consumed and dropped: never read again
+                                           (on_dropped(ids): their scores filed)
       fifo, buffer full: train a step from the buffer, offer the rest (backpressure)
       every offer_per_take x step rows offered: take one step (importance weights
           in ``Batch.weights``, which the engine's loss multiplies row by row)
@@ -97,6 +98,8 @@ class BufferedSource:
             loop; required by ``importance: loss``).
         on_scored: called with each scored batch and its scores (progressive
             evaluation at arrival: a row later dropped is scored too).
+        on_dropped: called with the row ids (N,) of every row dropped, as they
+            are recorded in the data progress.
     """
 
     def __init__(
@@ -107,6 +110,7 @@ class BufferedSource:
         self.rows_dropped = 0
         self.scorer: Callable[[Batch], np.ndarray] | None = None
         self.on_scored: Callable[[Batch, np.ndarray], None] | None = None
+        self.on_dropped: Callable[[np.ndarray], None] | None = None
 
     @property
     def scores_on_arrival(self) -> bool:
@@ -167,6 +171,8 @@ class BufferedSource:
         if dropped.size:
             self.progress.record(dropped, dropped=True)
             self.rows_dropped += int(dropped.size)
+            if self.on_dropped is not None:
+                self.on_dropped(dropped)
 
     def summary(self) -> dict[str, Any]:
         """``summary.json``'s ``mixed_buffer``: the buffer's stats (per source:

@@ -16,12 +16,16 @@ forward, no extra pass over the data) and files every row under:
 
 With ``train.mixed_buffer`` rows are scored as they **arrive**, before the
 buffer (``score_on_arrival``; in hybrid/async mode on the read-ahead thread by
-an ``ArrivalScorer``): ``record_scores`` files every offered
-row, including those the buffer later drops, by the model as it was when the row
-arrived; the step then files only the lag (``record_lag``). With several
-trainers rank 0 reads every row (its buffer feeds all ranks), so it scores them
-all with its replica of the dense model (the same as every rank's in sync mode)
-and the PS's rows; the lag is its own share's.
+an ``ArrivalScorer``): every offered row, including those the buffer later
+drops, by the model as it was when the row arrived. ``hold_scores`` keeps each
+score (``PendingScores``) until the row is committed: ``file_dropped`` when the
+buffer drops it, ``file_trained`` (with the lag) after its step, both as the
+data progress records them, so the figures a checkpoint saves cover exactly the
+rows its data progress counts and a resume, which reads the rows still waiting
+again, scores each row once. With several trainers rank 0 reads every row (its
+buffer feeds all ranks), so it scores them all with its replica of the dense
+model (the same as every rank's in sync mode) and the PS's rows, and files every
+rank's share of each step.
 
 The figures (in bounded memory, ``metrics.progressive_groups``) and the seen-ids
 bitmap are saved with each checkpoint (``CHECKPOINT_NAME``; ``FitLoop`` hands
@@ -55,6 +59,7 @@ from estuary.train.arrival import ArrivalScorer
 from estuary.train.callbacks import LoopState
 from estuary.train.engine import Engine
 from estuary.train.feeds import Feed, GraphFeed
+from estuary.train.pending_scores import PendingScores, Taken
 
 __all__ = ["CHECKPOINT_NAME", "ProgressiveEval", "SeenIds", "progressive_for", "score_on_arrival"]
 
@@ -155,6 +160,7 @@ class ProgressiveEval:
     ) -> None:
         self.progress, self.stats, self.clock = progress, stats, clock
         self.seen = SeenIds()
+        self.pending = PendingScores()  # scored on arrival, not yet committed
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         """The figures and the seen-ids bitmap, copied (``CheckpointExtra``)."""
@@ -188,22 +194,43 @@ class ProgressiveEval:
         probs = torch.sigmoid(logits.detach().float()).cpu().numpy()  # (B,) a sync point
         self._record(batch, probs, lag=True)
 
-    def record_scores(self, batch: Batch, probs: np.ndarray) -> None:
-        """``probs`` (B,): the rows' scores as they arrive, before any training
-        on them (the lag is filed when they are trained: ``record_lag``)."""
+    def hold_scores(self, batch: Batch, probs: np.ndarray) -> None:
+        """``probs`` (B,): the rows' scores as they arrive, before any training on
+        them; filed once each row is committed (``file_trained``, ``file_dropped``).
+        Whether a row holds a new id is decided now, on arrival."""
         if batch.row_ids is None:
             raise ValueError("progressive evaluation needs Batch.row_ids (data.dataset batches)")
-        self._record(batch, np.asarray(probs, np.float32), lag=False)
+        labels = batch.labels.astype(np.int8)
+        self.pending.hold(
+            batch.row_ids, labels, np.asarray(probs, np.float32), self.seen.new_rows(batch)
+        )
 
-    def record_lag(self, batch: Batch) -> None:
-        """The event -> trained lag of a step's rows (scored on arrival)."""
-        if batch.row_ids is None:
+    def file_trained(self, row_ids: Int64Array | None) -> None:
+        """The held scores of a step's rows ``row_ids`` (every rank's), with their
+        event -> trained lag, once the step is done."""
+        if row_ids is None:
             raise ValueError("progressive evaluation needs Batch.row_ids (data.dataset batches)")
+        self._file(self.pending.take(row_ids), lag=True)
+
+    def file_dropped(self, row_ids: Int64Array) -> None:
+        """The held scores of rows the buffer dropped (no lag: never trained)."""
+        self._file(self.pending.take(row_ids), lag=False)
+
+    def _file(self, taken: Taken, lag: bool) -> None:
+        if not taken.rows:
+            return
         now = self.clock()
-        tasks, index = self.progress.row_tasks(batch.row_ids)
+        tasks, index = self.progress.row_tasks(taken.row_ids)
         for t, task in enumerate(tasks):
-            rows = int((index == t).sum()) if len(tasks) > 1 else batch.num_rows
-            self.stats.record_lag(now - task.end_s, rows, [f"{task.stream}/{task.source}"])
+            rows = index == t if len(tasks) > 1 else slice(None)
+            self.stats.record(
+                (task.start_s, task.end_s),
+                [f"{task.stream}/{task.source}"],
+                taken.labels[rows],
+                taken.probs[rows],
+                lag_s=now - task.end_s if lag else None,
+            )
+        self.stats.record_origin(NEW_IDS, taken.labels[taken.new], taken.probs[taken.new])
 
     def _record(self, batch: Batch, probs: np.ndarray, lag: bool) -> None:
         assert batch.row_ids is not None
@@ -265,10 +292,10 @@ def score_on_arrival(
     # thread while the step runs, with an eval twin bound to the live weights.
     mixed.scorer = engine.predict if engine.train.mode == "sync" else ArrivalScorer(engine)
     if progressive is not None:
-        mixed.on_scored = progressive.record_scores
+        mixed.on_scored = progressive.hold_scores
+        mixed.on_dropped = progressive.file_dropped
         if state.world_size > 1:
             progressive.stats.scope = (
-                f"all rows, scored on arrival by rank 0 (lag: rank 0's share of each "
-                f"step, 1 of {state.world_size} trainers)"
+                f"all rows, scored on arrival by rank 0 for {state.world_size} trainers"
             )
     return progressive is not None
