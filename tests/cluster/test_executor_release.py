@@ -5,6 +5,7 @@ CPU and memory return to the cluster while the job runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -84,6 +85,16 @@ def test_replaced_and_retired_executors_give_their_reservation_back(ray_instance
             assert pool.summary()["data_executor_groups_released"] == 3
         finally:
             pool.close()
+        # A next attempt (a restart) gets no removed group: its executors start
+        # beside them, and come up (none waits on a group that is gone).
+        again = dataclasses.replace(spec, groups=placement.live_executor_groups())
+        assert again.groups == (None, None, None)
+        restarted = again()
+        try:
+            pids = ray_instance.get([h.pid.remote() for h in restarted.actors.values()], timeout=30)
+            assert len(set(pids)) == 3
+        finally:
+            restarted.close()
     finally:
         placement.remove()  # skips the groups the pool removed
     assert ray_instance.util.placement_group_table(placement.group)["state"] == "REMOVED"
