@@ -235,20 +235,20 @@ class Run:
         self.hidden, self.max_threads, self.bridge = hidden, max_threads, bridge
 
     def pool(self) -> tuple[RayExecutorPool, Any]:
-        group = placement_group([{"CPU": EXECUTOR_CPUS}] * self.start)
-        ray.get(group.ready())
+        # One group per executor, as the runtime places them (cluster.place).
+        groups = tuple(placement_group([{"CPU": EXECUTOR_CPUS}]) for _ in range(self.start))
+        ray.get([g.ready() for g in groups])
         spec = RayExecutors(
             count=self.start,
             resources=RoleResources(cpus=EXECUTOR_CPUS, gpus=0.0, memory_mb=None),
-            group=group,
-            first_bundle=0,
+            groups=groups,
             max_restarts=0,
             name=f"estuary-elastic-{time.monotonic_ns()}",
             direct=False,
             max_threads=self.max_threads,
             bridge=self.bridge,
         )
-        return spec(), group
+        return spec(), groups
 
     def batches(self, pool: RayExecutorPool) -> Iterator[Batch]:
         data = self.job.data
@@ -269,7 +269,7 @@ class Run:
         """Train for ``seconds``; rows/s per second (and the timeline when scaled)."""
         trainer = Trainer(self.hidden)
         trainer.step(fake_batches(1)[0])  # warm-up outside the clock
-        pool, group = self.pool()
+        pool, groups = self.pool()
         # The starting executors are up before the clock starts (a running job's).
         ray.get([actor.pid.remote() for actor in pool.actors.values()])
         per_second: list[int] = []
@@ -293,7 +293,9 @@ class Run:
             close = getattr(batches, "close", None)
             if close is not None:
                 close()  # stops the manager (and the driver, which closes the pool)
-            remove_placement_group(group)
+            for group in groups:  # those the pool has not given back
+                if ray.util.placement_group_table(group).get("state") != "REMOVED":
+                    remove_placement_group(group)
         result: dict[str, Any] = {"rows_per_s_each_second": per_second[: int(seconds)]}
         if manager is not None:
             timeline = manager.controller.timeline

@@ -160,6 +160,85 @@ def test_at_one_read_the_memory_ask_is_raised_to_its_maximum_at_most() -> None:
     assert EstuaryPolicy(raising, BOUNDS).decide(history) == []
 
 
+LOWERING = ScalingSpec(enabled=True, max_executor_memory_mb=1024, hold_intervals=2)
+FLOORED = Bounds(min_executors=1, max_executors=8, max_threads=2, min_executor_memory_mb=100)
+
+
+def quiet(t: float, peak_mb: int, budget_mb: int, starting: int = 0) -> Snapshot:
+    """A fed job (no executor resize due) whose executors peak at ``peak_mb``."""
+    memory = ExecutorMemory(50 * MB, peak_mb * MB, budget_mb * MB)
+    return snap(t, 2, 0.01, 0.9, 400.0, executor_memory=memory, executors_starting=starting)
+
+
+def test_a_raised_memory_ask_is_lowered_after_a_quiet_stretch() -> None:
+    # Ask raised to 600 MB; the peak stays at 120 MB (< 0.4 x 600) for
+    # hold_intervals + 1 = 3 intervals: lowered to put it at 0.75 x 0.8 = 0.6.
+    policy = EstuaryPolicy(LOWERING, FLOORED)
+    history = [quiet(t, 120, 600) for t in (5, 10)]
+    assert policy.decide(history) == []  # 2 quiet intervals: not yet
+    history.append(quiet(15, 110, 600))
+    (d,) = policy.decide(history)
+    assert (d.knob, d.old, d.new) == ("executor_memory", 600, 200)  # ceil(120 / 0.6)
+    assert d.trigger == "executor memory peak below 0.4 of its budget for 3 intervals"
+    assert d.metrics["executor_peak_bytes"] == 120 * MB
+    # One interval of the stretch above 0.4 of the ask (240 MB): no quiet stretch.
+    assert policy.decide([*history[:-1], quiet(15, 250, 600)]) == []
+    # An executor starting in the stretch (a swap in progress): not measured whole.
+    assert policy.decide([*history[:-1], quiet(15, 110, 600, starting=1)]) == []
+    # Without a configured ask (no floor) the ask is never lowered.
+    assert EstuaryPolicy(LOWERING, BOUNDS).decide(history) == []
+
+
+def test_a_memory_ask_is_never_lowered_below_the_configured_one() -> None:
+    policy = EstuaryPolicy(LOWERING, FLOORED)
+    tiny = [quiet(t, 10, 300) for t in (5, 10, 15)]
+    (d,) = policy.decide(tiny)
+    assert (d.old, d.new) == (300, 100)  # ceil(10 / 0.6) = 17 MB, floored at 100
+    at_floor = [quiet(t, 10, 100) for t in (5, 10, 15)]
+    assert policy.decide(at_floor) == []
+
+
+def test_no_lowering_right_after_a_raise() -> None:
+    # Raised 200 -> 300 at interval 1; the next intervals run at 300 MB. The
+    # peak fell (a split of small rows) but the stretch at the new ask is only
+    # as long as the hold at interval 3: nothing; at interval 4 it may lower.
+    policy = EstuaryPolicy(LOWERING, FLOORED)
+    history = [quiet(5, 180, 200), quiet(10, 180, 200)]  # 0.9 of the ask
+    (raise_,) = policy.decide(history)
+    assert (raise_.old, raise_.new) == (200, 300)
+    history += [quiet(15, 100, 300, starting=2), quiet(20, 100, 300), quiet(25, 100, 300)]
+    assert policy.decide(history) == []  # the swap's interval is not quiet
+    history.append(quiet(30, 100, 300))
+    (d,) = policy.decide(history)
+    assert (d.old, d.new) == (300, 167)
+
+
+def test_executor_memory_never_flaps_under_the_controller() -> None:
+    """Executors whose peak is steady, or wanders within a band, get at most
+    one raise and one lowering; neither is ever undone within the hold, and a
+    lowered ask is never raised again by the same peaks."""
+
+    def run(peaks_mb: list[int]) -> list[tuple[float, float]]:
+        policy, hold = EstuaryPolicy(LOWERING, FLOORED), Hysteresis(LOWERING.hold_intervals)
+        budget, history, moves = 100, [], []
+        for i, peak in enumerate(peaks_mb):
+            history.append(quiet(5.0 * (i + 1), peak, budget))
+            for d in policy.decide(history):
+                if d.knob == "executor_memory" and hold.allow(d, i):
+                    moves.append((d.old, d.new))
+                    budget = int(d.new)
+        return moves
+
+    # 90 MB: over 0.8 x 100, raised once to 150 (1.5x); 0.6 of it: stays.
+    assert run([90] * 40) == [(100, 150)]
+    # A one-off spike to 400 MB, then 90 MB: raised to 500, lowered once to 150
+    # (90 / 0.6), then left alone.
+    moves = run([400] + [90] * 40)
+    assert moves == [(100, 500), (500, 150)]
+    # Peaks wandering between 80 and 110 MB after the raise: no move back.
+    assert run([90] + [80, 110, 95, 85] * 10) == [(100, 150)]
+
+
 def test_a_hot_shard_is_reported() -> None:
     shards = tuple(ShardMetrics(p, load, 10, 100) for p, load in enumerate([10.0, 10.0, 100.0]))
     history = [snap(5, 2, 0.0, 0.8, 10.0, shards=shards)]

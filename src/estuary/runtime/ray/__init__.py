@@ -4,7 +4,9 @@
 
     RayRuntime.run(job)
       connect             a local Ray instance, or runtime.ray.address
-      placement group     N PS shards + W trainers, all placed or none (PACK);
+      placement groups    N PS shards + W trainers (PACK), and one per data
+                          executor (given back once it is retired or replaced);
+                          all placed or none;
                           a cluster that cannot fit them: an error naming each
                           role, what it asks and what the cluster has
       ServerActor x N     a ParameterServer on TCP (its share of every table)

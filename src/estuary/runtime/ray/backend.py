@@ -210,14 +210,13 @@ class RayRuntime:
 
     def _executors(self, job: JobSpec, placement: Placement) -> RayExecutors | None:
         """The data executors rank 0 starts (``runtime.data_executors``), if any."""
-        if "data_executor" not in placement.first_bundle:
+        if not placement.executor_groups:
             return None
         self._attempts += 1
         return RayExecutors(
             count=job.runtime.data_executors,
             resources=job.runtime.ray.data_executor,
-            group=placement.group,
-            first_bundle=placement.first_bundle["data_executor"],
+            groups=placement.live_executor_groups(),
             max_restarts=job.runtime.max_restarts,
             name=f"estuary-data-{self._run_id}-{self._attempts}",
             direct=data_delivery(job) == "direct",

@@ -1,4 +1,5 @@
-"""Joining a Ray cluster and placing a job's roles on it (all or none)."""
+"""Joining a Ray cluster and placing a job's roles on it (all or none): the
+core roles in one placement group, each data executor in one of its own."""
 
 from __future__ import annotations
 
@@ -19,7 +20,15 @@ from estuary.config import JobSpec
 from estuary.config.roles import role_resource
 from estuary.config.spec import RaySpec, RoleResources
 
-__all__ = ["Placement", "PlacementError", "RoleAsk", "connect", "place", "restore_environ"]
+__all__ = [
+    "OWN_GROUPS",
+    "Placement",
+    "PlacementError",
+    "RoleAsk",
+    "connect",
+    "place",
+    "restore_environ",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -158,12 +167,23 @@ def restore_environ(saved: dict[str, str]) -> None:
             os.environ[name] = value
 
 
+# Roles placed in groups of their own, one bundle per process, outside the
+# job's core group: a data executor replaced (a memory change) or retired gives
+# its reservation back while the job runs (``remove_placement_group``), which a
+# bundle of a shared group cannot (Ray does not shrink a placement group).
+OWN_GROUPS = ("data_executor",)
+
+
 @dataclass
 class Placement:
-    """A ready placement group and which bundle each role's process takes."""
+    """The job's ready placement groups: the core group (PS shards, trainers,
+    embedding workers; ``first_bundle``: which bundle each role's process takes)
+    and one group per data executor (``executor_groups[e]``: executor e's one
+    bundle; the executor pool removes it once executor e is gone for good)."""
 
     group: PlacementGroup
     first_bundle: dict[str, int]
+    executor_groups: tuple[PlacementGroup, ...] = ()
 
     def strategy(self, role: str, rank: int) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -174,43 +194,67 @@ class Placement:
         )
 
     def nodes(self) -> int:
-        """Distinct nodes the bundles landed on."""
-        table = ray.util.placement_group_table(self.group)
-        return len(set(table.get("bundles_to_node_id", {}).values())) or 1
+        """Distinct nodes the bundles landed on (groups removed already aside)."""
+        nodes: set[str] = set()
+        for group in (self.group, *self.executor_groups):
+            table = ray.util.placement_group_table(group)
+            nodes.update(table.get("bundles_to_node_id", {}).values())
+        return len(nodes) or 1
+
+    def live_executor_groups(self) -> tuple[PlacementGroup | None, ...]:
+        """``executor_groups`` with ``None`` for those removed (a pool of an
+        earlier attempt gave them back: its executor e starts beside them)."""
+        return tuple(
+            None if ray.util.placement_group_table(g).get("state") == "REMOVED" else g
+            for g in self.executor_groups
+        )
 
     def remove(self) -> None:
-        remove_placement_group(self.group)
+        """Give every group back (those the executor pool removed already are skipped)."""
+        for group in (self.group, *self.executor_groups):
+            if ray.util.placement_group_table(group).get("state") != "REMOVED":
+                remove_placement_group(group)
 
 
 def place(asks: list[RoleAsk], timeout_s: float) -> Placement:
-    """Reserve every role's resources together (``PACK``: as few nodes as fit).
+    """Reserve every role's resources together: the core roles in one group
+    (``PACK``: as few nodes as fit), each data executor in a group of its own
+    (``OWN_GROUPS``); the job starts once all of them are ready, or none is kept.
 
     Raises:
         PlacementError: a role asks for more than the cluster has in all, or the
-            group did not fit within ``timeout_s``.
+            groups did not all fit within ``timeout_s``.
     """
     bundles: list[dict[str, float]] = []
+    own: list[dict[str, float]] = []
     first: dict[str, int] = {}
     for ask in asks:
+        if ask.role in OWN_GROUPS:
+            own += [ask.bundle()] * ask.count
+            continue
         first[ask.role] = len(bundles)
         bundles += [ask.bundle()] * ask.count
     total: Counter[str] = Counter()
-    for bundle in bundles:
+    for bundle in bundles + own:
         total.update(bundle)
     have = ray.cluster_resources()
     short = {k: v for k, v in total.items() if v > have.get(k, 0.0) + 1e-9}
     if short:
         raise PlacementError(_explain(asks, total, have, "can never fit them"))
     group = placement_group(bundles, strategy="PACK")
-    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
-    if not ready:
-        remove_placement_group(group)
+    executor_groups = tuple(placement_group([b], strategy="PACK") for b in own)
+    groups = [group, *executor_groups]
+    # Blocking wait: every group reserved (all or none: gang start-up).
+    ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=timeout_s)
+    if len(ready) < len(groups):
+        for g in groups:
+            remove_placement_group(g)
         free = ray.available_resources()
         raise PlacementError(
             _explain(asks, total, free, f"has not had room for them within {timeout_s:g} s")
             + " (free now; runtime.ray.placement_timeout_s waits longer)"
         )
-    return Placement(group, first)
+    return Placement(group, first, executor_groups)
 
 
 def _explain(asks: list[RoleAsk], total: Counter[str], have: dict[str, float], what: str) -> str:

@@ -10,9 +10,13 @@ object store for the trainers (direct delivery, ``estuary.data.graph.routing``).
                                        streams, per block, its rows (left in the
                                        object store) and its accounting (to rank 0)
     rank r: fetches the blocks routed to it from the object store
-    executor e dies mid-split: the pool starts a new one in e's bundle of the
-      placement group and reads the split again there (no row of it was handed
-      out: a split's blocks are handed on whole), nothing else restarts
+    executor e dies mid-split: the pool starts a new one in e's placement group
+      and reads the split again there (no row of it was handed out: a split's
+      blocks are handed on whole), nothing else restarts
+    executor e replaced (a memory change) or retired and stopped: its placement
+      group (one bundle, ``cluster.place``) is removed at once, its reservation
+      back to the cluster while the job runs; no later executor takes it (an
+      added or replacing one starts beside the groups, with its own ask)
 
 The blocks' rows are the executor call's return objects, owned by rank 0 and
 kept by the node's object store: they outlive the executor process that made
@@ -35,6 +39,7 @@ from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayActorError
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from estuary.config.spec import JobSpec, RoleResources
@@ -64,8 +69,8 @@ class RayExecutors:
     Args:
         count: E.
         resources: each executor's ask.
-        group: the job's placement group.
-        first_bundle: the bundle of executor 0 (executor e takes ``first + e``).
+        groups: executor e's own placement group (one bundle) for e < E;
+            ``None``: none (removed in an earlier attempt: e starts beside).
         max_restarts: executors that may be lost and replaced in one run.
         name: prefix of the executors' actor names (``NAME-e``).
         direct: the pool hands on ``RemoteBlock``s (direct delivery); else
@@ -77,8 +82,7 @@ class RayExecutors:
 
     count: int
     resources: RoleResources
-    group: Any
-    first_bundle: int
+    groups: tuple[Any, ...]
     max_restarts: int
     name: str
     direct: bool = True
@@ -94,12 +98,13 @@ class RayExecutorPool:
     """E data executor actors behind the driver's ``SplitPool`` interface.
 
     Resizable while it runs (the scaling manager, ``estuary.runtime.scaling``):
-    ``resize(n)`` starts executors at once (in the placement group's bundles
-    while there are some, then beside it; while one starts, a running executor
+    ``resize(n)`` starts executors at once (beside the placement groups, which
+    hold the first E; while one starts, a running executor
     reads one more split at once in its place, up to ``bridge`` such loans per
     executor, handed back once it is up) or retires the newest ones: a retired
     executor takes no new split and is stopped once its split in flight is
-    handed on whole, so no split is lost or read twice. ``set_threads(t)`` lets
+    handed on whole, so no split is lost or read twice; an executor stopped for
+    good gives its placement group back (``released``). ``set_threads(t)`` lets
     each executor read ``t`` splits at once (its actor takes ``max_threads``
     concurrent calls). ``set_memory(mb)`` replaces each executor by one asking
     ``mb`` of memory, swapped in once it is up (the old one then retires as
@@ -135,6 +140,7 @@ class RayExecutorPool:
         self.resizes: list[dict[str, Any]] = []
         self.memory_changes: list[dict[str, Any]] = []
         self.bridged = 0  # slots lent to bridge an added executor's start-up
+        self.released: list[int] = []  # executors whose placement group was removed
         with self._lock:
             for _ in range(spec.count):
                 self._add()
@@ -222,14 +228,21 @@ class RayExecutorPool:
             # call more: ``memory`` is answered while they run.
             "max_concurrency": self.max_threads + self.bridge + 1,
         }
-        if placed and executor < self.spec.count:  # its bundle of the placement group
+        group = self._group(executor) if placed else None
+        if group is not None:  # its own placement group's one bundle
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=self.spec.group,
-                placement_group_bundle_index=self.spec.first_bundle + executor,
+                placement_group=group, placement_group_bundle_index=0
             )
         if res.memory_mb is not None:
             options["memory"] = res.memory_mb * 2**20
         return DataExecutorActor.options(**options).remote()  # type: ignore[attr-defined]
+
+    def _group(self, executor: int) -> Any:
+        """``executor``'s placement group; ``None``: it has none (added later,
+        or its group given back)."""
+        if executor >= len(self.spec.groups) or executor in self.released:
+            return None
+        return self.spec.groups[executor]
 
     def resize(self, count: int) -> None:
         """``count`` executors from now on (>= 1; see the class docstring)."""
@@ -254,7 +267,8 @@ class RayExecutorPool:
     def set_memory(self, memory_mb: int) -> None:
         """Every executor from now on asks ``memory_mb`` MiB (its budget): each
         running one is replaced by one asking that much, started beside the
-        placement group and swapped in once its process is up."""
+        placement groups (a bundle's resources are fixed) and swapped in once
+        its process is up; the old one's group is then given back."""
         if memory_mb < 1:
             raise ValueError(f"a data executor's memory ask must be >= 1 MiB, got {memory_mb}")
         with self._lock:
@@ -356,9 +370,15 @@ class RayExecutorPool:
             self._open(executor, 1)
 
     def _stop(self, executor: int) -> None:
+        """Stop ``executor`` for good (retired or replaced) and give its
+        placement group back: no later executor takes it. Lock held."""
         handle = self._handles.pop(executor, None)
         if handle is not None:
             ray.kill(handle, no_restart=True)
+        group = self._group(executor)
+        if group is not None:
+            remove_placement_group(group)  # asynchronous: Ray frees the bundle
+            self.released.append(executor)
 
     def read(self, reader: SplitReader) -> tuple[list[Any], int, int]:
         """The split's ``RemoteBlock``s (payloads: object-store references, not
@@ -428,10 +448,14 @@ class RayExecutorPool:
             out["data_executor_memory_changes"] = list(self.memory_changes)
         if self.bridged:
             out["data_executor_bridged_starts"] = self.bridged
+        if self.released:
+            out["data_executor_groups_released"] = len(self.released)
         return out
 
     def close(self) -> None:
-        """Stop every executor; reads waiting for one raise ``PoolClosed``."""
+        """Stop every executor; reads waiting for one raise ``PoolClosed``. The
+        placement groups still held stay (a next attempt's executors take them;
+        the runtime removes them when the job ends)."""
         with self._lock:
             self._closed = True
             self._freed.notify_all()

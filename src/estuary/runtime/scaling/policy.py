@@ -25,7 +25,13 @@ return ``Decision``s; the controller applies them (``estuary.runtime.scaling.con
   fits; at one read, raise every executor's memory ask so that peak sits at
   ``memory_target``, and by ``MEMORY_GROWTH`` x at least (up to
   ``max_executor_memory_mb``; the pool replaces each executor with one asking
-  that much, handing its split on whole).
+  that much, handing its split on whole). When every peak of the last
+  ``hold_intervals + 1`` intervals stays below half of ``memory_target`` of the
+  ask, lower it (the same replacement) so the highest sits at ``LOWER_FILL`` x
+  ``memory_target``, never below the job's configured ask
+  (``Bounds.min_executor_memory_mb``): between the two triggers (below 0.5 x
+  and above 1 x ``memory_target``) lies a band in which neither fires, so a
+  lowered ask is not raised again by the peak that lowered it.
 - memory: fit each PS shard's rows to a line over the last intervals; when the
   forecast crosses its budget within ``memory_horizon_s`` (or it is past
   ``memory_target`` already and growing), add a PS shard while the shards are
@@ -57,6 +63,7 @@ from estuary.config.scaling import ScalingSpec
 from estuary.runtime.scaling.metrics import ShardMetrics, Snapshot
 
 __all__ = [
+    "LOWER_FILL",
     "ROW_SLACK",
     "THREAD_CPU",
     "Bounds",
@@ -71,6 +78,10 @@ __all__ = [
 ROW_SLACK = 1.5  # a table's arrays grow by up to 1.5x (hash index) ahead of its rows
 MIN_BUSY = 0.05  # below this the executors' supply rate is not measurable
 MEMORY_GROWTH = 1.5  # an executor memory raise asks at least this multiple of the ask
+# A lowered executor memory ask puts the quiet stretch's highest peak at this
+# fraction of ``memory_target``: midway between the lowering trigger (0.5) and
+# the raise trigger (1.0), so neither fires on the peaks that lowered it.
+LOWER_FILL = 0.75
 # One executor process's concurrent reads share its interpreter: sized so that
 # together they compute at most this fraction of a core.
 THREAD_CPU = 0.5
@@ -89,6 +100,9 @@ class Bounds:
         min_shards: fewest PS shards a merge leaves.
         max_shards: most PS shards a split makes; ``None``: shards are neither
             added nor retired (memory is held by row caps alone).
+        min_executor_memory_mb: the job's configured executor memory ask
+            (``runtime.roles.data_executor.memory_mb``): a lowered ask never
+            goes below it; ``None``: the ask is never lowered.
     """
 
     min_executors: int = 1
@@ -97,6 +111,7 @@ class Bounds:
     max_reads: int | None = None
     min_shards: int = 1
     max_shards: int | None = None
+    min_executor_memory_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -319,7 +334,7 @@ class EstuaryPolicy:
             return []
         target = self.spec.memory_target * m.budget_bytes
         if m.peak_bytes <= target:
-            return []
+            return self._lower_memory(history)
         metrics = {
             "executor_peak_bytes": float(m.peak_bytes),
             "executor_base_bytes": float(m.base_bytes),
@@ -343,6 +358,44 @@ class EstuaryPolicy:
             return []
         trigger = (
             f"executor memory peak above {self.spec.memory_target:g} of its budget at one read"
+        )
+        return [Decision("executor_memory", budget_mb, ask, trigger, metrics)]
+
+    def _lower_memory(self, history: Sequence[Snapshot]) -> list[Decision]:
+        """Lower the executors' memory ask when every peak of the last
+        ``hold_intervals + 1`` intervals, all at the current ask with every
+        executor up, stayed below half of ``memory_target`` of it: to put the
+        highest at ``LOWER_FILL x memory_target``, never below the job's ask."""
+        floor = self.bounds.min_executor_memory_mb
+        m = history[-1].executor_memory
+        if floor is None or m is None or m.budget_bytes is None:
+            return []
+        budget_mb = m.budget_bytes / 2**20
+        stretch = history[-(self.spec.hold_intervals + 1) :]
+        if budget_mb <= floor or len(stretch) < self.spec.hold_intervals + 1:
+            return []
+        quiet = self.spec.memory_target / 2 * m.budget_bytes
+        peaks: list[int] = []
+        for s in stretch:
+            e = s.executor_memory
+            if e is None or e.budget_bytes != m.budget_bytes or s.executors_starting:
+                return []  # not measured, or not all at this ask: no quiet stretch yet
+            if e.peak_bytes >= quiet:
+                return []
+            peaks.append(e.peak_bytes)
+        fit = math.ceil(max(peaks) / (LOWER_FILL * self.spec.memory_target) / 2**20)
+        ask = max(floor, fit)
+        if ask >= budget_mb:
+            return []
+        metrics = {
+            "executor_peak_bytes": float(max(peaks)),
+            "executor_base_bytes": float(m.base_bytes),
+            "executor_budget_bytes": float(m.budget_bytes),
+            "quiet_intervals": float(len(stretch)),
+        }
+        trigger = (
+            f"executor memory peak below {self.spec.memory_target / 2:g} of its budget "
+            f"for {len(stretch)} intervals"
         )
         return [Decision("executor_memory", budget_mb, ask, trigger, metrics)]
 

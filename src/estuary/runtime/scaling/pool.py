@@ -141,7 +141,8 @@ def scaled_steps(
 ) -> Iterator[_T]:
     """``steps`` under the scaling manager when ``runtime.scaling.enabled`` and
     ``pool`` resizes (Ray data executors); else ``steps`` as they are. Executor
-    bounds: ``runtime.roles.data_executor.min``/``max``; reads in flight: the
+    bounds: ``runtime.roles.data_executor.min``/``max``, memory ask at least
+    ``memory_mb``; reads in flight: the
     driver's ``data.dataset.executor.workers``; the timeline goes to the run
     folder."""
     spec = job.runtime.scaling
@@ -154,6 +155,8 @@ def scaled_steps(
         max_executors=max(1, role.max),
         max_threads=spec.max_executor_threads,
         max_reads=dataset.executor.workers if dataset is not None else None,
+        # A raised memory ask is lowered again, never below the job's own.
+        min_executor_memory_mb=job.runtime.ray.data_executor.memory_mb,
     )
     out = job.resolve(job.output.dir) if spec.timeline else None
     return PoolScaling(pool, spec, bounds, out=out).wrap(steps, rows_of)
