@@ -218,8 +218,10 @@ class Placement:
 
 def place(asks: list[RoleAsk], timeout_s: float) -> Placement:
     """Reserve every role's resources together: the core roles in one group
-    (``PACK``: as few nodes as fit), each data executor in a group of its own
-    (``OWN_GROUPS``); the job starts once all of them are ready, or none is kept.
+    (``PACK``: as few nodes as fit), then each data executor in a group of its
+    own (``OWN_GROUPS``), on the first trainer's node where it fits (a soft
+    target: elsewhere when that node is full), where the old shared group's
+    ``PACK`` kept them; the job starts once all of them are ready, or none is kept.
 
     Raises:
         PlacementError: a role asks for more than the cluster has in all, or the
@@ -241,12 +243,23 @@ def place(asks: list[RoleAsk], timeout_s: float) -> Placement:
     short = {k: v for k, v in total.items() if v > have.get(k, 0.0) + 1e-9}
     if short:
         raise PlacementError(_explain(asks, total, have, "can never fit them"))
+    deadline = time.monotonic() + timeout_s
     group = placement_group(bundles, strategy="PACK")
-    executor_groups = tuple(placement_group([b], strategy="PACK") for b in own)
-    groups = [group, *executor_groups]
-    # Blocking wait: every group reserved (all or none: gang start-up).
-    ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=timeout_s)
-    if len(ready) < len(groups):
+    groups = [group]
+    # Blocking wait: the core group reserved first, so the executors' groups can
+    # ask for the first trainer's node (the rows they read go to the trainers).
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if ready and own:
+        near = _bundle_node(group, first.get("trainer", 0))
+        groups += [
+            placement_group([b], strategy="STRICT_PACK", _soft_target_node_id=near) for b in own
+        ]
+        # Blocking wait: every executor's group reserved (all or none: gang start-up).
+        left = max(deadline - time.monotonic(), 0.0)
+        pending = [g.ready() for g in groups[1:]]
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=left)
+        ready = ready if len(ready) == len(pending) else []
+    if not ready:
         for g in groups:
             remove_placement_group(g)
         free = ray.available_resources()
@@ -254,7 +267,14 @@ def place(asks: list[RoleAsk], timeout_s: float) -> Placement:
             _explain(asks, total, free, f"has not had room for them within {timeout_s:g} s")
             + " (free now; runtime.ray.placement_timeout_s waits longer)"
         )
-    return Placement(group, first, executor_groups)
+    return Placement(group, first, tuple(groups[1:]))
+
+
+def _bundle_node(group: PlacementGroup, bundle: int) -> str | None:
+    """The node (hex id) bundle ``bundle`` of the ready ``group`` landed on."""
+    nodes = ray.util.placement_group_table(group).get("bundles_to_node_id", {})
+    node = nodes.get(bundle)
+    return str(node) if node else None
 
 
 def _explain(asks: list[RoleAsk], total: Counter[str], have: dict[str, float], what: str) -> str:
