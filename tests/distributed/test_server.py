@@ -271,3 +271,45 @@ def test_admission_counting_can_be_switched_off_at_the_server() -> None:
         table.lookup(ids, train=True)  # second counted sighting: admitted
         assert table.stats().admissions == 2
         client.close()
+
+
+def test_the_last_push_of_a_step_is_answered_before_the_step_is_applied(
+    server: ParameterServer,
+) -> None:
+    """Over a socket the push that completes a sync step gets its reply first and
+    the server applies after: a rank's next lookup can be on its way (it waits at
+    the server for the apply) instead of the rank waiting for its push's reply."""
+    steps = server.steps["t"]
+    inner, release = steps._apply, threading.Event()
+
+    def held_apply(ids: Any, grads: Any, *, lr_scale: float) -> None:
+        release.wait(30)  # Blocking wait: the test lets the apply go on
+        inner(ids, grads, lr_scale=lr_scale)
+
+    steps._apply = held_apply
+    clients = [PSClient(server.address, server.authkey, timeout_s=30) for _ in range(2)]
+    try:
+        tables = [c.table("t", rank=r) for r, c in enumerate(clients)]
+        ids = np.arange(4, dtype=np.int64)
+        for table in tables:
+            table.lookup(ids, train=True)
+        tables[0].apply_gradients(ids, rng_grads(4, 0))
+        pushed = threading.Thread(target=tables[1].apply_gradients, args=(ids, rng_grads(4, 1)))
+        pushed.start()
+        pushed.join(10)  # Blocking wait: the reply comes while the apply is held
+        answered = not pushed.is_alive()
+        looked_up: list[np.ndarray] = []
+        lookup = threading.Thread(
+            target=lambda: looked_up.append(tables[0].lookup(ids, train=True))
+        )
+        lookup.start()
+        lookup.join(0.5)  # Blocking wait: step 2's lookup waits for step 1's apply
+        waited = lookup.is_alive()
+        release.set()
+        pushed.join(30)
+        lookup.join(30)
+        assert answered and waited and steps.applied == 1 and len(looked_up) == 1
+    finally:
+        release.set()
+        for c in clients:
+            c.close()
