@@ -11,8 +11,12 @@ over a 2-3 s window), their sum, and the cores the job used (that sum over the
 window's wall time). A job whose processes overlapped as the rate law's phases say
 uses more cores than one whose step is a chain. With ``--costs`` it also prints
 the law's figures for the layout (trainer and all shards' CPU a step, the step)
-so the two can be compared process by process. A diagnosis, not a figure of the
-validation: nothing here feeds the calibration or the simulator.
+so the two can be compared process by process. With ``--threads`` it reads
+every thread's ``/proc/PID/task/TID/schedstat`` too and prints, per thread, its
+CPU and its run-queue wait a step (the time it was runnable but waited for a
+core: where 4 processes share 2 cores, the wake-ups that wait) and its time
+slices a step (docs/deploy.md, "Where 2x2's extra step goes"). A diagnosis, not
+a figure of the validation: nothing here feeds the calibration or the simulator.
 """
 
 from __future__ import annotations
@@ -65,6 +69,24 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _threads(pid: int) -> dict[int, tuple[str, float, float, int]]:
+    """tid -> (name, CPU s, run-queue wait s, time slices) of ``pid``'s live threads
+    (``/proc/PID/task/TID/schedstat``: nanoseconds on a core, waiting for one, slices)."""
+    out: dict[int, tuple[str, float, float, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone
+        return out
+    for tid in tids:
+        try:
+            run_ns, wait_ns, slices = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except (OSError, ValueError):  # exited since the listing
+            continue
+        out[int(tid)] = (name, int(run_ns) / 1e9, int(wait_ns) / 1e9, int(slices))
+    return out
+
+
 def _name(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[-70:]
@@ -72,10 +94,12 @@ def _name(pid: int) -> str:
         return "?"
 
 
-def measure(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
+def measure(trainers: int, shards: int, epochs: int, *, threads: bool = False) -> dict[str, Any]:
     """One run of ``trainers`` x ``shards``: per process CPU a step over the steady
-    window, with the load average before and after."""
+    window, with the load average before and after; with ``threads``, per thread
+    CPU, run-queue wait and time slices a step too."""
     samples: list[tuple[float, dict[int, float]]] = []
+    thread_samples: list[dict[tuple[int, int], tuple[str, float, float, int]]] = []
     names: dict[int, str] = {}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="estuary-cpu-") as out:
@@ -89,6 +113,10 @@ def measure(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
                     cpu[pid] = value
                     names.setdefault(pid, _name(pid))
             samples.append((now, cpu))
+            if threads:
+                thread_samples.append(
+                    {(pid, tid): t for pid in cpu for tid, t in _threads(pid).items()}
+                )
             time.sleep(SAMPLE_EVERY_S)
         if run.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited with {run.returncode}")
@@ -105,6 +133,16 @@ def measure(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
     both = [pid for pid in b[1] if pid in a[1]]
     per_process = {pid: (b[1][pid] - a[1][pid]) / steps for pid in both}
     wall = b[0] - a[0]
+    per_thread: dict[str, dict[str, float]] = {}
+    if threads:
+        ta, tb = thread_samples[samples.index(a)], thread_samples[samples.index(b)]
+        for key in tb.keys() & ta.keys():
+            name, cpu_s, wait_s, slices = tb[key]
+            per_thread[f"{key[0]}/{key[1]} {name}"] = {
+                "cpu_s": (cpu_s - ta[key][1]) / steps,
+                "runqueue_wait_s": (wait_s - ta[key][2]) / steps,
+                "slices": (slices - ta[key][3]) / steps,
+            }
     return {
         "config": f"{trainers}x{shards}",
         "rows_per_s": (rows1 - rows0) / (t1 - t0),
@@ -115,6 +153,7 @@ def measure(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
         "cpu_s_per_step_all": sum(per_process.values()),
         "cores_used": sum(per_process.values()) * steps / wall if wall > 0 else None,
         "load_avg_1m": [load_before, os.getloadavg()[0]],
+        "per_thread_per_step": per_thread,
     }
 
 
@@ -124,9 +163,12 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=simulate_real.EPOCHS)
     ap.add_argument("--costs", type=Path, help="a calibration, to print the law's figures")
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--threads", action="store_true", help="per thread CPU and run-queue wait a step"
+    )
     args = ap.parse_args()
     ((w, s),) = simulate_real.parse_configs(args.config)
-    got = measure(w, s, args.epochs)
+    got = measure(w, s, args.epochs, threads=args.threads)
     print(
         f"{got['config']}: {got['rows_per_s']:,.0f} rows/s over {got['window_s']:.1f} s, "
         f"step {1e3 * got['step_s']:.1f} ms, load {got['load_avg_1m'][0]:.1f} -> "
@@ -139,6 +181,16 @@ def main() -> None:
         f"  {1e3 * got['cpu_s_per_step_all']:6.2f} ms CPU a step in all: "
         f"{got['cores_used']:.2f} cores used"
     )
+    if args.threads:
+        threads = got["per_thread_per_step"]
+        for name, t in sorted(threads.items()):
+            if t["cpu_s"] + t["runqueue_wait_s"] > 5e-5:
+                print(
+                    f"  {1e3 * t['cpu_s']:6.2f} ms CPU, {1e3 * t['runqueue_wait_s']:6.2f} ms "
+                    f"waiting for a core, {t['slices']:5.1f} slices a step  {name}"
+                )
+        wait = sum(t["runqueue_wait_s"] for t in threads.values())
+        print(f"  {1e3 * wait:6.2f} ms a step in all that threads waited for a core")
     if args.costs:
         costs = load_costs(args.costs)
         # As bench/simulate.py predicts a round, on an idle machine (probes 1 and all cores).
