@@ -184,23 +184,3 @@ def test_a_hook_after_a_step_sees_exactly_that_step() -> None:
     assert seen[-1] == ("run_after", 2)
     assert not agg.after_step(1, lambda: seen.append(("late", agg.applied)))
     assert applied == [1, 2]
-
-
-def test_a_deferred_push_leaves_the_apply_to_apply_ready() -> None:
-    """``defer_apply``: the push that completes a step only buffers it (a server
-    replies first); ``apply_ready`` applies it, once; a mismatch of the ranks'
-    lr scales is still reported to the completing push."""
-    apply = Recorder()
-    agg = StepAggregator("t", D, world_size=2, apply=apply)
-    assert agg.push(1, 0, ids(1), grads(1), defer_apply=True)
-    assert agg.push(1, 1, ids(1), grads(2), defer_apply=True)
-    assert agg.applied == 0 and apply.steps == []
-    agg.apply_ready()
-    agg.apply_ready()  # nothing more to apply
-    assert agg.applied == 1 and len(apply.steps) == 1
-    np.testing.assert_array_equal(apply.steps[0][1], grads(3))
-    assert agg.push(2, 0, ids(1), grads(1), lr_scale=0.5, defer_apply=True)
-    with pytest.raises(PSError, match="different lr scales"):
-        agg.push(2, 1, ids(1), grads(1), lr_scale=1.0, defer_apply=True)
-    agg.apply_ready()  # the table failed: nothing applied
-    assert agg.applied == 1

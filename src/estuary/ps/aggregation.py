@@ -97,15 +97,10 @@ class StepAggregator:
         grads: Float32Array,
         *,
         lr_scale: float = 1.0,
-        defer_apply: bool = False,
     ) -> bool:
         """Buffer rank ``rank``'s gradients of ``step``, to be applied at the
-        learning rate times ``lr_scale``; apply every step that became complete,
-        or with ``defer_apply`` leave that to the caller's ``apply_ready`` (a
-        server replies to the push first: sync mode's last pusher of a step then
-        sends its next lookup at once, which waits for the apply at the server,
-        instead of waiting for the apply before its reply). Returns ``False``
-        (and changes nothing) for a duplicate push.
+        learning rate times ``lr_scale``; apply every step that became complete.
+        Returns ``False`` (and changes nothing) for a duplicate push.
 
         Raises:
             PSError: bad rank/step/shape/scale, the table failed earlier, or this
@@ -138,33 +133,8 @@ class StepAggregator:
                     f"{self.max_pending_steps} steps ahead of the last applied step {self.applied}"
                 )
             self._pending.setdefault(step, buffered)[rank] = (ids, grads, lr_scale)
-            if len(buffered) == self.world_size:
-                self._check_scales(step, buffered)  # the completing push hears of it
-            if not defer_apply:
-                self._apply_complete_steps()
+            self._apply_complete_steps()
         return True
-
-    def apply_ready(self) -> None:
-        """Apply every step that is complete and not applied yet (after a push
-        with ``defer_apply``). Raises ``PSError`` when an apply fails (the table
-        then fails: every later request hears of it)."""
-        with self._cond:
-            if self._error is None:
-                self._apply_complete_steps()
-
-    def _check_scales(
-        self, step: int, by_rank: dict[int, tuple[Int64Array, Float32Array, float]]
-    ) -> None:
-        # Called with the lock held, once every rank pushed ``step``.
-        scales = {r: by_rank[r][2] for r in range(self.world_size)}
-        if len(set(scales.values())) > 1:
-            self._error = PSError(
-                f"table {self.name!r}: the ranks pushed step {step} with different "
-                f"lr scales {scales} (rank: scale); a step is applied once, at one "
-                "scale: pick the update plan per global batch"
-            )
-            self._cond.notify_all()
-            raise self._error
 
     def _apply_complete_steps(self) -> None:
         # Called with the lock held: steps are applied one at a time, in order.
@@ -173,11 +143,19 @@ class StepAggregator:
                 self._run_hooks(self.applied)  # snapshots of the last step come first
             step = self.applied + 1
             by_rank = self._pending.pop(step)
-            self._check_scales(step, by_rank)
+            scales = {r: by_rank[r][2] for r in range(self.world_size)}
+            if len(set(scales.values())) > 1:
+                self._error = PSError(
+                    f"table {self.name!r}: the ranks pushed step {step} with different "
+                    f"lr scales {scales} (rank: scale); a step is applied once, at one "
+                    "scale: pick the update plan per global batch"
+                )
+                self._cond.notify_all()
+                raise self._error
             parts = [(by_rank[r][0], by_rank[r][1]) for r in range(self.world_size)]
             ids, grads = sum_by_id(parts, self.dim)
             try:
-                self._apply(ids, grads, lr_scale=by_rank[0][2])
+                self._apply(ids, grads, lr_scale=scales[0])
             except BaseException as exc:
                 self._error = exc
                 self._cond.notify_all()

@@ -126,7 +126,6 @@ class ParameterServer:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._conns: set[Connection] = set()
-        self._local = threading.local()  # per connection thread: its request's deferred work
         self._thread: threading.Thread | None = None
         self._ops: dict[str, Handler] = {
             "hello": self._op_hello,
@@ -234,14 +233,11 @@ class ParameterServer:
                     self._send_error(conn, exc)
                     return
                 op = header.get("op")
-                deferred: list[Callable[[], None]] = []
-                reply, out = self.handle(header, arrays, deferred)
+                reply, out = self.handle(header, arrays)
                 try:
                     send_message(conn, reply, out)
                 except (EOFError, OSError):
                     return
-                finally:
-                    _run_deferred(deferred)  # a push's apply, after its reply
                 if op == "shutdown" and reply["ok"]:
                     self._begin_shutdown()
                     return
@@ -250,19 +246,12 @@ class ParameterServer:
                 self._conns.discard(conn)
             conn.close()
 
-    def handle(
-        self, header: Header, arrays: Arrays, deferred: list[Callable[[], None]] | None = None
-    ) -> tuple[Header, Arrays]:
+    def handle(self, header: Header, arrays: Arrays) -> tuple[Header, Arrays]:
         """One request, whatever carried it -> (reply header with ``ok``, arrays);
         an error becomes an error reply (``ok: false``, ``kind``, ``error``), never
-        an exception: it goes back to the caller and the server serves on.
-
-        ``deferred``: a push appends the apply of the steps it completed here,
-        for the caller to run once the reply is sent (the socket loop); ``None``
-        (the actor data plane): they are applied before the reply."""
+        an exception: it goes back to the caller and the server serves on."""
         op = header.get("op")
         handler = self._ops.get(op) if isinstance(op, str) else None
-        self._local.deferred = deferred
         try:
             if handler is None:
                 raise PSError(f"unknown op {op!r}; known: {sorted(self._ops)}")
@@ -271,22 +260,7 @@ class ParameterServer:
             if not isinstance(exc, PSError | ValueError | KeyError | TypeError):
                 logger.exception("parameter server: %s failed", op)
             return _error_reply(exc), {}
-        finally:
-            self._local.deferred = None
         return {"ok": True, **reply}, out
-
-    def _push(
-        self, steps: StepAggregator, step: int, rank: int, ids: Any, grads: Any, scale: float
-    ) -> bool:
-        """``steps.push``; its apply deferred to after the reply when the caller
-        takes deferred work (``handle``)."""
-        deferred: list[Callable[[], None]] | None = getattr(self._local, "deferred", None)
-        accepted = steps.push(
-            step, rank, ids, grads, lr_scale=scale, defer_apply=deferred is not None
-        )
-        if deferred is not None and accepted:
-            deferred.append(steps.apply_ready)
-        return accepted
 
     @staticmethod
     def _send_error(conn: Connection, exc: BaseException) -> None:
@@ -446,13 +420,12 @@ class ParameterServer:
         _, steps = self._table(header)
         ids = self._array(arrays, "ids", np.int64, 1)
         grads = self._array(arrays, "grads", np.float32, 2)
-        accepted = self._push(
-            steps,
+        accepted = steps.push(
             self._int(header, "step"),
             self._int(header, "rank"),
             ids,
             grads,
-            self._float(header, "lr_scale", 1.0),
+            lr_scale=self._float(header, "lr_scale", 1.0),
         )
         return {"duplicate": not accepted, "applied": steps.applied}, {}
 
@@ -481,7 +454,7 @@ class ParameterServer:
             part_grads = grads[start : start + size].reshape(part.ids.size, part.table.dim)
             start += size
             with _naming(part.name):
-                accepted = self._push(part.steps, step, rank, part.ids, part_grads, scale)
+                accepted = part.steps.push(step, rank, part.ids, part_grads, lr_scale=scale)
             duplicate.append(not accepted)
             applied.append(part.steps.applied)
         return {"duplicate": duplicate, "applied": applied}, {}
@@ -747,16 +720,6 @@ def _stats_reply(table: EmbeddingTable, steps: StepAggregator) -> Header:
     # vars, not dataclasses.asdict: the fields are ints, and asdict's deep copy
     # cost ~16 us a table (0.4 ms of a 26-table stats_many).
     return {"stats": dict(vars(table.stats())), **_step_counters(steps)}
-
-
-def _run_deferred(work: list[Callable[[], None]]) -> None:
-    # A failed apply fails its table (StepAggregator): every later request on it
-    # reports the error; here it is only logged.
-    for action in work:
-        try:
-            action()
-        except Exception as exc:
-            logger.warning("parameter server: %s", exc)
 
 
 def _step_counters(steps: StepAggregator) -> dict[str, int]:
