@@ -193,7 +193,8 @@ class RayExecutorPool:
         self._open(lender, 1)
 
     def _repay(self, executor: int) -> None:
-        """``executor`` is up (or gone): its lender drops the slot it lent. Lock held."""
+        """``executor`` handed on its first split (or is gone): its lender drops
+        the slot it lent. Lock held."""
         lender = self._lent.pop(executor, None)
         if lender is None:
             return
@@ -213,9 +214,15 @@ class RayExecutorPool:
             ray.get(handle.pid.remote())
         with self._lock:
             self._starting.discard(executor)
-            self._repay(executor)
             if executor in self._retired or executor not in self.actors:
+                self._repay(executor)
                 return
+            # The loan is repaid once this executor hands on its first split
+            # (``_give_back``), not when its process is up: a first read is a
+            # cold one (files opened, the parsers' compiled code loaded), and
+            # giving the lent slot back before it ends left the trainer short of
+            # rows for a moment (bench/elastic.py: trainer wait 0.23-0.30 in the
+            # interval right after every executor was up).
             self._open(executor)
 
     def _start(self, executor: int, *, placed: bool = True) -> Any:
@@ -261,6 +268,8 @@ class RayExecutorPool:
         """No new split for ``executor``; stopped once its reads in flight end. Lock held."""
         self._retired.add(executor)
         del self.actors[executor]
+        if executor not in self._starting:  # up: no first split to wait for now
+            self._repay(executor)
         if self._inflight.get(executor, 0) == 0:
             self._stop(executor)
 
@@ -363,6 +372,7 @@ class RayExecutorPool:
     def _give_back(self, executor: int) -> None:
         with self._lock:
             self._inflight[executor] -= 1
+            self._repay(executor)  # its first split is handed on: the bridge's loan ends
             if executor in self._retired:
                 if self._inflight[executor] == 0:
                     self._stop(executor)
