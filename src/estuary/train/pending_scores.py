@@ -18,6 +18,7 @@ rows waiting (the buffer's rows plus a step read ahead), not the rows so far.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +31,7 @@ __all__ = ["PendingScores", "Taken"]
 BoolArray = npt.NDArray[np.bool_]
 
 
+@dataclass(frozen=True)
 class Taken:
     """Rows taken out of ``PendingScores`` (in the order asked, those held only).
 
@@ -40,14 +42,10 @@ class Taken:
         new: (K,) whether the row held an id never seen before, on arrival.
     """
 
-    def __init__(
-        self,
-        row_ids: Int64Array,
-        labels: npt.NDArray[np.int8],
-        probs: npt.NDArray[np.float32],
-        new: BoolArray,
-    ) -> None:
-        self.row_ids, self.labels, self.probs, self.new = row_ids, labels, probs, new
+    row_ids: Int64Array
+    labels: npt.NDArray[np.int8]
+    probs: npt.NDArray[np.float32]
+    new: BoolArray
 
     @property
     def rows(self) -> int:
