@@ -16,9 +16,9 @@ import torch
 from estuary.data.synthetic import SynthOutput, write_synthetic
 from estuary.metrics import progressive_groups
 from estuary.metrics.progressive import ProgressiveStats
-from estuary.train import Trainer, TrainingStopped
+from estuary.train import Trainer, TrainingStopped, checkpointer
 from estuary.train.callbacks import FaultInjection, LoopState
-from estuary.train.checkpoint import MANIFEST
+from estuary.train.checkpoint import MANIFEST, read_extra
 from estuary.train.progressive import CHECKPOINT_NAME, ProgressiveEval, SeenIds
 
 from .test_progressive_eval import ROWS, STEADY, job_for
@@ -85,6 +85,31 @@ def test_a_checkpoint_without_progressive_state_resumes_with_the_figures_afresh(
     assert got["rows"] == STEADY.hours * ROWS - STOP_AT * 50  # the rows after the resume
     afresh = [r for r in caplog.records if "start afresh" in r.getMessage()]
     assert len(afresh) == 1
+
+
+def test_a_checkpoints_progressive_state_is_read_only_by_a_run_that_claims_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume holds none of the saved figures until an owner claims them: a run
+    with progressive evaluation off (or a rank other than 0) never reads them."""
+    write_synthetic(STEADY, tmp_path / "data", SynthOutput(format="criteo_tsv"))
+    checkpoint = stopped_run(tmp_path)
+    reads: list[str] = []
+
+    def counted(folder: Path, name: str) -> dict[str, torch.Tensor]:
+        reads.append(name)
+        return read_extra(folder, name)
+
+    monkeypatch.setattr(checkpointer, "read_extra", counted)
+    off = Trainer(job_for(tmp_path, progressive_eval=False))
+    off.load_checkpoint(checkpoint)
+    off.fit(progress=False)
+    assert reads == []
+    on = Trainer(job_for(tmp_path))
+    on.load_checkpoint(checkpoint)
+    assert reads == []  # read when fit claims it, not on load
+    assert on.fit(progress=False).extra["progressive"]["rows"] == STEADY.hours * ROWS
+    assert reads == [CHECKPOINT_NAME]
 
 
 def test_the_seen_ids_bitmap_is_saved_sparse_when_few_ids_and_restores_either_way() -> None:

@@ -125,7 +125,7 @@ class Checkpoint:
         verified with the other files), ``None`` when this checkpoint has none."""
         if name not in self.manifest.get("extras", []):
             return None
-        return _read_dense(self.path, f"extra/{name}.safetensors")
+        return read_extra(self.path, name)
 
     @functools.cached_property
     def tables(self) -> dict[str, State]:
@@ -533,6 +533,16 @@ def _read_tensors(file: Path) -> State:
         return read_state(file)
     except (OSError, ValueError, RuntimeError) as exc:  # safetensors header errors
         raise CheckpointError(f"{file}: unreadable tensor file ({exc})") from exc
+
+
+def read_extra(folder: Path, name: str) -> dict[str, torch.Tensor]:
+    """The tensors of extra state ``name`` of the checkpoint in ``folder`` (one
+    its manifest lists: ``Checkpoint.extra``).
+
+    Raises:
+        CheckpointError: the file is missing or unreadable.
+    """
+    return _read_dense(folder, f"extra/{name}.safetensors")
 
 
 def _read_dense(folder: Path, name: str) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import threading
 import time
@@ -36,6 +37,7 @@ from estuary.train.callbacks import LoopState
 from estuary.train.checkpoint import (
     StagedCheckpoint,
     load_checkpoint,
+    read_extra,
     restore_dense_warned,
     save_checkpoint,
     stage_checkpoint,
@@ -171,8 +173,10 @@ class Checkpointer:
         # ``load`` (name -> owner), e.g. a mixture's ``history_ids``.
         self.extras: dict[str, CheckpointExtra] = {}
         # After ``load``: the loaded checkpoint's extra state not yet claimed by
-        # an owner (``add_extra``; e.g. progressive evaluation's, made by fit).
-        self._loaded_extras: dict[str, dict[str, torch.Tensor]] | None = None
+        # an owner (``add_extra``; e.g. progressive evaluation's, made by fit),
+        # read from the checkpoint when claimed: a rank or run that never claims
+        # one (progressive evaluation is rank 0's, or off) holds none of it.
+        self._loaded_extras: dict[str, Callable[[], dict[str, torch.Tensor] | None]] | None = None
 
     def add_extra(self, name: str, owner: CheckpointExtra) -> None:
         """Save ``owner``'s state with each checkpoint as ``name``; after a
@@ -180,7 +184,8 @@ class Checkpointer:
         when the checkpoint has none, e.g. written before it was saved; once)."""
         self.extras[name] = owner
         if self._loaded_extras is not None:
-            owner.restore_state(self._loaded_extras.pop(name, None))
+            read = self._loaded_extras.pop(name, None)
+            owner.restore_state(None if read is None else read())
             if not self._loaded_extras:
                 self._loaded_extras = None
 
@@ -407,9 +412,9 @@ class Checkpointer:
         self.data_progress = metadata.get("data_progress")
         for name, extra in self.extras.items():
             extra.restore_state(ckpt.extra(name))
-        self._loaded_extras = {}  # for owners added later (add_extra), each claimed once
-        for name in ckpt.manifest.get("extras", []):
-            if name not in self.extras:
-                tensors = ckpt.extra(name)
-                if tensors is not None:
-                    self._loaded_extras[name] = tensors
+        # For owners added later (add_extra), each claimed once; read then.
+        self._loaded_extras = {
+            name: functools.partial(read_extra, ckpt.path, name)
+            for name in ckpt.manifest.get("extras", [])
+            if name not in self.extras
+        }
