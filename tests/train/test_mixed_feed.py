@@ -16,6 +16,7 @@ from estuary.config import ConfigError, JobSpec, job_from_dict
 from estuary.data.graph import Progress
 from estuary.data.synthetic import SyntheticSpec, SynthOutput, write_synthetic
 from estuary.data.types import Batch, JaggedIds
+from estuary.metrics.progressive import NEW_IDS
 from estuary.train import Trainer
 from estuary.train.arrival import ArrivalScorer
 from estuary.train.callbacks import Callback, LoopState
@@ -234,6 +235,10 @@ def test_a_stop_and_resume_neither_loses_nor_repeats_a_row(data_root: Path, tmp_
     # its data progress counted (trained or dropped): the rows waiting in the
     # buffer at the stop were scored again when read again, and each row counts once.
     assert extra["progressive"]["rows"] == HOURS * ROWS
+    # Read again, a row that waited at the stop finds its ids marked seen by its
+    # first arrival; it still counts as holding a new id if it did then.
+    whole = Trainer(job_for(data_root, SURGE)).fit().extra["progressive"]["origins"]
+    assert extra["progressive"]["origins"][NEW_IDS]["rows"] == whole[NEW_IDS]["rows"] > 0
 
 
 @pytest.mark.parametrize(

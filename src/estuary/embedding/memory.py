@@ -45,6 +45,16 @@ def zeros(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     return raw[start : start + nbytes].view(dt).reshape(shape)
 
 
+def grown(arr: np.ndarray, rows: int) -> np.ndarray:
+    """A new array (``zeros``) of ``rows`` rows holding ``arr``'s rows first; an
+    empty ``arr`` (a per-row array that is not kept) stays empty."""
+    if arr.size == 0:
+        return arr
+    out = zeros((rows, *arr.shape[1:]), arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out
+
+
 def _mapping_of(arr: np.ndarray) -> mmap.mmap | None:
     # The anonymous mapping ``zeros`` placed ``arr`` in, or None (an np.zeros buffer).
     base: object = arr

@@ -39,7 +39,7 @@ from numba import njit
 from estuary.embedding.delta import dirty_slots
 from estuary.embedding.hash_index import Float64Array, Int32Array, Touch
 from estuary.embedding.initializers import initial_weight
-from estuary.embedding.memory import shrunk, zeros
+from estuary.embedding.memory import grown, shrunk, zeros
 from estuary.embedding.precision import FP32, draw_row_bits, f32_to_half_sr
 from estuary.embedding.prefetch import ROWS_AHEAD, prefetch, prefetch_span
 from estuary.embedding.row_formats import RowFormat
@@ -149,14 +149,6 @@ def _move_rows(arr: Any, src: Int64Array, dst: Int64Array) -> None:
         arr[dst[n]] = arr[src[n]]
 
 
-def _grown(arr: np.ndarray, rows: int) -> np.ndarray:
-    if arr.size == 0:  # a metadata array that is not kept stays empty
-        return arr
-    out = zeros((rows, *arr.shape[1:]), arr.dtype)
-    out[: arr.shape[0]] = arr
-    return out
-
-
 class RowStorage:
     """Growable rows + per-slot metadata; grows by ``GROWTH`` (amortised O(1) per row).
 
@@ -232,7 +224,7 @@ class RowStorage:
         if self.max_rows is not None:
             target = max(rows, min(target, self.max_rows))
         for name in PER_ROW:
-            setattr(self, name, _grown(getattr(self, name), target))
+            setattr(self, name, grown(getattr(self, name), target))
 
     def _stamp_of(self, now: int) -> int:
         # The value a touch at clock ``now`` leaves in ``stamp``.

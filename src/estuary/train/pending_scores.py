@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from estuary.embedding.hash_index import HashIndex
+from estuary.embedding.memory import grown
 from estuary.embedding.types import Int64Array
 
 __all__ = ["PendingScores", "Taken"]
@@ -90,12 +91,19 @@ class PendingScores:
             need = int(slots.max()) + 1
             if need > self._labels.shape[0]:
                 size = max(need, 2 * self._labels.shape[0])
-                self._labels = _grown(self._labels, size)
-                self._probs = _grown(self._probs, size)
-                self._new = _grown(self._new, size)
+                self._labels = grown(self._labels, size)
+                self._probs = grown(self._probs, size)
+                self._new = grown(self._new, size)
             self._labels[slots] = labels
             self._probs[slots] = probs
             self._new[slots] = new
+
+    def new_row_ids(self) -> Int64Array:
+        """int64 (K,): the rows held that held an id never seen before on arrival
+        (saved with a checkpoint: ``ProgressiveEval.checkpoint_state``)."""
+        with self._lock:
+            keys, slots = self._index.items()
+            return keys[self._new[slots]]
 
     def take(self, row_ids: Int64Array) -> Taken:
         """Remove rows ``row_ids`` (N,) and return those that were held."""
@@ -109,9 +117,3 @@ class PendingScores:
                 self._probs[at].copy(),
                 self._new[at].copy(),
             )
-
-
-def _grown(arr: np.ndarray, size: int) -> np.ndarray:
-    out = np.zeros(size, arr.dtype)
-    out[: arr.shape[0]] = arr
-    return out

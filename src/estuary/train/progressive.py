@@ -29,7 +29,10 @@ rank's share of each step.
 
 The figures (in bounded memory, ``metrics.progressive_groups``) and the seen-ids
 bitmap are saved with each checkpoint (``CHECKPOINT_NAME``; ``FitLoop`` hands
-``ProgressiveEval`` to ``Checkpointer.add_extra``) and restored on resume.
+``ProgressiveEval`` to ``Checkpointer.add_extra``) and restored on resume. A row
+still waiting at a checkpoint has marked its ids in the bitmap saved, so read
+again after a resume it would find them seen: the rows waiting that held a new
+id are saved too (``held_new``), and keep that on their second arrival.
 
 Cost when on: a sigmoid and a device-to-host copy of the (B,) logits (a CPU-GPU
 sync point on CUDA), a pass over the B split codes, one bitmap probe per id, and
@@ -41,6 +44,7 @@ share of each step (it alone holds the data progress); nothing is gathered.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -67,8 +71,12 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "progressive"
 """Checkpoint extra state (``extra/progressive.safetensors``): the figures so far
-(``metrics.progressive_state``, ``stats.`` prefix) and the seen-ids bitmap
-(``SeenIds.state``, ``seen_ids.`` prefix)."""
+(``metrics.progressive_state``, ``stats.`` prefix), the seen-ids bitmap
+(``SeenIds.state``, ``seen_ids.`` prefix) and ``HELD_NEW``."""
+
+HELD_NEW = "held_new"
+"""int64 (K,): the rows waiting at the checkpoint (scored on arrival, not yet
+committed) that held an id never seen before when they arrived."""
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -84,6 +92,9 @@ class SeenIds:
     ``1 - exp(-n / 2**bits)`` (2**26 bits = 8 MiB: 1.5% at a million ids, 14% at
     ten million). A seen id never reads as new, evicted or not.
 
+    Thread-safe: with a mixed buffer rows arrive (and mark their ids) on the
+    read-ahead thread while the step's thread copies the bitmap for a checkpoint.
+
     Args:
         bits: log2 of the slots.
     """
@@ -91,6 +102,7 @@ class SeenIds:
     def __init__(self, bits: int = 26) -> None:
         self.bitmap = np.zeros(1 << (bits - 3), np.uint8)  # (2**bits / 8,)
         self._shift = np.uint64(64 - bits)
+        self._lock = threading.Lock()
 
     def first_seen(self, ids: Int64Array) -> BoolArray:
         """bool (N,): True where ``ids[i]`` was not seen before this call; then
@@ -98,19 +110,21 @@ class SeenIds:
         slot = (ids.view(np.uint64) * _GOLDEN) >> self._shift  # wraps mod 2**64
         byte = slot >> np.uint64(3)
         bit = np.left_shift(np.uint8(1), (slot & np.uint64(7)).astype(np.uint8))
-        new: BoolArray = (self.bitmap[byte] & bit) == 0
-        np.bitwise_or.at(self.bitmap, byte, bit)
+        with self._lock:
+            new: BoolArray = (self.bitmap[byte] & bit) == 0
+            np.bitwise_or.at(self.bitmap, byte, bit)
         return new
 
     def state(self) -> dict[str, np.ndarray]:
         """A copy for a checkpoint: ``size`` int64 (1,), the bitmap's bytes, and
         its nonzero bytes as ``at`` int32 (K,) + ``bytes`` uint8 (K,) (5 bytes
         each) while they are under a fifth of it, else the whole ``bitmap``."""
-        at = np.flatnonzero(self.bitmap)
-        size = np.array([self.bitmap.shape[0]], np.int64)
-        if at.shape[0] * 5 < self.bitmap.shape[0]:
-            return {"size": size, "at": at.astype(np.int32), "bytes": self.bitmap[at]}
-        return {"size": size, "bitmap": self.bitmap.copy()}
+        with self._lock:
+            at = np.flatnonzero(self.bitmap)
+            size = np.array([self.bitmap.shape[0]], np.int64)
+            if at.shape[0] * 5 < self.bitmap.shape[0]:
+                return {"size": size, "at": at.astype(np.int32), "bytes": self.bitmap[at]}
+            return {"size": size, "bitmap": self.bitmap.copy()}
 
     def restore(self, state: dict[str, np.ndarray]) -> bool:
         """Back to a ``state()``; False (and left as is) when it is of another
@@ -119,12 +133,14 @@ class SeenIds:
         if size is None or int(size[0]) != self.bitmap.shape[0]:
             return False
         if "bitmap" in state:
-            self.bitmap = np.asarray(state["bitmap"], np.uint8).copy()
-            return True
-        if "at" not in state or "bytes" not in state:
+            bitmap = np.asarray(state["bitmap"], np.uint8).copy()
+        elif "at" in state and "bytes" in state:
+            bitmap = np.zeros_like(self.bitmap)
+            bitmap[np.asarray(state["at"], np.int64)] = state["bytes"]
+        else:
             return False
-        self.bitmap = np.zeros_like(self.bitmap)
-        self.bitmap[np.asarray(state["at"], np.int64)] = state["bytes"]
+        with self._lock:
+            self.bitmap = bitmap
         return True
 
     def new_rows(self, batch: Batch) -> BoolArray:
@@ -161,12 +177,21 @@ class ProgressiveEval:
         self.progress, self.stats, self.clock = progress, stats, clock
         self.seen = SeenIds()
         self.pending = PendingScores()  # scored on arrival, not yet committed
+        # After a resume: rows that waited at the checkpoint holding a new id on
+        # their first arrival (read again, they find their ids marked seen).
+        self._held_new: Int64Array | None = None
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
-        """The figures and the seen-ids bitmap, copied (``CheckpointExtra``)."""
+        """The figures, the seen-ids bitmap and the waiting rows that held a new
+        id, copied (``CheckpointExtra``)."""
         stats = {f"stats.{k}": v for k, v in stats_arrays(self.stats).items()}
         seen = {f"seen_ids.{k}": v for k, v in self.seen.state().items()}
-        return {k: torch.from_numpy(v) for k, v in {**stats, **seen}.items()}
+        # After the bitmap: a row arriving between the two copies is in both.
+        held_new = self.pending.new_row_ids()
+        if self._held_new is not None:  # waiting since before the last resume, not yet read again
+            held_new = np.union1d(held_new, self._held_new)
+        tensors = {**stats, **seen, HELD_NEW: held_new}
+        return {k: torch.from_numpy(v) for k, v in tensors.items()}
 
     def restore_state(self, tensors: dict[str, torch.Tensor] | None) -> None:
         """Continue from a checkpoint's figures and bitmap. ``None`` (a checkpoint
@@ -186,6 +211,11 @@ class ProgressiveEval:
         if not self.seen.restore(_under("seen_ids.", tensors)):
             # ids seen before the resume read as new (new_ids overcounts a while)
             logger.warning("the checkpoint's seen-ids bitmap does not fit: it starts empty")
+            return
+        held = tensors.get(HELD_NEW)  # absent in checkpoints written before it was saved
+        self._held_new = (
+            held.numpy().astype(np.int64) if held is not None and held.numel() else None
+        )
 
     def record(self, batch: Batch, logits: torch.Tensor) -> None:
         """``logits`` (B,): the step's forward on ``batch``, before its update."""
@@ -201,9 +231,15 @@ class ProgressiveEval:
         if batch.row_ids is None:
             raise ValueError("progressive evaluation needs Batch.row_ids (data.dataset batches)")
         labels = batch.labels.astype(np.int8)
-        self.pending.hold(
-            batch.row_ids, labels, np.asarray(probs, np.float32), self.seen.new_rows(batch)
-        )
+        new = self.seen.new_rows(batch)
+        held = self._held_new
+        if held is not None:  # read again after a resume: new as on the first arrival
+            again = np.isin(batch.row_ids, held)
+            if again.any():
+                new |= again
+                rest = np.setdiff1d(held, batch.row_ids[again], assume_unique=True)
+                self._held_new = rest if rest.shape[0] else None
+        self.pending.hold(batch.row_ids, labels, np.asarray(probs, np.float32), new)
 
     def file_trained(self, row_ids: Int64Array | None) -> None:
         """The held scores of a step's rows ``row_ids`` (every rank's), with their
