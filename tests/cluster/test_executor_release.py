@@ -1,7 +1,8 @@
 """Data executors give back what they no longer use: each sits in a placement
-group of its own (``cluster.place``), removed once the executor is stopped for
-good, replaced by a memory change or retired by a shrink, so its reserved
-CPU and memory return to the cluster while the job runs."""
+group of its own (``cluster.place``, or reserved by the pool for executors it
+adds or replaces), removed once the executor is stopped for good, replaced by
+a memory change or retired by a shrink, so its reserved CPU and memory return
+to the cluster while the job runs."""
 
 from __future__ import annotations
 
@@ -71,8 +72,9 @@ def test_replaced_and_retired_executors_give_their_reservation_back(ray_instance
             assert pool.released == [2]
             assert reserved(ray_instance, groups[0]) and reserved(ray_instance, groups[1])
             assert placement.live_executor_groups() == (groups[0], groups[1], None)
-            # A memory change replaces executors 0 and 1 beside the groups; once
-            # each replacement is up, the old one stops and its group goes.
+            # A memory change replaces executors 0 and 1, each in a group the
+            # pool reserves with the new ask; once each replacement is up, the
+            # old one stops and its group goes.
             pool.set_memory(48)
             assert wait_for(lambda: pool.starting == 0 and len(pool.released) == 3)
             assert sorted(pool.actors) == [3, 4]
@@ -80,19 +82,40 @@ def test_replaced_and_retired_executors_give_their_reservation_back(ray_instance
             for group in groups:
                 assert wait_for(lambda g=group: not reserved(ray_instance, g))
                 assert ray_instance.util.placement_group_table(group)["state"] == "REMOVED"
+            own = dict(pool.reserved)
+            assert sorted(own) == [3, 4]
+            for group in own.values():
+                assert wait_for(lambda g=group: reserved(ray_instance, g))
+                assert reserved(ray_instance, group)[f"memory_group_{group.id.hex()}"] == 48 * 2**20
+            # A grow reserves the added executor a group too; a shrink removes it.
+            pool.resize(3)
+            grown = pool.reserved[5]
+            assert wait_for(lambda: reserved(ray_instance, grown))
+            assert wait_for(lambda: pool.starting == 0)
+            pool.resize(2)
+            assert wait_for(lambda: not reserved(ray_instance, grown))
+            assert ray_instance.util.placement_group_table(grown)["state"] == "REMOVED"
+            assert sorted(pool.reserved) == [3, 4]
             # The core group stays until the job ends.
             assert reserved(ray_instance, placement.group)
-            assert pool.summary()["data_executor_groups_released"] == 3
+            summary = pool.summary()
+            assert summary["data_executor_groups_released"] == 4
+            assert summary["data_executor_groups_reserved"] == 3
         finally:
             pool.close()
-        # A next attempt (a restart) gets no removed group: its executors start
-        # beside them, and come up (none waits on a group that is gone).
+        # Closing removes the groups the pool reserved (no attempt reuses them).
+        for group in own.values():
+            assert wait_for(lambda g=group: not reserved(ray_instance, g))
+        # A next attempt (a restart) gets no removed group: the pool reserves
+        # its executors new ones, and they come up (none waits on a group
+        # that is gone).
         again = dataclasses.replace(spec, groups=placement.live_executor_groups())
         assert again.groups == (None, None, None)
         restarted = again()
         try:
             pids = ray_instance.get([h.pid.remote() for h in restarted.actors.values()], timeout=30)
             assert len(set(pids)) == 3
+            assert sorted(restarted.reserved) == [0, 1, 2]
         finally:
             restarted.close()
     finally:

@@ -224,6 +224,8 @@ class RayRuntime:
                 job.runtime.scaling.max_executor_threads if job.runtime.scaling.enabled else 1
             ),
             bridge=job.runtime.scaling.bridge_reads if job.runtime.scaling.enabled else 0,
+            custom=next(a.custom for a in role_asks(job) if a.role == "data_executor"),
+            near=placement.node_of("trainer") if "trainer" in placement.first_bundle else None,
         )
 
     def _embedding_workers(

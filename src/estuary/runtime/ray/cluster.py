@@ -193,6 +193,11 @@ class Placement:
             placement_group_bundle_index=self.first_bundle[role] + rank,
         )
 
+    def node_of(self, role: str, rank: int = 0) -> str | None:
+        """The node (hex id) role ``role``'s process ``rank`` was reserved on (a
+        core role: PS shards, trainers, embedding workers)."""
+        return _bundle_node(self.group, self.first_bundle[role] + rank)
+
     def nodes(self) -> int:
         """Distinct nodes the bundles landed on (groups removed already aside)."""
         nodes: set[str] = set()
@@ -203,7 +208,8 @@ class Placement:
 
     def live_executor_groups(self) -> tuple[PlacementGroup | None, ...]:
         """``executor_groups`` with ``None`` for those removed (a pool of an
-        earlier attempt gave them back: its executor e starts beside them)."""
+        earlier attempt gave them back: its executor e gets one the pool
+        reserves)."""
         return tuple(
             None if ray.util.placement_group_table(g).get("state") == "REMOVED" else g
             for g in self.executor_groups

@@ -15,8 +15,11 @@ object store for the trainers (direct delivery, ``estuary.data.graph.routing``).
       blocks are handed on whole), nothing else restarts
     executor e replaced (a memory change) or retired and stopped: its placement
       group (one bundle, ``cluster.place``) is removed at once, its reservation
-      back to the cluster while the job runs; no later executor takes it (an
-      added or replacing one starts beside the groups, with its own ask)
+      back to the cluster while the job runs; no later executor takes it
+    executor added (a grow), replacing one (a memory change, with the new ask),
+      or started where the job's group is gone (a restarted attempt): the pool
+      reserves it a one-bundle group of its own as ``cluster.place`` does (the
+      role's custom resources, near the first trainer's node), removed with it
 
 The blocks' rows are the executor call's return objects, owned by rank 0 and
 kept by the node's object store: they outlive the executor process that made
@@ -39,13 +42,14 @@ from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayActorError
-from ray.util.placement_group import remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from estuary.config.spec import JobSpec, RoleResources
 from estuary.data.errors import DataError
 from estuary.data.graph.executor_actor import DataExecutorActor
 from estuary.data.graph.executors import SplitReader
+from estuary.runtime.ray.cluster import RoleAsk
 from estuary.runtime.scaling.metrics import BusyClock, ExecutorMemory
 
 __all__ = ["DataExecutorActor", "DataExecutorLost", "PoolClosed", "RayExecutorPool", "RayExecutors"]
@@ -70,7 +74,8 @@ class RayExecutors:
         count: E.
         resources: each executor's ask.
         groups: executor e's own placement group (one bundle) for e < E;
-            ``None``: none (removed in an earlier attempt: e starts beside).
+            ``None``: none (removed in an earlier attempt: the pool reserves
+            e a new one).
         max_restarts: executors that may be lost and replaced in one run.
         name: prefix of the executors' actor names (``NAME-e``).
         direct: the pool hands on ``RemoteBlock``s (direct delivery); else
@@ -78,6 +83,10 @@ class RayExecutors:
         max_threads: most concurrent reads per executor (vertical scaling).
         bridge: most extra splits one running executor reads in place of
             executors starting (``runtime.scaling.bridge_reads``; 0: none).
+        custom: Ray custom resources each executor's bundle asks for too (the
+            role's node marker, ``runtime.ray.role_resources``).
+        near: the node (hex id) the pool's own groups ask for (a soft target:
+            the first trainer's); ``None``: anywhere.
     """
 
     count: int
@@ -89,6 +98,8 @@ class RayExecutors:
 
     max_threads: int = 1
     bridge: int = 0
+    custom: dict[str, float] = dataclasses.field(default_factory=dict)
+    near: str | None = None
 
     def __call__(self) -> RayExecutorPool:
         return RayExecutorPool(self, max_threads=self.max_threads, bridge=self.bridge)
@@ -98,8 +109,8 @@ class RayExecutorPool:
     """E data executor actors behind the driver's ``SplitPool`` interface.
 
     Resizable while it runs (the scaling manager, ``estuary.runtime.scaling``):
-    ``resize(n)`` starts executors at once (beside the placement groups, which
-    hold the first E; while one starts, a running executor
+    ``resize(n)`` starts executors at once (each in a placement group of its
+    own, as the first E; while one starts, a running executor
     reads one more split at once in its place, up to ``bridge`` such loans per
     executor, handed back once it is up) or retires the newest ones: a retired
     executor takes no new split and is stopped once its split in flight is
@@ -141,6 +152,10 @@ class RayExecutorPool:
         self.memory_changes: list[dict[str, Any]] = []
         self.bridged = 0  # slots lent to bridge an added executor's start-up
         self.released: list[int] = []  # executors whose placement group was removed
+        # Groups the pool reserved itself (executors past the job's E, or whose
+        # group an earlier attempt gave back), by executor; removed with it.
+        self.reserved: dict[int, PlacementGroup] = {}
+        self.reservations = 0  # groups the pool reserved over the run
         with self._lock:
             for _ in range(spec.count):
                 self._add()
@@ -225,7 +240,9 @@ class RayExecutorPool:
             # interval right after every executor was up).
             self._open(executor)
 
-    def _start(self, executor: int, *, placed: bool = True) -> Any:
+    def _start(self, executor: int) -> Any:
+        """Start ``executor``'s actor in its placement group (the job's, or one
+        reserved now with the pool's current ask). Lock held."""
         res = self.spec.resources
         options: dict[str, Any] = {
             "num_cpus": res.cpus,
@@ -235,21 +252,31 @@ class RayExecutorPool:
             # call more: ``memory`` is answered while they run.
             "max_concurrency": self.max_threads + self.bridge + 1,
         }
-        group = self._group(executor) if placed else None
-        if group is not None:  # its own placement group's one bundle
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=group, placement_group_bundle_index=0
+        group = self._group(executor)
+        if group is None:  # the ask may have changed (a memory change): reserved as it is now
+            bundle = RoleAsk("data_executor", 1, res, dict(self.spec.custom)).bundle()
+            # Not waited for: the actor starts once the group is ready, as an
+            # actor with no group would once its resources are free.
+            group = self.reserved[executor] = placement_group(
+                [bundle], strategy="STRICT_PACK", _soft_target_node_id=self.spec.near
             )
+            self.reservations += 1
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=0
+        )
         if res.memory_mb is not None:
             options["memory"] = res.memory_mb * 2**20
         return DataExecutorActor.options(**options).remote()  # type: ignore[attr-defined]
 
-    def _group(self, executor: int) -> Any:
-        """``executor``'s placement group; ``None``: it has none (added later,
-        or its group given back)."""
+    def _group(self, executor: int) -> PlacementGroup | None:
+        """``executor``'s placement group (the job's, or one the pool reserved);
+        ``None``: it has none yet (added later, or its group given back)."""
+        if executor in self.reserved:
+            return self.reserved[executor]
         if executor >= len(self.spec.groups) or executor in self.released:
             return None
-        return self.spec.groups[executor]
+        group: PlacementGroup | None = self.spec.groups[executor]
+        return group
 
     def resize(self, count: int) -> None:
         """``count`` executors from now on (>= 1; see the class docstring)."""
@@ -275,9 +302,9 @@ class RayExecutorPool:
 
     def set_memory(self, memory_mb: int) -> None:
         """Every executor from now on asks ``memory_mb`` MiB (its budget): each
-        running one is replaced by one asking that much, started beside the
-        placement groups (a bundle's resources are fixed) and swapped in once
-        its process is up; the old one's group is then given back."""
+        running one is replaced by one asking that much, in a placement group
+        reserved with that ask (a bundle's resources are fixed), and swapped in
+        once its process is up; the old one's group is then given back."""
         if memory_mb < 1:
             raise ValueError(f"a data executor's memory ask must be >= 1 MiB, got {memory_mb}")
         with self._lock:
@@ -287,7 +314,7 @@ class RayExecutorPool:
             for old in sorted(self.actors):
                 executor = self._next
                 self._next += 1
-                handle = self._handles[executor] = self._start(executor, placed=False)
+                handle = self._handles[executor] = self._start(executor)
                 self._inflight[executor] = 0
                 self._starting.add(executor)
                 threading.Thread(
@@ -388,6 +415,7 @@ class RayExecutorPool:
         group = self._group(executor)
         if group is not None:
             remove_placement_group(group)  # asynchronous: Ray frees the bundle
+            self.reserved.pop(executor, None)
             self.released.append(executor)
 
     def read(self, reader: SplitReader) -> tuple[list[Any], int, int]:
@@ -460,12 +488,15 @@ class RayExecutorPool:
             out["data_executor_bridged_starts"] = self.bridged
         if self.released:
             out["data_executor_groups_released"] = len(self.released)
+        if self.reservations:
+            out["data_executor_groups_reserved"] = self.reservations
         return out
 
     def close(self) -> None:
         """Stop every executor; reads waiting for one raise ``PoolClosed``. The
-        placement groups still held stay (a next attempt's executors take them;
-        the runtime removes them when the job ends)."""
+        job's placement groups still held stay (a next attempt's executors take
+        them; the runtime removes them when the job ends); those the pool
+        reserved itself are removed."""
         with self._lock:
             self._closed = True
             self._freed.notify_all()
@@ -475,11 +506,14 @@ class RayExecutorPool:
             self._starting.clear()
             self._lent.clear()
             self._loans.clear()
+            groups, self.reserved = list(self.reserved.values()), {}
         for actor in handles:
             try:
                 ray.kill(actor, no_restart=True)
             except ValueError:  # not an actor handle any more
                 continue
+        for group in groups:
+            remove_placement_group(group)
 
 
 def _first_line(exc: BaseException) -> str:
