@@ -168,6 +168,8 @@ class NodePreparer:
         try:
             while self._step():
                 pass
+        except Exception:  # the replicas see the actor gone, report it and make a new one
+            logger.exception("preparer of %s: failed, ending", self.run_dir)
         finally:
             self._slots.close()
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -244,7 +246,8 @@ class NodePreparer:
     def _drop(self, gone: list[str]) -> None:
         for sid in gone:
             logger.warning(
-                "preparer of %s: subscriber %s (pid %s) dropped: no answer in %g s",
+                "preparer of %s: subscriber %s (pid %s) dropped (no answer in %g s, "
+                "or it reads the slot to write)",
                 self.run_dir,
                 sid,
                 self._pids.pop(sid, None),
