@@ -4,7 +4,8 @@ Ray instance. One test, in phases (a Ray Serve application takes tens of
 seconds to start on this machine): both replicas serve each new version, one
 preparer and two slot files exist, predictions equal the single-process
 follower's; a silent subscriber and a killed replica are dropped while the
-other replica keeps getting versions; the preparer ends, its files removed,
+other replica keeps getting versions; a killed preparer is replaced, its
+files removed; the preparer ends, its files removed,
 when the application is deleted."""
 
 from __future__ import annotations
@@ -148,10 +149,30 @@ def test_replicas_of_a_node_share_one_preparer_and_its_two_slot_files(
         killed = min(replicas)
         os.kill(killed, signal.SIGKILL)
         land(tiny_run, tmp_path, NEXT_FULL)
-        s = wait_for(lambda: all_serve(NEXT_FULL, count=1) or all_serve(NEXT_FULL), NEXT_FULL)
+        s = wait_for(lambda: all_serve(NEXT_FULL), f"both replicas serving {NEXT_FULL}")
         pids = {int(sub["pid"]) for sub in s["subscribers"].values()}
         assert killed not in pids and replicas - {killed} <= pids
-        assert len(state()["files"]) == 2
+        assert len(s["files"]) == 2
+
+        # The preparer killed: the replicas make a new one (new files, the old
+        # folder removed) and are served by it.
+        old = s
+        ray.kill(actor)
+
+        def new_preparer() -> Any:
+            try:
+                handle = ray.get_actor(name, namespace=NAMESPACE)
+                fresh = ray.get(handle.state.remote(), timeout=60)
+            except ray.exceptions.RayActorError:
+                return None
+            return handle if fresh["pid"] != old["pid"] and len(fresh["subscribers"]) == 2 else None
+
+        actor = wait_for(new_preparer, "a new preparer with both replicas")
+        pointer = tmp_path / "checkpoints" / "latest.tmp"  # back to the first checkpoint:
+        pointer.write_text(FULL + "\n")  # one not served, prepared whole
+        os.replace(pointer, tmp_path / "checkpoints" / "latest")
+        s = wait_for(lambda: all_serve(FULL), f"both replicas serving {FULL} anew")
+        assert s["folder"] != old["folder"] and not Path(old["folder"]).exists()
     finally:
         serve.delete("estuary")
         reference.follower.stop()

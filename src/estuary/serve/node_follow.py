@@ -13,14 +13,16 @@ Failures: a preparing error is reported (``on_failure``); a replica dropped by
 the preparer (it answered too late, or skipped a version its peers serve) is
 reported, counted (``restarts["dropped"]``) and joins again, getting the
 version its peers serve; a preparer that died (its node's actor gone) is
-reported, counted (``restarts["exited"]``) and looked up again (the first
-replica to do so makes a new one, which writes new files).
+reported, counted (``restarts["exited"]``), its folder removed (a preparer
+killed could not) and looked up again (the first replica to do so makes a new
+one, which writes new files).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -62,6 +64,7 @@ class SharedFollower(ProcessFollower):
         self.sid = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.restarts["dropped"] = 0
         self._actor: Any = None
+        self._folder: Path | None = None  # the preparer's folder (of the files offered)
 
     def start(self) -> SharedFollower:
         """Subscribe and follow on a daemon thread until ``stop``; a second thread
@@ -119,6 +122,10 @@ class SharedFollower(ProcessFollower):
                 reason = "exited"
                 error = RuntimeError(f"the node's preparer ended: {exc}")
                 self._reader.forget()  # a new preparer writes new files
+                # A preparer killed leaves its files (our views of them live on).
+                if self._folder is not None:
+                    shutil.rmtree(self._folder, ignore_errors=True)
+                    self._folder = None
             if self._stop.is_set():
                 return
             self.restarts[reason] += 1
@@ -149,6 +156,7 @@ class SharedFollower(ProcessFollower):
                 self._failed(RuntimeError(message["error"]))
                 continue
             self._offered = str(message.get("checkpoint"))
+            self._folder = Path(message["file"]).parent
             try:
                 self._apply(message)
                 answer = (int(message["seq"]), True)
