@@ -137,12 +137,13 @@ def test_replicas_of_a_node_share_one_preparer_and_its_two_slot_files(
             assert body["model_version"] == reference.model.version
             np.testing.assert_allclose(body["predictions"], expected, atol=1e-6)
 
-        # A silent subscriber (joins, never calls again) is dropped after its
-        # deadline; the replicas get the next version meanwhile.
-        assert ray.get(actor.join.remote("silent", 0))
+        # A silent subscriber (joins, never calls again; its process, this
+        # one, lives) is dropped after its deadline; the replicas get the next
+        # version meanwhile.
+        assert ray.get(actor.join.remote("silent", os.getpid()))
         land(tiny_run, tmp_path, D3)
         s = wait_for(lambda: all_serve(D3), f"both replicas serving {D3}")
-        assert "silent" not in s["subscribers"] and s["dropped"] >= 1
+        assert "silent" not in s["subscribers"] and s["drops"].get("timeout", 0) >= 1
 
         # A killed replica is dropped; the other keeps getting versions, and
         # the replica Ray Serve starts in its place joins and is served too.
@@ -152,6 +153,7 @@ def test_replicas_of_a_node_share_one_preparer_and_its_two_slot_files(
         s = wait_for(lambda: all_serve(NEXT_FULL), f"both replicas serving {NEXT_FULL}")
         pids = {int(sub["pid"]) for sub in s["subscribers"].values()}
         assert killed not in pids and replicas - {killed} <= pids
+        assert s["drops"].get("exited", 0) >= 1  # seen gone, not waited out
         assert len(s["files"]) == 2
 
         # The preparer killed: the replicas make a new one (new files, the old

@@ -5,6 +5,8 @@ Two slots, 0 and 1; ``v1 -> 0`` reads "version 1 is written into slot 0"."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from estuary.serve.subscribers import Subscribers
@@ -138,3 +140,31 @@ def test_the_last_subscriber_leaving_leaves_none() -> None:
     subs.leave("a")
     subs.leave("b")
     assert len(subs) == 0 and subs.joined_total == 2
+
+
+def test_a_subscriber_whose_process_is_gone_is_dropped_at_once_and_holds_no_write() -> (
+    None
+):
+    subs = Subscribers(timeout_s=10, clock=Clock())
+    subs.join("a")
+    subs.join("b")
+    write(subs, 0, "v1")
+    serve_all(subs, "a")
+    assert not subs.settled()  # b owes its answer, for up to 10 s
+    assert subs.drop(["b", "never-joined"]) == ["b"]
+    assert subs.settled() and "b" not in subs and subs.dropped_total == 1
+    assert write(subs, 0, "v2") == 1
+
+
+def test_a_preparer_tells_a_live_process_from_a_gone_one_by_its_start_time() -> None:
+    import subprocess
+    import sys
+
+    from estuary.serve.node_preparer import _birth
+
+    here = _birth(os.getpid())
+    assert here is not None and here == _birth(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    born = _birth(child.pid)
+    child.wait()  # reaped: no such process any more
+    assert born is not None and _birth(child.pid) is None

@@ -14,6 +14,8 @@ node through the same two slot files, which each replica maps.
 Protocol (calls on the actor, each replica on its own thread, ``SharedFollower``):
 
 - ``join(sid, pid)``: subscribe (again); ``False`` while the actor is ending.
+  ``pid`` (the replica's process, on this node) lets the actor drop a replica
+  that died at once, not after ``timeout_s``.
 - ``next(sid, answer, wait_s)``: answer the last offer (``(seq, served)`` or
   ``None``) and wait up to ``wait_s`` for what comes next: an offer (the
   message of ``prepare_process``'s protocol plus ``seq``), ``{"error": ...}``
@@ -31,6 +33,7 @@ replica joins within ``timeout_s`` of its start.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import logging
@@ -96,6 +99,8 @@ class NodePreparer:
         self._errors: list[str] = []
         self._seen_errors: dict[str, int] = {}
         self._pids: dict[str, int] = {}
+        self._births: dict[str, str | None] = {}  # each subscriber's process start time
+        self.drops: collections.Counter[str] = collections.Counter()  # by reason
         self._ending = False
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="estuary-prepare", daemon=True)
@@ -109,6 +114,7 @@ class NodePreparer:
                 return False
             self.subs.join(sid)
             self._pids[sid] = pid
+            self._births[sid] = _birth(pid)
             self._seen_errors[sid] = len(self._errors)
             self._lock.notify_all()
             return True
@@ -118,6 +124,7 @@ class NodePreparer:
         with self._lock:
             self.subs.leave(sid)
             self._pids.pop(sid, None)
+            self._births.pop(sid, None)
             self._lock.notify_all()
 
     def next(
@@ -161,6 +168,7 @@ class NodePreparer:
                 "current_slot": None if current is None else current.slot,
                 "writes": self._slots.writes,
                 "dropped": self.subs.dropped_total,
+                "drops": dict(self.drops),
                 "cpu_s": list(self.cpu_s),
             }
 
@@ -201,7 +209,7 @@ class NodePreparer:
             if not self._settle():  # one joined meanwhile: it answers its version first
                 return False
             choice = self.subs.free_slot(self._slots_next())
-            self._drop(choice.dropped)
+            self._drop(choice.dropped, "slot")
             if choice.slot != self._slots_next():
                 self._slots.served()  # the writer's turn moves to the free slot
         try:
@@ -232,7 +240,8 @@ class NodePreparer:
         """Under the lock: wait until no live subscriber owes an answer (dropping
         those past their deadline); ``False`` when the actor should end."""
         while True:
-            self._drop(self.subs.expire())
+            self._drop(self.subs.drop(self._exited()), "exited")
+            self._drop(self.subs.expire(), "timeout")
             if self._should_end():
                 self._ending = True
                 return False
@@ -243,15 +252,35 @@ class NodePreparer:
     def _slots_next(self) -> int:
         return int(self._slots.next_slot)
 
-    def _drop(self, gone: list[str]) -> None:
+    def _exited(self) -> list[str]:
+        """The subscribers whose process is gone (a replica killed or crashed):
+        they read no slot, so they need not hold a write for ``timeout_s``. The
+        replicas are on this node (the actor is placed on theirs), so their pids
+        are this node's; a pid reused by a new process has another start time."""
+        return [
+            sid
+            for sid, pid in self._pids.items()
+            if pid > 0 and sid in self.subs and _birth(pid) != self._births.get(sid)
+        ]
+
+    def _drop(self, gone: list[str], reason: str) -> None:
+        """Log and count the subscribers ``gone``, dropped for ``reason``: ``exited``
+        (its process is gone), ``timeout`` (no answer or call within the
+        deadline) or ``slot`` (it reads the slot the next version needs)."""
+        why = {
+            "exited": "its process is gone",
+            "timeout": f"no answer or call in {self.subs.timeout_s:g} s",
+            "slot": "it reads the slot the next version is written into",
+        }[reason]
         for sid in gone:
+            self.drops[reason] += 1
+            self._births.pop(sid, None)
             logger.warning(
-                "preparer of %s: subscriber %s (pid %s) dropped (no answer in %g s, "
-                "or it reads the slot to write)",
+                "preparer of %s: subscriber %s (pid %s) dropped: %s",
                 self.run_dir,
                 sid,
                 self._pids.pop(sid, None),
-                self.subs.timeout_s,
+                why,
             )
 
     def _should_end(self) -> bool:
@@ -260,6 +289,16 @@ class NodePreparer:
         if self.subs.joined_total:
             return True  # it had subscribers and has none left
         return time.monotonic() - self._started > self.subs.timeout_s
+
+
+def _birth(pid: int) -> str | None:
+    """Process ``pid``'s start time (``/proc/PID/stat`` field 22, clock ticks since
+    boot), ``None`` when there is no such process (or no ``/proc``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def node_preparer(

@@ -12,7 +12,8 @@ the slot of v-1 only after every live subscriber has answered v:
 - every offer gets an answer, or the subscriber is dropped: a subscriber owing
   an answer past ``timeout_s`` after the offer, or silent (no call) for
   ``timeout_s`` while owing nothing, is dead or hung and must not stall the
-  others (``expire``);
+  others (``expire``); one whose process is gone is dropped at once (``drop``:
+  the caller knows it, e.g. by its pid);
 - when both slots are read (some subscribers skipped the newest version and
   still read the slot of the one before, the others serve the newest), the
   readers of the older slot are dropped (``free_slot``): the newest version is
@@ -115,6 +116,13 @@ class Subscribers:
     def leave(self, sid: str) -> None:
         """``sid`` unsubscribes (it reads no slot any more)."""
         self._subs.pop(sid, None)
+
+    def drop(self, sids: list[str]) -> list[str]:
+        """Drop ``sids`` (known to read nothing any more: their process is gone);
+        returns those that were subscribers."""
+        gone = [sid for sid in sids if self._subs.pop(sid, None) is not None]
+        self.dropped_total += len(gone)
+        return gone
 
     def offer_for(self, sid: str) -> Offer | None:
         """The offer ``sid`` owes an answer to (``None``: nothing new); counts as a
