@@ -12,7 +12,8 @@ estuary_serve_table_bytes                bytes the serving tables hold (a standb
 estuary_serve_update_cpu_seconds         serving process's CPU time per update (follower thread)
 estuary_serve_prepare_cpu_seconds        preparing process's CPU time per update
 estuary_serve_behind_seconds             how long the version served has been behind the run
-estuary_serve_prepare_restarts_total{reason}  preparing processes replaced (exited, hung)
+estuary_serve_prepare_restarts_total{reason}  preparing processes replaced (exited, hung;
+                                         dropped: a Ray replica, by its preparer)
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class ServeMetrics:
         self.prepare_restarts = Counter(
             "estuary_serve_prepare_restarts",
             "Preparing processes replaced (reason: exited, or hung: no progress by the "
-            "deadline while a checkpoint was pending).",
+            "deadline while a checkpoint was pending; dropped: a Ray replica dropped by "
+            "its node's preparer).",
             ["reason"],
             registry=r,
         )

@@ -2,8 +2,11 @@
 deployment of N replicas behind Ray Serve's HTTP proxy.
 
 Each replica opens what to serve itself (``open_served``: the export folder, or
-the run's newest checkpoint plus its own ``Follower``), so the folder must be
-readable from every node (on one machine it is). Requests are spread over the
+the run's newest checkpoint), so the folder must be readable from every node
+(on one machine it is). Following a run with ``--prepare process`` (the
+default), the replicas of a node share one preparer, a Ray actor, and its two
+slot files (``SharedFollower``, ``estuary.serve.node_preparer``): one prepared
+copy of the model per node, not per replica. Requests are spread over the
 replicas by Ray Serve; each replica batches its own requests. Needs
 ``pip install 'estuary[ray-serve]'`` (``ray[serve]``).
 """
@@ -15,6 +18,7 @@ from typing import Any
 
 import torch
 
+from estuary.serve.node_follow import SharedFollower
 from estuary.serve.server import Served, ServeOptions, open_served, require
 
 __all__ = ["EstuaryReplica", "build_application", "run_on_ray"]
@@ -32,7 +36,11 @@ class EstuaryReplica:
     def __init__(self, export_dir: Path | None, follow: Path | None, options: ServeOptions) -> None:
         self.options = options
         torch.set_num_threads(options.threads)
-        self.served: Served = open_served(export_dir, follow, options)
+        # Following: the replicas of a node share one preparer and its slot files
+        # (``SharedFollower``; docs/serving.md, "Scale out on Ray").
+        self.served: Served = open_served(
+            export_dir, follow, options, process_follower=SharedFollower
+        )
         if self.served.follower is not None:
             self.served.follower.start()
 

@@ -9,6 +9,7 @@ then the follower).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -85,10 +86,16 @@ class Served:
 
 
 def open_served(
-    export_dir: Path | None, follow: Path | None, options: ServeOptions = ServeOptions()
+    export_dir: Path | None,
+    follow: Path | None,
+    options: ServeOptions = ServeOptions(),
+    *,
+    process_follower: Callable[..., ProcessFollower] = ProcessFollower,
 ) -> Served:
     """An export folder's model, or a run's newest checkpoint with a follower
-    (not started) that counts its updates in the metrics."""
+    (not started) that counts its updates in the metrics; ``process_follower``
+    makes the follower of ``prepare="process"`` (a Ray Serve replica's shares
+    its node's preparer: ``estuary.serve.node_follow.SharedFollower``)."""
     if follow is None:
         if export_dir is None:
             raise ValueError("serve: give an export folder or --follow RUN_DIR")
@@ -122,7 +129,7 @@ def open_served(
         "on_failure": lambda exc: metrics.update_failures.inc(),
     }
     if options.prepare == "process":
-        follower = ProcessFollower(
+        follower = process_follower(
             follow,
             model,
             served_path,

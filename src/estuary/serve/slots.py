@@ -467,6 +467,11 @@ class SlotWriter:
         """Write the version after the last by ``links``' deltas (in order)."""
         return self._write(_Deltas(links), dense)
 
+    @property
+    def next_slot(self) -> int:
+        """The index of the slot the next version is written into."""
+        return self._next
+
     def served(self) -> None:
         """The server serves the version written last: the next goes to another slot."""
         self._next = (self._next + 1) % len(self._files)
