@@ -118,6 +118,9 @@ def test_replicas_of_a_node_share_one_preparer_and_its_two_slot_files(
             return s if len(slots) == count and set(slots) == {s["current_slot"]} else None
 
         wait_for(lambda: len(state()["subscribers"]) == 2, "2 replicas subscribed")
+        # The version they loaded at start is handed over first: from now on
+        # they serve the node's copy, not each its own.
+        wait_for(lambda: all_serve(FULL), f"both replicas serving {FULL} from the node's slot")
         land(tiny_run, tmp_path, D1)
         wait_for(lambda: all_serve(D1), f"both replicas serving {D1}")
         land(tiny_run, tmp_path, D2)

@@ -120,6 +120,22 @@ def test_a_late_joiner_gets_the_version_its_peers_serve_and_is_waited_for() -> N
     assert write(subs, 0, "v2") == 1
 
 
+def test_the_first_version_written_before_anyone_joined_is_offered_to_the_first_joiners() -> None:
+    """The preparer hands over the version the replicas serve already (written
+    before they join): each joiner gets it, and the next write waits for them."""
+    subs = Subscribers(timeout_s=10, clock=Clock())
+    assert write(subs, 0, "start") == 0  # nobody yet
+    subs.join("a")
+    subs.join("b")
+    for sid in ("a", "b"):
+        offer = subs.offer_for(sid)
+        assert offer is not None and offer.message == {"checkpoint": "start"} and offer.slot == 0
+    assert not subs.settled()
+    serve_all(subs, "a", "b")
+    assert subs.current is not None and subs.current.message == {"checkpoint": "start"}
+    assert write(subs, 0, "v1") == 1
+
+
 def test_a_joiner_during_a_write_gets_the_version_being_written() -> None:
     subs = Subscribers(timeout_s=10, clock=Clock())
     subs.join("a")
@@ -142,9 +158,7 @@ def test_the_last_subscriber_leaving_leaves_none() -> None:
     assert len(subs) == 0 and subs.joined_total == 2
 
 
-def test_a_subscriber_whose_process_is_gone_is_dropped_at_once_and_holds_no_write() -> (
-    None
-):
+def test_a_subscriber_whose_process_is_gone_is_dropped_at_once_and_holds_no_write() -> None:
     subs = Subscribers(timeout_s=10, clock=Clock())
     subs.join("a")
     subs.join("b")

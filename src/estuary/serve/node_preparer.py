@@ -46,7 +46,7 @@ from typing import Any
 
 from estuary.serve.follow import UpdateKind
 from estuary.serve.prepare_process import NICE
-from estuary.serve.preparer import Preparer
+from estuary.serve.preparer import Prepared, Preparer
 from estuary.serve.process_follow import handoff_dir
 from estuary.serve.slots import SlotWriter
 from estuary.serve.subscribers import Subscribers
@@ -72,8 +72,10 @@ class NodePreparer:
 
     Args:
         run_dir: the run's output folder.
-        start: the checkpoint folder the first subscriber serves (the slots start
-            from it), or ``None``.
+        start: the checkpoint folder the first subscriber serves, or ``None``. It
+            is written into a slot first and offered as the first version (marked
+            ``initial``: not an update), so the replicas serve the node's one
+            copy from then on, not each the copy it loaded at its start.
         poll_s: seconds between looks at the run's ``latest``.
         timeout_s: a subscriber that does not answer an offer, or calls nothing,
             for this long is dropped.
@@ -92,9 +94,10 @@ class NodePreparer:
         self.cpu_s: list[float] = []  # this process's CPU time per version written
         self._preparer = Preparer(self.run_dir)
         self._slots = SlotWriter(self.folder)
+        self._start: Prepared | None = None
         if start is not None:
             with contextlib.suppress(CheckpointError, OSError):  # else: the next one whole
-                self._slots.base(self._preparer.load(Path(start)).tables)
+                self._start = self._preparer.load(Path(start))
         self._lock = threading.Condition()
         self._errors: list[str] = []
         self._seen_errors: dict[str, int] = {}
@@ -174,8 +177,10 @@ class NodePreparer:
 
     def _run(self) -> None:
         try:
-            while self._step():
-                pass
+            start, self._start = self._start, None
+            if start is None or self._write(start, time.process_time(), initial=True):
+                while self._step():
+                    pass
         except Exception:  # the replicas see the actor gone, report it and make a new one
             logger.exception("preparer of %s: failed, ending", self.run_dir)
         finally:
@@ -205,6 +210,12 @@ class NodePreparer:
             return True
         if prepared is None:
             return True
+        return self._write(prepared, cpu)
+
+    def _write(self, prepared: Prepared, cpu: float, *, initial: bool = False) -> bool:
+        """Write ``prepared`` into a slot no live subscriber reads and offer it
+        (``initial``: the version the replicas serve already, handed over);
+        ``False`` when the actor should end."""
         with self._lock:
             if not self._settle():  # one joined meanwhile: it answers its version first
                 return False
@@ -229,6 +240,7 @@ class NodePreparer:
             "committed": (prepared.checkpoint / MANIFEST).stat().st_mtime,
             "cpu_s": time.process_time() - cpu,
             "whole": self._slots.last_whole,
+            "initial": initial,
         }
         with self._lock:
             self.subs.offer(choice.slot, message)

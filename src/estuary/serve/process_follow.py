@@ -344,7 +344,9 @@ class ProcessFollower:
         self.last_cpu_s = time.thread_time() - cpu
         self.last_prepare_cpu_s = float(message.get("cpu_s", 0.0))
         self.slot_writes["whole" if message.get("whole", True) else "deltas"] += 1
-        if self.on_update is not None:
+        # An ``initial`` version (a node's preparer handing over the version
+        # served already, estuary.serve.node_preparer) is no update.
+        if self.on_update is not None and not message.get("initial"):
             self.on_update(kind, time.time() - float(message["committed"]))
 
 

@@ -20,8 +20,9 @@ the slot of v-1 only after every live subscriber has answered v:
   kept, the writer writes the older slot. A dropped subscriber learns it at its
   next call and joins again;
 - a subscriber joining gets the newest version some live subscriber serves (the
-  slot that stays unwritten), or, while a version is being written, that one
-  once it is offered.
+  slot that stays unwritten), the newest offered when none is served yet (the
+  first, before any subscriber answered), or, while a version is being
+  written, that one once it is offered.
 
 Offers carry a sequence number (``seq``); a subscriber answers by it.
 """
@@ -110,8 +111,11 @@ class Subscribers:
         now = self.clock()
         sub = self._subs[sid] = _Subscriber(deadline=now + self.timeout_s)
         self.joined_total += 1
-        if self._current is not None and not self._writing:
-            sub.owed = self._current.seq
+        # None served yet: the newest offered (the writer waits for this
+        # subscriber's answer before it writes again, so its slot stays).
+        given = self._current if self._current is not None else self._newest
+        if given is not None and not self._writing:
+            sub.owed = given.seq
 
     def leave(self, sid: str) -> None:
         """``sid`` unsubscribes (it reads no slot any more)."""
