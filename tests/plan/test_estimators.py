@@ -59,3 +59,13 @@ def test_fit_affine_refuses_no_points_and_negative_sizes() -> None:
 
 def test_median_by_x_groups_and_sorts() -> None:
     assert median_by_x([(2, 5.0), (1, 1.0), (2, 1.0), (2, 3.0)]) == [(1.0, 1.0), (2.0, 3.0)]
+
+
+def test_fit_affine_takes_the_least_of_each_size_when_asked() -> None:
+    """One process's CPU seconds only grow with other jobs: ``min`` keeps each
+    size's quietest round (two of three rounds slowed by 20% here)."""
+    line = [(x, 0.002 + 1e-6 * x) for x in (256, 512, 1024)]
+    slowed = [(x, y * k) for x, y in line for k in (1.2, 1.0, 1.2)]
+    fixed, per = fit_affine(slowed, min)
+    assert fixed == pytest.approx(0.002) and per == pytest.approx(1e-6)
+    assert fit_affine(slowed)[1] == pytest.approx(1.2e-6)  # the median: the slowed rounds

@@ -245,8 +245,10 @@ def _trainer_costs_in(
 
     # Three sizes, `repeats` interleaved rounds of each (a drift in the
     # machine's speed lands on every size alike); each per-step figure is fitted
-    # over every round (`fit_affine`: the median of each size's rounds, then
-    # least squares over the sizes). Two sizes with the best of 3 each traded
+    # over every round (`fit_affine`: the least of each size's rounds, as one
+    # process's CPU seconds only grow with other jobs, then least squares over
+    # the sizes; the median of each size read lookup_s_per_id 0.36-0.74 us in
+    # three calibrations at load 3). Two sizes with the best of 3 each traded
     # the fixed part against the per-row one between calibrations minutes apart
     # (`dense_s_per_step` 1.53 / 0.56 / 0.94 ms, `dense_s_per_row` 7.8 / 9.9 /
     # 7.6 us).
@@ -260,13 +262,13 @@ def _trainer_costs_in(
             dense.append((b, (p["forward_backward_s"] + p["dense_step_s"]) / steps))
             look.append((n, p["lookup_s"] / steps))
             upd.append((n, p["sparse_submit_s"] / steps))
-    dense_fixed, dense_row = fit_affine(dense)
-    look_fixed, look_id = fit_affine(look)
-    upd_fixed, upd_id = fit_affine(upd)
+    dense_fixed, dense_row = fit_affine(dense, min)
+    look_fixed, look_id = fit_affine(look, min)
+    upd_fixed, upd_id = fit_affine(upd, min)
     speedup = 1.0
     if (os.cpu_count() or 1) >= 2:
         two = fit(batch_rows, 2)
-        one_s = statistics.median(d for b, d in dense if b == batch_rows) * two["steps"]
+        one_s = min(d for b, d in dense if b == batch_rows) * two["steps"]
         two_s = two["forward_backward_s"] + two["dense_step_s"]
         speedup = float(np.clip(one_s / max(two_s, 1e-9), 1.0, 2.0))
     return {

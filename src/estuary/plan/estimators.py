@@ -13,26 +13,33 @@ medians of three or more sizes.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["fit_affine", "median_by_x"]
 
 
-def median_by_x(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(x, median of its ys) for each distinct x of ``points``, in increasing x:
-    one noisy round at a size no longer carries the fit."""
+def median_by_x(
+    points: Sequence[tuple[float, float]],
+    reduce: Callable[[list[float]], float] = statistics.median,
+) -> list[tuple[float, float]]:
+    """(x, ``reduce`` of its ys: by default their median) for each distinct x of
+    ``points``, in increasing x: one noisy round at a size no longer carries the fit."""
     by_x: dict[float, list[float]] = {}
     for x, y in points:
         by_x.setdefault(float(x), []).append(float(y))
-    return [(x, statistics.median(ys)) for x, ys in sorted(by_x.items())]
+    return [(x, float(reduce(ys))) for x, ys in sorted(by_x.items())]
 
 
-def fit_affine(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+def fit_affine(
+    points: Sequence[tuple[float, float]],
+    reduce: Callable[[list[float]], float] = statistics.median,
+) -> tuple[float, float]:
     """(fixed, per_unit) of ``y ~ fixed + per_unit * x`` over ``points`` (x units,
     y seconds), both >= 0.
 
-    The ys at each x are first reduced to their median (``median_by_x``); the
-    line is the least-squares one through those medians. A negative slope (the
+    The ys at each x are first reduced to one (``median_by_x``: their median,
+    or ``reduce``, e.g. ``min`` for one process's CPU seconds, which other jobs
+    only add to); the line is the least-squares one through those. A negative slope (the
     sizes' costs do not grow: noise) gives a flat line at the medians' mean; a
     negative intercept gives the least-squares line through the origin. With a
     single distinct x the line goes through the origin and that point.
@@ -44,7 +51,7 @@ def fit_affine(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
         raise ValueError("fit_affine: needs at least one (x, y) point")
     if any(x < 0 for x, _ in points):
         raise ValueError(f"fit_affine: x must be >= 0, got {[x for x, _ in points]}")
-    med = median_by_x(points)
+    med = median_by_x(points, reduce)
     xs = [x for x, _ in med]
     ys = [y for _, y in med]
     if len(med) == 1:
