@@ -45,7 +45,7 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
     runs' figure starts after their first epoch); the dense probes keep theirs.
     The all-reduce is timed at the runs' batch size, the PS client between dense
     steps (their CPU taken off). Each figure comes from interleaved rounds at
-    three request sizes, fitted (one round reading 3x slow moves nothing); the
+    two request sizes, fitted (one round reading 3x slow moves nothing); the
     all-reduce is the median of its rounds' differences. The probes are
     stand-ins here: nothing is timed."""
     from estuary.config.tables import TableSpec
@@ -102,7 +102,7 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
         Job(), unique, 512, steps=3, warmup=10, rounds=3, compute_s=0.005, ps_rounds=3
     )
     assert seen["ps"] == [40, 40]  # 1x1 and 1x2, each every stream
-    assert len(seen["ids"]) == 3 and seen["ids"][-1] == 1  # full, half, one id
+    assert len(seen["ids"]) == 2 and seen["ids"][-1] == 1  # full, one id a table
     assert seen["dense"] == [10] * 6
     assert seen["dense_rows"] == [512] * 6  # DDP's cost at the runs' batch size
     assert got["ps_s_per_request"] == pytest.approx(0.001)

@@ -20,9 +20,9 @@ Each component is timed on the job's own data and model (~1-2 min in all):
                  pass over the batches (every id inserted, as in the runs' steady
                  state after their first epoch), with the dense step's CPU (a
                  busy loop) between each lookup and push as in a trainer: client
-                 (that CPU taken off) and server CPU per step at three request
-                 sizes in interleaved rounds, each fitted to per-request and
-                 per-id parts.
+                 (that CPU taken off) and server CPU per step at two request
+                 sizes in interleaved rounds (their medians), each solved into
+                 per-request and per-id parts.
   collection     the embedding collection (dedup, pooling, the gradient's
                  scatter) on the data's batches over tables that do nothing: the
                  trainer's own sparse work, which a PS layout adds to the client's.
@@ -37,9 +37,11 @@ Each component is timed on the job's own data and model (~1-2 min in all):
 
 CPU time (``time.process_time``) is used where one process does all the work, so
 other jobs on a shared machine disturb the figures less. A per-call / per-unit
-pair is a least-squares line through the medians of interleaved rounds at three
-or more sizes (``estimators.fit_affine``), not a solve of two best-of-few
-points: two calibrations minutes apart agree more closely so.
+pair is a line through one figure per size from interleaved rounds (the PS
+probes: the median of 5 windows at each of two sizes; the training loop: a
+least-squares line through the least of 3 rounds at each of three sizes;
+``estimators.fit_affine``), not a solve of two best-of-few points: two
+calibrations minutes apart agree more closely so.
 """
 
 from __future__ import annotations
@@ -351,12 +353,6 @@ def _ps_warmup(warmup: int, batches: int) -> int:
     return max(warmup, batches)
 
 
-def _cut(batches: list[list[np.ndarray]], frac: float) -> list[list[np.ndarray]]:
-    """``batches`` with each table's ids cut to their first ``frac`` (at least one):
-    the same ids, fewer a request."""
-    return [[a[: max(1, int(np.ceil(a.size * frac)))] for a in b] for b in batches]
-
-
 def _layout_costs(
     job: Any,
     unique: list[dict[str, np.ndarray]],
@@ -372,14 +368,14 @@ def _layout_costs(
     real code in its multi-process layout (``estuary.plan.probes``), after warm-up.
 
     One client process against one ``ServerProcess`` (``PSClient``) and against
-    two (``ShardedPSClient``), on three streams of the data's batches: every
-    table's unique ids, half of each table's, and one id a table. The processes
+    two (``ShardedPSClient``), on two streams of the data's batches: every
+    table's unique ids, and one id a table. The processes
     start once per server count and time ``ps_rounds`` interleaved rounds of a
     ``steps``-step window of each stream (``probes.ps_layout_rounds``); the
     client's CPU per step and the server's are each fitted, over every window,
     to a per-request part (2 requests a step per server) and a per-id part
-    (``estimators.fit_affine``: the median of each stream's windows, then least
-    squares over the three sizes). Two calibrations minutes apart read
+    (``estimators.fit_affine``: the line through the median of each stream's
+    windows). Two calibrations minutes apart read
     ``ps_s_per_request`` 1.21, 1.38 and 0.70 ms when each size was one window
     and the line went through two points (docs/deploy.md). The warm-up is at
     least one pass over the batches (``_ps_warmup``), so the timed steps revisit
@@ -404,8 +400,13 @@ def _layout_costs(
     features = list(unique[0])
     tables = {f: HostedTable(job.table_spec(f), seed=i) for i, f in enumerate(features)}
     full = [[b[f] for f in features] for b in unique]
-    # Full first: the warm-up runs over it, and the others' ids are its subsets.
-    streams = [full, _cut(full, 0.5), [[a[:1] for a in b] for b in full]]
+    # Full first: the warm-up runs over it, and the other's ids are its subsets.
+    # Two sizes, the runs' own and one id a table: the line goes through the
+    # runs' operating point. A third stream of half of each table's ids bent
+    # the least-squares line (ps_s_per_id 0.58-0.84 us against 1.2-1.9 us
+    # through the two ends, load 3-4): the server's cost is not linear in the
+    # ids, and the law uses it at the full batch.
+    streams = [full, [[a[:1] for a in b] for b in full]]
     sizes = [float(np.mean([sum(a.size for a in b) for b in s])) for s in streams]
 
     warm = _ps_warmup(warmup, len(full))
@@ -487,7 +488,7 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
     Args:
         job: a loaded ``JobSpec`` with ``data.sources`` (its files are read).
         repeats: rounds per figure. The single-thread timings keep the best
-            of ``repeats`` (the data, collection, network) or fit the median
+            of ``repeats`` (the data, collection, network) or fit the least
             of ``repeats`` interleaved rounds at each of three batch sizes (the
             training loop); the multi-process probes time windows of 10 steps
             per repeat (the PS probes ``2 * repeats - 1`` rounds after at least
@@ -506,7 +507,7 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
     t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
     collection = _collection_costs(job, dataset, job.train.batch_size, repeats)
     # Windows of 30 timed steps after 10 of warm-up at the default 3 repeats:
-    # 5 rounds of the PS streams, 3 of the all-reduce's pair (3 windows each);
+    # 5 rounds of the two PS streams, 3 of the all-reduce's pair (3 windows each);
     # fewer with fewer.
     layout = _layout_costs(
         job,
