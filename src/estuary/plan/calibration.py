@@ -402,10 +402,7 @@ def _layout_costs(
     full = [[b[f] for f in features] for b in unique]
     # Full first: the warm-up runs over it, and the other's ids are its subsets.
     # Two sizes, the runs' own and one id a table: the line goes through the
-    # runs' operating point. A third stream of half of each table's ids bent
-    # the least-squares line (ps_s_per_id 0.58-0.84 us against 1.2-1.9 us
-    # through the two ends, load 3-4): the server's cost is not linear in the
-    # ids, and the law uses it at the full batch.
+    # runs' operating point (the law uses it at the full batch).
     streams = [full, [[a[:1] for a in b] for b in full]]
     sizes = [float(np.mean([sum(a.size for a in b) for b in s])) for s in streams]
 
