@@ -44,41 +44,70 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
     cycle, so no timed step inserts an id the server has not seen (the real
     runs' figure starts after their first epoch); the dense probes keep theirs.
     The all-reduce is timed at the runs' batch size, the PS client between dense
-    steps (their CPU taken off). The probes are stand-ins here: nothing is timed."""
+    steps (their CPU taken off). Each figure comes from interleaved rounds at
+    two request sizes, fitted (one round reading 3x slow moves nothing); the
+    all-reduce is the median of its rounds' differences. The probes are
+    stand-ins here: nothing is timed."""
     from estuary.config.tables import TableSpec
     from estuary.plan import calibration, probes
 
-    seen: dict[str, list[int]] = {"ps": [], "dense": [], "dense_rows": []}
+    seen: dict[str, list[int]] = {"ps": [], "dense": [], "dense_rows": [], "ids": []}
 
     def fake_ps(
-        tables: Any, batches: list[Any], features: Any, trainers: int, shards: int, **kw: int
-    ) -> probes.LayoutTiming:
-        steps, warmup = kw["steps"], kw["warmup"]
-        assert len(batches) == 40 and kw["compute_s"] == 0.005
+        tables: Any, streams: list[Any], features: Any, trainers: int, shards: int, **kw: int
+    ) -> list[list[probes.LayoutTiming]]:
+        steps, warmup, rounds = kw["steps"], kw["warmup"], kw["rounds"]
+        assert all(len(s) == 40 for s in streams) and kw["compute_s"] == 0.005
         seen["ps"].append(warmup)
-        # The client's CPU includes the stand-in dense step's 5 ms.
-        client = 0.005 + (0.001 if batches[0][0].size > 1 else 0.0004)
-        return probes.LayoutTiming(trainers, shards, 0.01, client, 0.002, steps)
+        sizes = [float(np.mean([sum(a.size for a in b) for b in s])) for s in streams]
+        seen["ids"] = [int(n) for n in sizes]
+        out = []
+        for r in range(rounds):
+            # The client's CPU includes the stand-in dense step's 5 ms; the
+            # server's is 1 ms a request (2 a step) + 10 us an id; round 0 is
+            # a hiccup, 3x slow.
+            slow = 3.0 if r == 0 else 1.0
+            out.append(
+                [
+                    probes.LayoutTiming(
+                        trainers,
+                        shards,
+                        0.01,
+                        0.005 + slow * (0.0004 + 1e-6 * n),
+                        slow * (0.002 + 1e-5 * n),
+                        steps,
+                    )
+                    for n in sizes
+                ]
+            )
+        return out
+
+    added = iter([0.004, 0.002, 0.0021])  # the rounds' DDP cost: one slow round
 
     def fake_dense(job: Any, trainers: int, batch_rows: int, **kw: int) -> probes.LayoutTiming:
         seen["dense"].append(kw["warmup"])
         seen["dense_rows"].append(batch_rows)
-        return probes.LayoutTiming(trainers, 0, 0.01, 0.001 * trainers, 0.0, kw["steps"])
+        cpu = 0.01 + (next(added) if trainers == 2 else 0.0)
+        return probes.LayoutTiming(trainers, 0, 0.01, cpu, 0.0, kw["steps"])
 
     class Job:
         def table_spec(self, name: str) -> TableSpec:
             return TableSpec(dim=4)
 
-    monkeypatch.setattr(probes, "ps_layout", fake_ps)
+    monkeypatch.setattr(probes, "ps_layout_rounds", fake_ps)
     monkeypatch.setattr(probes, "dense_layout", fake_dense)
     rng = np.random.default_rng(0)
     unique = [{"a": np.unique(rng.integers(0, 99, 20))} for _ in range(40)]
     got = calibration._layout_costs(
-        Job(), unique, 512, steps=3, warmup=10, rounds=1, compute_s=0.005
+        Job(), unique, 512, steps=3, warmup=10, rounds=3, compute_s=0.005, ps_rounds=3
     )
-    assert seen["ps"] == [40, 40, 40, 40]  # 1x1 and 1x2, full and one-id batches
-    assert seen["dense"] == [10, 10]
-    assert seen["dense_rows"] == [512, 512]  # DDP's cost at the runs' batch size
+    assert seen["ps"] == [40, 40]  # 1x1 and 1x2, each every stream
+    assert len(seen["ids"]) == 2 and seen["ids"][-1] == 1  # full, one id a table
+    assert seen["dense"] == [10] * 6
+    assert seen["dense_rows"] == [512] * 6  # DDP's cost at the runs' batch size
+    assert got["ps_s_per_request"] == pytest.approx(0.001)
+    assert got["ps_s_per_id"] == pytest.approx(1e-5)
+    assert got["allreduce_s_per_step"] == pytest.approx(0.0021)
     assert calibration._ps_warmup(50, 40) == 50
     # The client's requests are timed between dense steps; that step's CPU is not theirs.
-    assert 0 < 2 * got["rpc_s_per_request"] < 0.001
+    assert got["rpc_s_per_request"] == pytest.approx(0.0002)

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from estuary.config.tables import TableSpec
-from estuary.plan.probes import LayoutTiming, parallel_efficiency, proc_cpu_s, ps_layout
+from estuary.plan.probes import (
+    LayoutTiming,
+    parallel_efficiency,
+    proc_cpu_s,
+    ps_layout,
+    ps_layout_rounds,
+)
 from estuary.ps.types import HostedTable
 
 
@@ -34,6 +40,26 @@ def test_ps_layout_runs_every_clients_steps_through_the_real_servers(
     for value in (got.wall_s, got.client_cpu_s, got.server_cpu_s):
         assert math.isfinite(value) and value >= 0
     assert got.wall_s > 0
+
+
+def test_ps_layout_rounds_times_every_stream_in_every_round() -> None:
+    """One start-up, three rounds of two streams (the second a cut of the first):
+    a window per (round, stream), each with its own figures; the servers' CPU
+    of the one-id stream is below the full one's in most rounds (not timed
+    tightly: a shared machine)."""
+    names = ["a", "b"]
+    tables = {f: HostedTable(TableSpec(dim=4), seed=i) for i, f in enumerate(names)}
+    full = _batches(names, 3, 400)
+    tiny = [[a[:1] for a in b] for b in full]
+    got = ps_layout_rounds(tables, [full, tiny], names, 1, 1, steps=20, warmup=3, rounds=3)
+    assert [len(r) for r in got] == [2, 2, 2]
+    for one_round in got:
+        for t in one_round:
+            assert (t.trainers, t.shards, t.steps) == (1, 1, 20)
+            assert math.isfinite(t.server_cpu_s) and t.server_cpu_s > 0
+    assert sum(r[1].server_cpu_s < r[0].server_cpu_s for r in got) >= 2
+    with pytest.raises(ValueError, match="round"):
+        ps_layout_rounds(tables, [full], names, 1, 1, steps=1, warmup=0, rounds=0)
 
 
 def test_ps_layout_refuses_a_layout_without_a_server() -> None:

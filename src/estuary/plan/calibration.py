@@ -7,10 +7,10 @@ Each component is timed on the job's own data and model (~1-2 min in all):
                  string values, and subtracted.
   lookup/update  an ``EmbeddingShard`` with the job's table settings, fed the
                  data's per-feature batches: ``lookup(train=True)`` and
-                 ``apply_gradients`` at two batch sizes, solved for the per-call
-                 and per-id terms.
+                 ``apply_gradients`` at three batch sizes, fitted to the
+                 per-call and per-id terms.
   dense          the job's model, forward + backward + dense optimizer step, at
-                 two batch sizes (one thread), and on two threads for the speed-up.
+                 three batch sizes (one thread), and on two threads for the speed-up.
   network        a spawned echo process over a ``multiprocessing`` connection (the
                  parameter server's transport): a small message's round trip
                  (latency) and a 4 MiB one's (bytes/s).
@@ -20,7 +20,8 @@ Each component is timed on the job's own data and model (~1-2 min in all):
                  pass over the batches (every id inserted, as in the runs' steady
                  state after their first epoch), with the dense step's CPU (a
                  busy loop) between each lookup and push as in a trainer: client
-                 (that CPU taken off) and server CPU per step, each solved into
+                 (that CPU taken off) and server CPU per step at two request
+                 sizes in interleaved rounds (their medians), each solved into
                  per-request and per-id parts.
   collection     the embedding collection (dedup, pooling, the gradient's
                  scatter) on the data's batches over tables that do nothing: the
@@ -35,8 +36,12 @@ Each component is timed on the job's own data and model (~1-2 min in all):
                  alone (``parallel_efficiency``).
 
 CPU time (``time.process_time``) is used where one process does all the work, so
-other jobs on a shared machine disturb the figures less; the best of
-``repeats`` is kept.
+other jobs on a shared machine disturb the figures less. A per-call / per-unit
+pair is a line through one figure per size from interleaved rounds (the PS
+probes: the median of 5 windows at each of two sizes; the training loop: a
+least-squares line through the least of 3 rounds at each of three sizes;
+``estimators.fit_affine``), not a solve of two best-of-few points: two
+calibrations minutes apart agree more closely so.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -54,6 +60,7 @@ import numpy as np
 
 from estuary.embedding.types import Float32Array, Int64Array, TableStats
 from estuary.plan.costs import Costs
+from estuary.plan.estimators import fit_affine
 
 __all__ = ["calibrate"]
 
@@ -67,13 +74,6 @@ def _best(fn: Callable[[], object], repeats: int, *, cpu: bool = True) -> float:
         fn()
         best = min(best, clock() - t0)
     return best
-
-
-def _affine(small: tuple[float, float], large: tuple[float, float]) -> tuple[float, float]:
-    """(fixed, per_unit) from two (units, seconds) points; both clamped at >= 0."""
-    (n1, t1), (n2, t2) = small, large
-    per = max((t2 - t1) / (n2 - n1), 0.0) if n2 != n1 else t2 / max(n2, 1.0)
-    return max(t1 - per * n1, 0.0), per
 
 
 def _echo(conn: Connection) -> None:
@@ -135,12 +135,17 @@ def _data_costs(
             job.data, job.base_dir, hash_names=shared_names(job), threads=1
         )
 
+    # One untimed load first: the first load in a process pays one-off costs
+    # (imports, compiled kernels, the file's pages) that no later load does;
+    # timed alone it read parse_s_per_row 285 us against 3.2-3.6 us (load 3-5).
+    load()
     load_s = _best(load, max(1, repeats // 2))
     ds = holder["ds"]
     rows = ds.num_rows
     batches = list(ds.batches("all", job.train.batch_size))
     ids_total = sum(j.values.shape[0] for b in batches for j in b.sparse.values())
     values = pa.array([f"{v:x}" for v in np.random.default_rng(0).integers(0, 1 << 40, ids_total)])
+    hash_feature(values[:1000], "calibration")  # its first call's one-off costs untimed
     hash_s = _best(lambda: hash_feature(values, "calibration"), repeats)
     parse_s_per_row = max(load_s - hash_s, 0.0) / rows
     first = batches[0]
@@ -201,7 +206,7 @@ def _trainer_costs_in(
     scratch: str,
 ) -> dict[str, float]:
     """The real training loop (``Trainer.fit``, sync, in-process tables, one torch
-    thread) at ``batch_rows`` and a quarter of it: its profile (wall seconds times
+    thread) at ``batch_rows``, half and a quarter of it: its profile (wall seconds times
     the CPU share the process had over the fit, i.e. CPU seconds) split into the
     trainer's dense work (forward + backward through the embedding collection, dense
     optimizer) and the tables' (lookups, sparse updates), each solved into a fixed
@@ -232,43 +237,42 @@ def _trainer_costs_in(
             timeseries_every_s=None,
         )
         run = replace(job, train=train, output=output)
-        best: dict[str, float] = {}
-        for _ in range(repeats):
-            trainer = Trainer(run, dataset=dataset)
-            t0, c0 = time.perf_counter(), time.process_time()
-            profile = dict(trainer.fit(progress=False).profile)
-            # The profile is wall time; on a shared machine the process ran
-            # `share` of the time, so CPU seconds = wall x share.
-            share = min((time.process_time() - c0) / (time.perf_counter() - t0), float(threads))
-            profile = {k: v * share if k != "steps" else v for k, v in profile.items()}
-            if not best or profile["forward_backward_s"] < best["forward_backward_s"]:
-                best = profile
-        return best
+        trainer = Trainer(run, dataset=dataset)
+        t0, c0 = time.perf_counter(), time.process_time()
+        profile = dict(trainer.fit(progress=False).profile)
+        # The profile is wall time; on a shared machine the process ran
+        # `share` of the time, so CPU seconds = wall x share.
+        share = min((time.process_time() - c0) / (time.perf_counter() - t0), float(threads))
+        return {k: v * share if k != "steps" else v for k, v in profile.items()}
 
-    rows = dataset.part("train").num_rows
-    small_b = max(batch_rows // 4, 8)
-    points = {}
-    for b in (small_b, batch_rows):
-        p = fit(b, 1)
-        steps = p["steps"]
-        points[b] = (
-            steps,
-            (p["forward_backward_s"] + p["dense_step_s"]) / steps,
-            p["lookup_s"] / steps,
-            p["sparse_submit_s"] / steps,
-        )
-    (_, d1, l1, u1), (s2, d2, l2, u2) = points[small_b], points[batch_rows]
-    dense_fixed, dense_row = _affine((small_b, d1), (batch_rows, d2))
-    n1, n2 = unique_ids(small_b), unique_ids(batch_rows)
-    look_fixed, look_id = _affine((n1, l1), (n2, l2))
-    upd_fixed, upd_id = _affine((n1, u1), (n2, u2))
+    # Three sizes, `repeats` interleaved rounds of each (a drift in the
+    # machine's speed lands on every size alike); each per-step figure is fitted
+    # over every round (`fit_affine`: the least of each size's rounds, as one
+    # process's CPU seconds only grow with other jobs, then least squares over
+    # the sizes; the median of each size read lookup_s_per_id 0.36-0.74 us in
+    # three calibrations at load 3). Two sizes with the best of 3 each traded
+    # the fixed part against the per-row one between calibrations minutes apart
+    # (`dense_s_per_step` 1.53 / 0.56 / 0.94 ms, `dense_s_per_row` 7.8 / 9.9 /
+    # 7.6 us).
+    sizes = sorted({max(batch_rows // 4, 8), max(batch_rows // 2, 8), batch_rows})
+    dense, look, upd = [], [], []
+    for _ in range(repeats):
+        for b in sizes:
+            p = fit(b, 1)
+            steps = p["steps"]
+            n = unique_ids(b)
+            dense.append((b, (p["forward_backward_s"] + p["dense_step_s"]) / steps))
+            look.append((n, p["lookup_s"] / steps))
+            upd.append((n, p["sparse_submit_s"] / steps))
+    dense_fixed, dense_row = fit_affine(dense, min)
+    look_fixed, look_id = fit_affine(look, min)
+    upd_fixed, upd_id = fit_affine(upd, min)
     speedup = 1.0
     if (os.cpu_count() or 1) >= 2:
         two = fit(batch_rows, 2)
-        one_s = d2 * s2
+        one_s = min(d for b, d in dense if b == batch_rows) * two["steps"]
         two_s = two["forward_backward_s"] + two["dense_step_s"]
         speedup = float(np.clip(one_s / max(two_s, 1e-9), 1.0, 2.0))
-    del rows
     return {
         "dense_s_per_row": dense_row,
         "dense_s_per_step": dense_fixed,
@@ -355,67 +359,98 @@ def _layout_costs(
     batch_rows: int,
     steps: int = 30,
     warmup: int = 10,
-    rounds: int = 2,
+    rounds: int = 3,
     compute_s: float = 0.0,
+    ps_rounds: int = 5,
+    windows: int = 3,
 ) -> dict[str, float]:
     """The PS request costs and the all-reduce, each from a direct timing of the
     real code in its multi-process layout (``estuary.plan.probes``), after warm-up.
 
     One client process against one ``ServerProcess`` (``PSClient``) and against
-    two (``ShardedPSClient``), each on the data's batches (every table's unique
-    ids) and on the same batches cut to one id per table: the client's CPU per
-    step and the server's, solved into a per-request part (2 requests a step per
-    server) and a per-id part. The warm-up is at least one pass over the batches
-    (``_ps_warmup``), so the timed steps revisit ids the servers hold, as the
-    real runs' steady figure does (it starts after their first epoch): with a
-    10-step warm-up most timed steps inserted ids seen for the first time, 13-21%
-    more server CPU a step (docs/deploy.md). Between its lookup and its push
-    each client spends ``compute_s`` of CPU (the trainer's dense step; a busy
-    loop), as a trainer does, and that CPU is taken off the client's: its
-    requests cost more between dense steps than back to back (2.4-2.6 ms a step
-    against 1.4-1.7 ms with one server, load 2-7). Two gloo processes' DDP steps of the
-    job's dense model against one process's steps, at ``batch_rows`` rows a batch
-    as the runs step (best of ``rounds`` interleaved rounds each): the CPU per
-    step DDP adds (the gradients' all-reduce, its hooks and buffer broadcasts,
-    gloo's threads working beside the backward).
+    two (``ShardedPSClient``), on two streams of the data's batches: every
+    table's unique ids, and one id a table. The processes
+    start once per server count and time ``ps_rounds`` interleaved rounds of a
+    ``steps``-step window of each stream (``probes.ps_layout_rounds``); the
+    client's CPU per step and the server's are each fitted, over every window,
+    to a per-request part (2 requests a step per server) and a per-id part
+    (``estimators.fit_affine``: the line through the median of each stream's
+    windows). Two calibrations minutes apart read
+    ``ps_s_per_request`` 1.21, 1.38 and 0.70 ms when each size was one window
+    and the line went through two points (docs/deploy.md). The warm-up is at
+    least one pass over the batches (``_ps_warmup``), so the timed steps revisit
+    ids the servers hold, as the real runs' steady figure does (it starts after
+    their first epoch): with a 10-step warm-up most timed steps inserted ids
+    seen for the first time, 13-21% more server CPU a step. Between its lookup
+    and its push each client spends ``compute_s`` of CPU (the trainer's dense
+    step; a busy loop), as a trainer does, and that CPU is taken off the
+    client's: its requests cost more between dense steps than back to back
+    (2.4-2.6 ms a step against 1.4-1.7 ms with one server, load 2-7).
+
+    The all-reduce: one process's CPU per dense step alone and in a 2-process
+    DDP group, at ``batch_rows`` rows a batch as the runs step, ``rounds``
+    interleaved rounds of each (each the median of ``windows`` windows in the
+    same processes): the median over rounds of the CPU per step DDP adds (the
+    gradients' all-reduce, its hooks and buffer broadcasts, gloo's threads
+    working beside the backward), each round's pair timed back to back.
     """
-    from estuary.plan.probes import dense_layout, ps_layout
+    from estuary.plan.probes import dense_layout, ps_layout_rounds
     from estuary.ps.types import HostedTable
 
     features = list(unique[0])
     tables = {f: HostedTable(job.table_spec(f), seed=i) for i, f in enumerate(features)}
     full = [[b[f] for f in features] for b in unique]
-    tiny = [[a[:1] for a in b] for b in full]
-    n_full = float(np.mean([sum(a.size for a in b) for b in full]))
-    n_tiny = float(len(features))
+    # Full first: the warm-up runs over it, and the other's ids are its subsets.
+    # Two sizes, the runs' own and one id a table: the line goes through the
+    # runs' operating point (the law uses it at the full batch).
+    streams = [full, [[a[:1] for a in b] for b in full]]
+    sizes = [float(np.mean([sum(a.size for a in b) for b in s])) for s in streams]
 
     warm = _ps_warmup(warmup, len(full))
 
     def probe(shards: int) -> tuple[tuple[float, float], tuple[float, float]]:
-        big = ps_layout(
-            tables, full, features, 1, shards, steps=steps, warmup=warm, compute_s=compute_s
-        )
-        small = ps_layout(
-            tables, tiny, features, 1, shards, steps=steps, warmup=warm, compute_s=compute_s
+        timed = ps_layout_rounds(
+            tables,
+            streams,
+            features,
+            1,
+            shards,
+            steps=steps,
+            warmup=warm,
+            rounds=ps_rounds,
+            compute_s=compute_s,
         )
         # The client's own CPU: the stand-in dense step's is taken off.
-        client = _affine(
-            (n_tiny, max(small.client_cpu_s - compute_s, 0.0)),
-            (n_full, max(big.client_cpu_s - compute_s, 0.0)),
+        client = fit_affine(
+            [
+                (n, max(t.client_cpu_s - compute_s, 0.0))
+                for one_round in timed
+                for n, t in zip(sizes, one_round, strict=True)
+            ]
         )
-        server = _affine((n_tiny, small.server_cpu_s), (n_full, big.server_cpu_s))
+        server = fit_affine(
+            [
+                (n, t.server_cpu_s)
+                for one_round in timed
+                for n, t in zip(sizes, one_round, strict=True)
+            ]
+        )
         return client, server
 
     (c1_fixed, c1_id), (s1_fixed, s1_id) = probe(1)
     (c2_fixed, c2_id), _ = probe(2)
-    # Interleaved, best of `rounds` each: one process's CPU per dense step alone
-    # and in a 2-process DDP group, at the runs' batch size. At 8 rows DDP added
-    # 1.1-1.5 ms a step, at 1024 rows 4.1-5.9 ms (load 2-3): what DDP costs grows
-    # with the step, so a small batch measured a layout the runs do not use.
-    one, two = float("inf"), float("inf")
+    # Interleaved rounds: one process's CPU per dense step alone and in a
+    # 2-process DDP group, at the runs' batch size. At 8 rows DDP added 1.1-1.5
+    # ms a step, at 1024 rows 4.1-5.9 ms (load 2-3): what DDP costs grows with
+    # the step, so a small batch measured a layout the runs do not use. The
+    # median of the rounds' differences: min-of-2 of each read 1.2, 4.1 and
+    # 2.9 ms in three calibrations minutes apart.
+    added = []
     for _ in range(rounds):
-        one = min(one, dense_layout(job, 1, batch_rows, steps=steps, warmup=warmup).client_cpu_s)
-        two = min(two, dense_layout(job, 2, batch_rows, steps=steps, warmup=warmup).client_cpu_s)
+        kw = {"steps": steps, "warmup": warmup, "windows": windows}
+        one = dense_layout(job, 1, batch_rows, **kw).client_cpu_s
+        two = dense_layout(job, 2, batch_rows, **kw).client_cpu_s
+        added.append(two - one)
     return {
         "rpc_s_per_request": c1_fixed / 2,
         "rpc_s_per_id": c1_id,
@@ -423,7 +458,7 @@ def _layout_costs(
         "rpc_sharded_s_per_id": c2_id,
         "ps_s_per_request": s1_fixed / 2,
         "ps_s_per_id": s1_id,
-        "allreduce_s_per_step": max(two - one, 0.0),
+        "allreduce_s_per_step": max(statistics.median(added), 0.0),
     }
 
 
@@ -449,9 +484,13 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
 
     Args:
         job: a loaded ``JobSpec`` with ``data.sources`` (its files are read).
-        repeats: timings per figure; the best is kept. The multi-process probes
-            time 10 steps per repeat (the PS probes after at least one pass
-            over the data's batches, the dense ones after up to 10).
+        repeats: rounds per figure. The single-thread timings keep the best
+            of ``repeats`` (the data, collection, network) or fit the least
+            of ``repeats`` interleaved rounds at each of three batch sizes (the
+            training loop); the multi-process probes time windows of 10 steps
+            per repeat (the PS probes ``2 * repeats - 1`` rounds after at least
+            one pass over the data's batches, the all-reduce ``repeats``
+            rounds of ``repeats`` windows after up to 10 steps).
     """
     parse, hash_per_id, unique, row_bytes, dataset = _data_costs(job, repeats)
     features = list(unique[0])
@@ -464,14 +503,18 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
     bytes_per_row, dim = _bytes_per_row(job, unique)
     t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
     collection = _collection_costs(job, dataset, job.train.batch_size, repeats)
-    # 30 timed steps after 10 of warm-up at the default 3 repeats; fewer with fewer.
+    # Windows of 30 timed steps after 10 of warm-up at the default 3 repeats:
+    # 5 rounds of the two PS streams, 3 of the all-reduce's pair (3 windows each);
+    # fewer with fewer.
     layout = _layout_costs(
         job,
         unique,
         job.train.batch_size,
         steps=10 * repeats,
         warmup=min(10, 4 * repeats),
-        rounds=min(2, repeats),
+        rounds=repeats,
+        ps_rounds=2 * repeats - 1,
+        windows=repeats,
         # The dense step's CPU between each probe client's lookup and push.
         compute_s=t["dense_s_per_step"] + t["dense_s_per_row"] * job.train.batch_size,
     )

@@ -4,7 +4,8 @@ Every time is seconds of one core (one thread), so a role given ``c`` cores does
 ``c`` times the work per second (``dense_speedup_2`` says how well the dense step
 uses a second thread). The cost of a batch is affine in its size: a fixed part
 per call or step plus a part per row or id, both measured by timing the real code
-at two batch sizes and solving for the two terms.
+at three batch sizes in interleaved rounds and fitting a line
+(``estimators.fit_affine``).
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ __all__ = [
     "parallel_efficiency",
     "proc_cpu_s",
     "ps_layout",
+    "ps_layout_rounds",
 ]
 
 
@@ -99,8 +100,9 @@ def _ps_client(
     addresses: list[Any],
     authkeys: list[bytes],
     features: list[str],
-    batches: list[list[np.ndarray]],
-    warmup: int,
+    streams: list[list[list[np.ndarray]]],
+    warm: list[tuple[int, int]],
+    windows: list[list[tuple[int, int]]],
     compute_s: float,
     barrier: Any,
     out: Any,
@@ -112,30 +114,39 @@ def _ps_client(
         remote = client.tables(rank=rank, grad_scale=1.0 / world)
         stores = [remote[f] for f in features]
         rng = np.random.default_rng(rank)
+        # Every batch's gradients drawn up front, outside every timing.
         grads = [
             [
-                rng.normal(size=(a.size, remote[f].dim)).astype(np.float32)
-                for f, a in zip(features, b, strict=True)
+                [
+                    rng.normal(size=(a.size, remote[f].dim)).astype(np.float32)
+                    for f, a in zip(features, b, strict=True)
+                ]
+                for b in stream
             ]
-            for b in batches
+            for stream in streams
         ]
-        t0 = c0 = 0.0
-        for i, (ids, g) in enumerate(zip(batches, grads, strict=True)):
-            if i == warmup:
-                barrier.wait()  # Blocking wait: every client has warmed up
-                barrier.wait()  # Blocking wait: the parent has read the servers' CPU
-                t0, c0 = time.perf_counter(), time.process_time()
-            client.lookup_many(stores, ids, train=True)
+
+        def step(k: int, i: int) -> None:
+            client.lookup_many(stores, streams[k][i], train=True)
             if compute_s > 0:  # the trainer's dense step: CPU time, not a sleep
                 until = time.process_time() + compute_s
                 while time.process_time() < until:
                     pass
-            client.apply_gradients_many(stores, ids, g)
-        for table in stores:
-            table.wait_applied()  # Blocking wait: every rank's last step has landed.
-        out.put((rank, time.perf_counter() - t0, time.process_time() - c0))
-        barrier.wait()  # Blocking wait: every client's last step has landed
-        barrier.wait()  # Blocking wait: the parent has read the servers' CPU
+            client.apply_gradients_many(stores, streams[k][i], grads[k][i])
+
+        for k, i in warm:
+            step(k, i)
+        for window in windows:
+            barrier.wait()  # Blocking wait: every client is ready for the window
+            barrier.wait()  # Blocking wait: the parent has read the servers' CPU
+            t0, c0 = time.perf_counter(), time.process_time()
+            for k, i in window:
+                step(k, i)
+            for table in stores:
+                table.wait_applied()  # Blocking wait: every rank's last step has landed.
+            out.put((rank, time.perf_counter() - t0, time.process_time() - c0))
+            barrier.wait()  # Blocking wait: every client's last step has landed
+            barrier.wait()  # Blocking wait: the parent has read the servers' CPU
     finally:
         client.close()
 
@@ -151,12 +162,60 @@ def ps_layout(
     warmup: int,
     compute_s: float = 0.0,
 ) -> LayoutTiming:
-    """Time W = ``trainers`` clients against S = ``shards`` servers (see module doc).
+    """Time W = ``trainers`` clients against S = ``shards`` servers (see module doc):
+    one window of ``steps`` steps after ``warmup`` (``ps_layout_rounds`` with one
+    stream and one round).
 
     Args:
         tables: table name -> ``HostedTable`` (the job's tables as a server hosts them).
         batches: the stream, per batch the unique ids of each of ``features``;
             rank r takes batches ``r, r + W, ...`` (cycled to ``warmup + steps``).
+        features: table names, in the order of each batch's arrays.
+        compute_s: CPU seconds each client spends between its lookup and its push
+            (a stand-in for the dense step; 0: none).
+    """
+    rounds = ps_layout_rounds(
+        tables,
+        [batches],
+        features,
+        trainers,
+        shards,
+        steps=steps,
+        warmup=warmup,
+        rounds=1,
+        compute_s=compute_s,
+    )
+    return rounds[0][0]
+
+
+def ps_layout_rounds(
+    tables: dict[str, Any],
+    streams: list[list[list[np.ndarray]]],
+    features: list[str],
+    trainers: int,
+    shards: int,
+    *,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    compute_s: float = 0.0,
+) -> list[list[LayoutTiming]]:
+    """``rounds`` interleaved timings of each of ``streams`` through the same W
+    clients and S servers: ``[round][stream]``, each a window of ``steps`` steps.
+
+    The processes start once and warm up once (``warmup`` steps of
+    ``streams[0]``); then every round times one window of each stream in turn,
+    so a drift in the machine's speed lands on every stream alike instead of on
+    whichever was timed last, and no window pays a process's start-up. Each
+    window's server CPU is read while every client waits at a barrier. Later
+    streams should hold subsets of ``streams[0]``'s ids (e.g. the same batches
+    cut shorter), so that no timed step inserts an id.
+
+    Args:
+        tables: table name -> ``HostedTable`` (the job's tables as a server hosts them).
+        streams: batch streams, per batch the unique ids of each of ``features``;
+            rank r takes batches ``r, r + W, ...`` of each (cycled), the timed
+            ones after the warm-up's.
         features: table names, in the order of each batch's arrays.
         compute_s: CPU seconds each client spends between its lookup and its push
             (a stand-in for the dense step; 0: none).
@@ -167,7 +226,11 @@ def ps_layout(
 
     if trainers < 1 or shards < 1:
         raise ValueError(f"ps_layout needs >= 1 trainer and shard, got {trainers}x{shards}")
-    total = warmup + steps
+    if not streams or rounds < 1 or steps < 1:
+        raise ValueError(
+            f"ps_layout_rounds needs >= 1 stream, round and step, got "
+            f"{len(streams)}, {rounds}, {steps}"
+        )
     config = ServerConfig(
         tables={f: server_share(t, shards) for f, t in tables.items()},
         world_size=trainers,
@@ -178,17 +241,26 @@ def ps_layout(
     barrier = ctx.Barrier(trainers + 1)
     out = ctx.SimpleQueue()
     clients = []
+    # (round, stream) windows in the order they run: round by round.
+    order = [(r, k) for r in range(rounds) for k in range(len(streams))]
+    timings: list[list[LayoutTiming]] = [[] for _ in range(rounds)]
     try:
-        for r in range(trainers):
-            mine = [batches[(r + trainers * i) % len(batches)] for i in range(total)]
+        for rank in range(trainers):
+
+            def at(k: int, j: int, rank: int = rank) -> tuple[int, int]:
+                return k, (rank + trainers * j) % len(streams[k])
+
+            warm = [at(0, j) for j in range(warmup)]
+            windows = [[at(k, warmup + r * steps + j) for j in range(steps)] for r, k in order]
             args = (
-                r,
+                rank,
                 trainers,
                 [s.address for s in servers],
                 [s.authkey for s in servers],
                 features,
-                mine,
-                warmup,
+                streams,
+                warm,
+                windows,
                 compute_s,
                 barrier,
                 out,
@@ -196,16 +268,27 @@ def ps_layout(
             clients.append(ctx.Process(target=_ps_client, args=args, daemon=True))
         for p in clients:
             p.start()
-        # The servers' CPU is read while every client waits at the barrier: no
-        # request is in flight and no connection (a server thread) closes
-        # between the two readings, so their difference is the timed steps'.
-        barrier.wait()  # Blocking wait: every client has done its warm-up steps
-        s0 = sum(proc_cpu_s(s.pid or 0) for s in servers)
-        barrier.wait()  # Blocking wait: the clients start their timed steps
-        barrier.wait()  # Blocking wait: every client's last step has landed
-        server_s = sum(proc_cpu_s(s.pid or 0) for s in servers) - s0
-        barrier.wait()  # Blocking wait: the clients may close and leave
-        got = sorted(out.get() for _ in range(trainers))
+        for r, _ in order:
+            # The servers' CPU is read while every client waits at a barrier: no
+            # request is in flight and no connection (a server thread) closes
+            # between the two readings, so their difference is the window's.
+            barrier.wait()  # Blocking wait: every client is ready for the window
+            s0 = sum(proc_cpu_s(s.pid or 0) for s in servers)
+            barrier.wait()  # Blocking wait: the clients start their timed steps
+            barrier.wait()  # Blocking wait: every client's last step has landed
+            server_s = sum(proc_cpu_s(s.pid or 0) for s in servers) - s0
+            got = sorted(out.get() for _ in range(trainers))
+            barrier.wait()  # Blocking wait: the clients go on to the next window
+            timings[r].append(
+                LayoutTiming(
+                    trainers=trainers,
+                    shards=shards,
+                    wall_s=got[0][1] / steps,
+                    client_cpu_s=float(np.mean([g[2] for g in got])) / steps,
+                    server_cpu_s=server_s / steps,
+                    steps=steps,
+                )
+            )
         for p in clients:
             p.join(timeout=30)
     finally:
@@ -214,14 +297,7 @@ def ps_layout(
                 p.kill()
         for s in servers:
             s.stop()
-    return LayoutTiming(
-        trainers=trainers,
-        shards=shards,
-        wall_s=got[0][1] / steps,
-        client_cpu_s=float(np.mean([g[2] for g in got])) / steps,
-        server_cpu_s=server_s / steps,
-        steps=steps,
-    )
+    return timings
 
 
 def _results_of(procs: list[Any], out: Any) -> list[Any]:
@@ -263,8 +339,9 @@ def _dense_worker(
     model_args: dict[str, Any],
     optimizer: tuple[str, float],
     batch_rows: int,
-    total: int,
+    steps: int,
     warmup: int,
+    windows: int,
     out: Any,
 ) -> None:
     import torch
@@ -288,19 +365,26 @@ def _dense_worker(
     f, d = model_args["num_sparse"], model_args["embedding_dim"]
     dense = torch.randn(batch_rows, model_args["num_dense"], generator=g)
     labels = (torch.rand(batch_rows, generator=g) < 0.25).float()
-    t0 = c0 = 0.0
-    for i in range(total):
-        if i == warmup:
-            if world > 1:
-                dist.barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
+
+    def step() -> None:
         sparse = torch.randn(batch_rows, f, d, generator=g).requires_grad_(True)
         logits = train_model(dense, sparse)
         loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    out.put((rank, time.perf_counter() - t0, time.process_time() - c0))
+
+    for _ in range(warmup):
+        step()
+    figures = []
+    for _ in range(windows):
+        if world > 1:
+            dist.barrier()  # Blocking wait: every rank starts the window together
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            step()
+        figures.append((time.perf_counter() - t0, time.process_time() - c0))
+    out.put((rank, figures))
     if world > 1:
         dist.destroy_process_group()
 
@@ -326,9 +410,13 @@ def _model_args(job: Any) -> tuple[dict[str, Any], tuple[str, float]]:
 
 
 def dense_layout(
-    job: Any, trainers: int, batch_rows: int, *, steps: int, warmup: int
+    job: Any, trainers: int, batch_rows: int, *, steps: int, warmup: int, windows: int = 1
 ) -> LayoutTiming:
-    """Time W = ``trainers`` processes' dense steps of ``job``'s model (module doc)."""
+    """Time W = ``trainers`` processes' dense steps of ``job``'s model (module doc):
+    ``windows`` windows of ``steps`` steps after ``warmup``, in the same processes
+    (one start-up); each figure is the median over windows of the ranks' mean."""
+    if windows < 1 or steps < 1:
+        raise ValueError(f"dense_layout: windows and steps must be >= 1, got {windows}, {steps}")
     model_args, optimizer = _model_args(job)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.SimpleQueue()
@@ -344,8 +432,9 @@ def dense_layout(
                     model_args,
                     optimizer,
                     batch_rows,
-                    warmup + steps,
+                    steps,
                     warmup,
+                    windows,
                     out,
                 ),
                 daemon=True,
@@ -353,13 +442,15 @@ def dense_layout(
             for r in range(trainers)
         ]
         got = _results_of(procs, out)
+    # (windows, ranks, 2): wall and CPU seconds of each rank's window.
+    per = np.array([figures for _, figures in sorted(got)]).transpose(1, 0, 2)
     return LayoutTiming(
         trainers=trainers,
         shards=0,
-        wall_s=float(np.mean([g[1] for g in got])) / steps,
-        client_cpu_s=float(np.mean([g[2] for g in got])) / steps,
+        wall_s=float(np.median(per[:, :, 0].mean(axis=1))) / steps,
+        client_cpu_s=float(np.median(per[:, :, 1].mean(axis=1))) / steps,
         server_cpu_s=0.0,
-        steps=steps,
+        steps=steps * windows,
     )
 
 
