@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -69,10 +68,7 @@ class SharedFollower(ProcessFollower):
     def start(self) -> SharedFollower:
         """Subscribe and follow on a daemon thread until ``stop``; a second thread
         watches how far behind the served version is."""
-        self._thread = threading.Thread(target=self._run, name="estuary-follow", daemon=True)
-        self._thread.start()
-        self._watchdog = threading.Thread(target=self._watch, name="estuary-watch", daemon=True)
-        self._watchdog.start()
+        self._start_threads()
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:

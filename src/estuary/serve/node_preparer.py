@@ -45,12 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from estuary.serve.follow import UpdateKind
-from estuary.serve.prepare_process import NICE
+from estuary.serve.prepare_process import NICE, version_message
 from estuary.serve.preparer import Prepared, Preparer
 from estuary.serve.process_follow import handoff_dir
 from estuary.serve.slots import SlotWriter
 from estuary.serve.subscribers import Subscribers
-from estuary.train.checkpoint_chain import MANIFEST, CheckpointError
+from estuary.train.checkpoint_chain import CheckpointError
 
 __all__ = ["NAMESPACE", "NodePreparer", "actor_name", "node_preparer"]
 
@@ -232,16 +232,10 @@ class NodePreparer:
             with self._lock:
                 self.subs.abandon()
             raise
-        message = {
-            "checkpoint": prepared.checkpoint.name,
-            "kind": prepared.kind.value,
-            "file": str(path),
-            "bytes": size,
-            "committed": (prepared.checkpoint / MANIFEST).stat().st_mtime,
-            "cpu_s": time.process_time() - cpu,
-            "whole": self._slots.last_whole,
-            "initial": initial,
-        }
+        message = version_message(
+            prepared, path, size, time.process_time() - cpu, self._slots.last_whole
+        )
+        message["initial"] = initial
         with self._lock:
             self.subs.offer(choice.slot, message)
             self.cpu_s.append(float(message["cpu_s"]))

@@ -42,17 +42,33 @@ from pathlib import Path
 from typing import IO, Any
 
 from estuary.serve.follow import UpdateKind
-from estuary.serve.preparer import Preparer
+from estuary.serve.preparer import Prepared, Preparer
 from estuary.serve.slots import SlotWriter
 from estuary.train.checkpoint_chain import MANIFEST, CheckpointError
 
-__all__ = ["NICE", "main"]
+__all__ = ["NICE", "main", "version_message"]
 
 logger = logging.getLogger(__name__)
 
 NICE = 10
 """Nice value of the preparing process: it yields the CPU to the server. It holds
 no lock or GIL the server waits on, so a lower priority only delays an update."""
+
+
+def version_message(
+    prepared: Prepared, path: Path, size: int, cpu_s: float, whole: bool
+) -> dict[str, Any]:
+    """What a server is told of a prepared version written into slot file
+    ``path`` (``size`` bytes): the protocol's version message (module docstring)."""
+    return {
+        "checkpoint": prepared.checkpoint.name,
+        "kind": prepared.kind.value,
+        "file": str(path),
+        "bytes": size,
+        "committed": (prepared.checkpoint / MANIFEST).stat().st_mtime,
+        "cpu_s": cpu_s,
+        "whole": whole,
+    }
 
 
 def _send(out: IO[str], message: dict[str, Any]) -> None:
@@ -95,18 +111,10 @@ def serve_versions(run_dir: Path, out_dir: Path, start: str | None, poll_s: floa
                 path, size = slots.write_deltas(prepared.links, prepared.dense)
             else:
                 path, size = slots.write_whole(prepared.tables, prepared.dense)
-            _send(
-                protocol,
-                {
-                    "checkpoint": prepared.checkpoint.name,
-                    "kind": prepared.kind.value,
-                    "file": str(path),
-                    "bytes": size,
-                    "committed": (prepared.checkpoint / MANIFEST).stat().st_mtime,
-                    "cpu_s": time.process_time() - cpu,
-                    "whole": slots.last_whole,
-                },
+            message = version_message(
+                prepared, path, size, time.process_time() - cpu, slots.last_whole
             )
+            _send(protocol, message)
             reply = _wait_for_server(None)  # Blocking wait: the server's answer
             if not reply:
                 break

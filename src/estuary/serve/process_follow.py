@@ -187,11 +187,15 @@ class ProcessFollower:
         """Start the child and follow on a daemon thread until ``stop``; a second
         thread watches the child's progress."""
         self._dir = handoff_dir()
+        self._start_threads()
+        return self
+
+    def _start_threads(self) -> None:
+        """The following thread (``_run``) and the watchdog (``_watch``), daemons."""
         self._thread = threading.Thread(target=self._run, name="estuary-follow", daemon=True)
         self._thread.start()
         self._watchdog = threading.Thread(target=self._watch, name="estuary-watch", daemon=True)
         self._watchdog.start()
-        return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the child (its stdin closed; killed if it has not exited after
