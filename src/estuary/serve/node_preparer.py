@@ -101,8 +101,8 @@ class NodePreparer:
         self._lock = threading.Condition()
         self._errors: list[str] = []
         self._seen_errors: dict[str, int] = {}
-        self._pids: dict[str, int] = {}
-        self._births: dict[str, str | None] = {}  # each subscriber's process start time
+        # Each subscriber's process: its pid and start time (``_birth``).
+        self._procs: dict[str, tuple[int, str | None]] = {}
         self.drops: collections.Counter[str] = collections.Counter()  # by reason
         self._ending = False
         self._started = time.monotonic()
@@ -116,8 +116,7 @@ class NodePreparer:
             if self._ending:
                 return False
             self.subs.join(sid)
-            self._pids[sid] = pid
-            self._births[sid] = _birth(pid)
+            self._procs[sid] = (pid, _birth(pid))
             self._seen_errors[sid] = len(self._errors)
             self._lock.notify_all()
             return True
@@ -126,8 +125,7 @@ class NodePreparer:
         """``sid`` unsubscribes."""
         with self._lock:
             self.subs.leave(sid)
-            self._pids.pop(sid, None)
-            self._births.pop(sid, None)
+            self._procs.pop(sid, None)
             self._lock.notify_all()
 
     def next(
@@ -164,7 +162,7 @@ class NodePreparer:
                 "files": sorted(p.name for p in self.folder.glob("*")),
                 "pid": os.getpid(),
                 "subscribers": {
-                    sid: {"pid": self._pids.get(sid), "slot": slot}
+                    sid: {"pid": self._procs.get(sid, (None,))[0], "slot": slot}
                     for sid, slot in self.subs.slots_read().items()
                 },
                 "current": None if current is None else current.message,
@@ -265,8 +263,8 @@ class NodePreparer:
         are this node's; a pid reused by a new process has another start time."""
         return [
             sid
-            for sid, pid in self._pids.items()
-            if pid > 0 and sid in self.subs and _birth(pid) != self._births.get(sid)
+            for sid, (pid, born) in self._procs.items()
+            if pid > 0 and sid in self.subs and _birth(pid) != born
         ]
 
     def _drop(self, gone: list[str], reason: str) -> None:
@@ -280,12 +278,11 @@ class NodePreparer:
         }[reason]
         for sid in gone:
             self.drops[reason] += 1
-            self._births.pop(sid, None)
             logger.warning(
                 "preparer of %s: subscriber %s (pid %s) dropped: %s",
                 self.run_dir,
                 sid,
-                self._pids.pop(sid, None),
+                self._procs.pop(sid, (None,))[0],
                 why,
             )
 
