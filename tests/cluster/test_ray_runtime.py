@@ -75,6 +75,8 @@ def test_ray_2x2_trains_what_the_local_runtime_trains(
     assert got["steps"] == want["steps"] == got["ps_applied_steps"]
     assert got["auc"] == pytest.approx(want["auc"], abs=1e-9)
     assert_same_tables(tmp_path / "ray", local_out)
+    if plane == "actor":  # the same tables as the socket plane's: its resume would repeat that one
+        return
     # A Ray checkpoint resumes on the local runtime with other counts, and that
     # one back on Ray: checkpoints move between runtimes and shard counts.
     more = sets("train.epochs=3", "runtime.trainers=1", "runtime.ps_shards=1")
