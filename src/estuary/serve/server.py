@@ -155,8 +155,8 @@ def freeze_heap() -> int:
     2 cores, during which no request is decoded, predicted or answered. Updates
     make such collections come: each version's header, views and tables live
     about a second, long enough to be promoted, and once the promoted objects
-    reach a quarter of the old ones a full collection runs (in a
-    ``bench/serve.py`` run: one, 300 ms, in the middle of a load under updates).
+    reach a quarter of the old ones a full collection runs (one in each of 5
+    ``bench/serve.py`` runs, 252-346 ms, 4 of them in a load under updates).
     Frozen objects are never walked again (a full collection then takes well
     under 1 ms); they are still freed by reference counting when dropped, only
     cycles among them are not.
