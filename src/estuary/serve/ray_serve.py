@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from estuary.serve.node_follow import SharedFollower
-from estuary.serve.server import Served, ServeOptions, open_served, require
+from estuary.serve.server import Served, ServeOptions, freeze_heap, open_served, require
 
 __all__ = ["EstuaryReplica", "build_application", "run_on_ray"]
 
@@ -41,6 +41,7 @@ class EstuaryReplica:
         self.served: Served = open_served(
             export_dir, follow, options, process_follower=SharedFollower
         )
+        freeze_heap()  # full collections walk only what serving allocates from here on
         if self.served.follower is not None:
             self.served.follower.start()
 
