@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from estuary.config.tables import TableSpec
+from estuary.config.tables import AdmissionSpec, TableSpec
 from estuary.plan.probes import (
     LayoutTiming,
     parallel_efficiency,
@@ -60,6 +60,20 @@ def test_ps_layout_rounds_times_every_stream_in_every_round() -> None:
     assert sum(r[1].server_cpu_s < r[0].server_cpu_s for r in got) >= 2
     with pytest.raises(ValueError, match="round"):
         ps_layout_rounds(tables, [full], names, 1, 1, steps=1, warmup=0, rounds=0)
+
+
+def test_ps_layout_rounds_admit_no_id_after_the_warm_up() -> None:
+    """Tables admitting an id at its second sighting, a warm-up of one pass (the
+    runs' first epoch): the timed windows revisit every id, but admission
+    counting is off after the warm-up (as ``AdmissionSwitch`` turns it off
+    after a run's first epoch), so no window admits an id. With counting left
+    on, the first window would admit every id seen once in the warm-up."""
+    names = ["a", "b"]
+    spec = TableSpec(dim=4, admission=AdmissionSpec(min_count=2))
+    tables = {f: HostedTable(spec, seed=i) for i, f in enumerate(names)}
+    full = _batches(names, 3, 400)
+    got = ps_layout_rounds(tables, [full], names, 1, 1, steps=3, warmup=3, rounds=2)
+    assert [t.admissions for r in got for t in r] == [0, 0]
 
 
 def test_ps_layout_refuses_a_layout_without_a_server() -> None:

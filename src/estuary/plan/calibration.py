@@ -17,8 +17,10 @@ Each component is timed on the job's own data and model (~1-2 min in all):
   PS requests    a client process against one and against two ``ServerProcess``es
                  (``estuary.plan.probes.ps_layout``), the data's batches and the
                  same cut to one id per table, after a warm-up of at least one
-                 pass over the batches (every id inserted, as in the runs' steady
-                 state after their first epoch), with the dense step's CPU (a
+                 pass over the batches (the runs' first epoch: every id admitted
+                 that the job's admission admits in one pass), then admission
+                 counting off, as in the runs' steady state after their first
+                 epoch (no id admitted there), with the dense step's CPU (a
                  busy loop) between each lookup and push as in a trainer: client
                  (that CPU taken off) and server CPU per step at two request
                  sizes in interleaved rounds (their medians), each solved into
@@ -381,7 +383,12 @@ def _layout_costs(
     least one pass over the batches (``_ps_warmup``), so the timed steps revisit
     ids the servers hold, as the real runs' steady figure does (it starts after
     their first epoch): with a 10-step warm-up most timed steps inserted ids
-    seen for the first time, 13-21% more server CPU a step. Between its lookup
+    seen for the first time, 13-21% more server CPU a step. After the warm-up
+    admission counting is off (``probes.ps_layout_rounds``), as in the runs
+    from their second epoch on, so no timed step admits an id (until then the
+    job's ``min_count: 2`` admitted the ids seen once in the warm-up in the
+    first full window); the ids the timed windows admitted (0) are kept as
+    ``machine.ps_probe_admissions``. Between its lookup
     and its push each client spends ``compute_s`` of CPU (the trainer's dense
     step; a busy loop), as a trainer does, and that CPU is taken off the
     client's: its requests cost more between dense steps than back to back
@@ -408,6 +415,8 @@ def _layout_costs(
 
     warm = _ps_warmup(warmup, len(full))
 
+    admitted: list[int] = []
+
     def probe(shards: int) -> tuple[tuple[float, float], tuple[float, float]]:
         timed = ps_layout_rounds(
             tables,
@@ -420,6 +429,7 @@ def _layout_costs(
             rounds=ps_rounds,
             compute_s=compute_s,
         )
+        admitted.extend(t.admissions for one_round in timed for t in one_round)
         # The client's own CPU: the stand-in dense step's is taken off.
         client = fit_affine(
             [
@@ -459,6 +469,7 @@ def _layout_costs(
         "ps_s_per_request": s1_fixed / 2,
         "ps_s_per_id": s1_id,
         "allreduce_s_per_step": max(statistics.median(added), 0.0),
+        "ps_probe_admissions": float(sum(admitted)),
     }
 
 
@@ -555,6 +566,7 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
         cores=cores,
         machine={
             "parallel_throughput": throughput,
+            "ps_probe_admissions": layout["ps_probe_admissions"],
             "host": platform.node(),
             "python": platform.python_version(),
             "load_avg_1m": os.getloadavg()[0],

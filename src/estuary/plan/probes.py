@@ -63,6 +63,9 @@ class LayoutTiming:
         client_cpu_s: CPU seconds of one step in one trainer/client process (mean).
         server_cpu_s: CPU seconds of one step in all servers together.
         steps: timed steps.
+        admissions: ids the servers' tables gave a row to during the window
+            (the PS probe's; 0 for the dense ones): 0 when the window, like the
+            real runs' steady window, inserts nothing.
     """
 
     trainers: int
@@ -71,6 +74,7 @@ class LayoutTiming:
     client_cpu_s: float
     server_cpu_s: float
     steps: int
+    admissions: int = 0
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -136,7 +140,13 @@ def _ps_client(
 
         for k, i in warm:
             step(k, i)
+        # The warm-up is the runs' first epoch; from their second on a
+        # multi-epoch run counts no sightings (``AdmissionSwitch``), so no id
+        # is admitted in their steady window: the timed windows do the same.
+        for table in stores:
+            table.set_admission_counting(False)
         for window in windows:
+            before = sum(t.admissions for t in client.stats_many(stores))
             barrier.wait()  # Blocking wait: every client is ready for the window
             barrier.wait()  # Blocking wait: the parent has read the servers' CPU
             t0, c0 = time.perf_counter(), time.process_time()
@@ -144,9 +154,11 @@ def _ps_client(
                 step(k, i)
             for table in stores:
                 table.wait_applied()  # Blocking wait: every rank's last step has landed.
-            out.put((rank, time.perf_counter() - t0, time.process_time() - c0))
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             barrier.wait()  # Blocking wait: every client's last step has landed
             barrier.wait()  # Blocking wait: the parent has read the servers' CPU
+            admitted = sum(t.admissions for t in client.stats_many(stores)) - before
+            out.put((rank, wall, cpu, admitted))
     finally:
         client.close()
 
@@ -207,9 +219,13 @@ def ps_layout_rounds(
     ``streams[0]``); then every round times one window of each stream in turn,
     so a drift in the machine's speed lands on every stream alike instead of on
     whichever was timed last, and no window pays a process's start-up. Each
-    window's server CPU is read while every client waits at a barrier. Later
-    streams should hold subsets of ``streams[0]``'s ids (e.g. the same batches
-    cut shorter), so that no timed step inserts an id.
+    window's server CPU is read while every client waits at a barrier. After
+    the warm-up the clients turn the tables' admission counting off, as a
+    multi-epoch run does after its first epoch (``AdmissionSwitch``): no timed
+    step admits an id (ids seen too few times read the unknown row, as in the
+    runs' steady window); each window's ``admissions`` says so. Later streams
+    should hold subsets of ``streams[0]``'s ids (e.g. the same batches cut
+    shorter), so that every id they look up was seen in the warm-up.
 
     Args:
         tables: table name -> ``HostedTable`` (the job's tables as a server hosts them).
@@ -277,8 +293,8 @@ def ps_layout_rounds(
             barrier.wait()  # Blocking wait: the clients start their timed steps
             barrier.wait()  # Blocking wait: every client's last step has landed
             server_s = sum(proc_cpu_s(s.pid or 0) for s in servers) - s0
+            barrier.wait()  # Blocking wait: the clients read the tables' admissions
             got = sorted(out.get() for _ in range(trainers))
-            barrier.wait()  # Blocking wait: the clients go on to the next window
             timings[r].append(
                 LayoutTiming(
                     trainers=trainers,
@@ -287,6 +303,7 @@ def ps_layout_rounds(
                     client_cpu_s=float(np.mean([g[2] for g in got])) / steps,
                     server_cpu_s=server_s / steps,
                     steps=steps,
+                    admissions=int(got[0][3]),  # rank 0's reading: the tables are shared
                 )
             )
         for p in clients:
