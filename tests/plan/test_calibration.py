@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,81 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
     assert calibration._ps_warmup(50, 40) == 50
     # The client's requests are timed between dense steps; that step's CPU is not theirs.
     assert got["rpc_s_per_request"] == pytest.approx(0.0002)
+
+
+def test_epoch_window_marks_where_the_timed_epochs_begin(tmp_path: Path) -> None:
+    """A real fit of 3 epochs over 10,000 rows (9,000 trained, the rest held out)
+    at 1,000 a step: the window opens when epoch 1 starts, so its mark holds
+    exactly the first epoch's steps and the profile minus the mark the last two
+    epochs'."""
+    from estuary.train import Trainer
+    from estuary.train.callbacks import EpochWindow
+
+    overrides = [
+        "train.batch_size=1000",
+        "train.epochs=3",
+        f"output.dir={tmp_path}",
+        f"data.sources[0].path={HEAD_10K}",
+        "output.checkpoint=false",
+        "output.progress=false",
+    ]
+    window = EpochWindow(1)
+    trainer = Trainer(load_job(EXAMPLE, overrides), callbacks=[window])
+    window.times = trainer.engine.times
+    end = trainer.fit(progress=False).profile
+    assert window.start is not None
+    first = window.start[2]
+    assert first["steps"] == 9 and end["steps"] == 27
+    assert 0 < first["lookup_s"] < end["lookup_s"]
+
+
+def test_the_training_loop_figures_leave_the_warm_up_epoch_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The training loop's figures come from the epochs after the first only: a
+    stand-in trainer whose first epoch costs 10x a step (the real first epoch
+    counts admission sightings and inserts ids) yields the later epochs' per-step
+    and per-id figures, not a blend."""
+    import estuary.train
+    from estuary.plan import calibration
+    from estuary.train.callbacks import LoopState
+    from estuary.train.pipeline import StageTimes
+
+    def per_step(rows: int, epoch: int) -> dict[str, float]:
+        slow = 10.0 if epoch == 0 else 1.0
+        n = rows / 2  # unique ids of a step, as `unique_ids` below says
+        return {
+            "forward_backward_s": slow * (0.001 + 1e-5 * rows),
+            "dense_step_s": 0.0,
+            "lookup_s": slow * (0.002 + 1e-6 * n),
+            "sparse_submit_s": slow * (0.003 + 2e-6 * n),
+        }
+
+    class FakeTrainer:
+        def __init__(self, job: Any, *, dataset: Any, callbacks: Any) -> None:
+            self.train, self.callbacks = job.train, callbacks
+            self.engine = type("E", (), {"times": StageTimes()})()
+
+        def fit(self, progress: bool) -> Any:
+            times, state = self.engine.times, LoopState()
+            for epoch in range(self.train.epochs):
+                state.epoch = epoch
+                for c in self.callbacks:
+                    c.on_epoch_start(state)
+                for _ in range(4):  # 4 steps an epoch
+                    for k, v in per_step(self.train.batch_size, epoch).items():
+                        setattr(times, k, getattr(times, k) + v)
+                    times.steps += 1
+            t0 = time.process_time()
+            while time.process_time() - t0 < 0.01:  # the share: CPU as busy as wall
+                pass
+            return type("R", (), {"profile": times.as_dict()})()
+
+    monkeypatch.setattr(estuary.train, "Trainer", FakeTrainer)
+    job = load_job(EXAMPLE)
+    got = calibration._trainer_costs(job, None, 1024, 1, lambda b: b / 2)
+    assert got["dense_s_per_step"] == pytest.approx(0.001, rel=0.05)
+    assert got["dense_s_per_row"] == pytest.approx(1e-5, rel=0.05)
+    assert got["lookup_s_per_step"] == pytest.approx(0.002, rel=0.05)
+    assert got["lookup_s_per_id"] == pytest.approx(1e-6, rel=0.05)
+    assert got["update_s_per_id"] == pytest.approx(2e-6, rel=0.05)

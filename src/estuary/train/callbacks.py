@@ -9,12 +9,14 @@ The loop (``estuary.train.loop``) calls, in order::
 
 ``state`` is the run's ``LoopState`` (steps done, epoch, rank, stop signal).
 Built-in callbacks: ``ProgressCallback``, ``RunObserver`` (``train/observe.py``),
-``AdmissionSwitch``, ``CheckpointCadence`` and, for tests, ``FaultInjection``
+``AdmissionSwitch``, ``CheckpointCadence``, ``EpochWindow`` (where a timed window
+of epochs begins: the calibration's) and, for tests, ``FaultInjection``
 (runs a function before a step: crash, kill, hold or stop a run at a known step).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ __all__ = [
     "AdmissionSwitch",
     "Callback",
     "CheckpointCadence",
+    "EpochWindow",
     "FaultInjection",
     "LoopState",
     "ProgressCallback",
@@ -158,6 +161,26 @@ class AdmissionSwitch(Callback):
             switch = getattr(table, "set_admission_counting", None)
             if switch is not None:  # EmbeddingTable, RemoteTable
                 switch(state.epoch == 0)
+
+
+class EpochWindow(Callback):
+    """Marks where a timed window of epochs begins: when epoch ``first`` starts,
+    keeps the wall clock, the process's CPU clock and ``times.as_dict()`` (the
+    engine's ``StageTimes``, set once the engine exists) as ``start``, so a
+    profile at the end minus it covers epochs ``first`` on only.
+
+    Args:
+        first: the first timed epoch (0-based; earlier epochs are a warm-up).
+    """
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+        self.times: Any = None
+        self.start: tuple[float, float, dict[str, float]] | None = None
+
+    def on_epoch_start(self, state: LoopState) -> None:
+        if state.epoch == self.first and self.times is not None:
+            self.start = (time.perf_counter(), time.process_time(), self.times.as_dict())
 
 
 class CheckpointCadence(Callback):
