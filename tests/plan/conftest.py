@@ -38,6 +38,7 @@ def simple_costs(**changes: float) -> Costs:
         allreduce_s_per_step=0.0,
         collection_s_per_row=0.0,
         parallel_efficiency=1.0,
+        chain_utilisation=1.0,
         net_latency_s=0.0,
         net_bytes_per_s=1e15,
         net_cpu_s_per_byte=0.0,

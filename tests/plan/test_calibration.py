@@ -33,6 +33,7 @@ def test_calibration_of_the_real_code_round_trips(tmp_path: Path) -> None:
         assert getattr(costs, name) > 0, name
     assert costs.lookup_s_per_id + costs.lookup_s_per_call > 0
     assert costs.collection_s_per_row > 0
+    assert 0 < costs.chain_utilisation <= 1
     assert 0 < costs.unique_exp <= 1
     assert costs.machine["distinct_ids"] > 1000
     path = tmp_path / "costs.json"
@@ -52,7 +53,13 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
     from estuary.config.tables import TableSpec
     from estuary.plan import calibration, probes
 
-    seen: dict[str, list[int]] = {"ps": [], "dense": [], "dense_rows": [], "ids": []}
+    seen: dict[str, list[int]] = {
+        "ps": [],
+        "dense": [],
+        "dense_rows": [],
+        "ids": [],
+        "layouts": [],
+    }
 
     def fake_ps(
         tables: Any, streams: list[Any], features: Any, trainers: int, shards: int, **kw: int
@@ -60,8 +67,10 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
         steps, warmup, rounds = kw["steps"], kw["warmup"], kw["rounds"]
         assert all(len(s) == 40 for s in streams) and kw["compute_s"] == 0.005
         seen["ps"].append(warmup)
+        seen["layouts"].append(trainers * 10 + shards)
         sizes = [float(np.mean([sum(a.size for a in b) for b in s])) for s in streams]
-        seen["ids"] = [int(n) for n in sizes]
+        if trainers == 1:  # the request probes (the chain probe takes the full stream)
+            seen["ids"] = [int(n) for n in sizes]
         out = []
         for r in range(rounds):
             # The client's CPU includes the stand-in dense step's 5 ms; the
@@ -102,7 +111,8 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
     got = calibration._layout_costs(
         Job(), unique, 512, steps=3, warmup=10, rounds=3, compute_s=0.005, ps_rounds=3
     )
-    assert seen["ps"] == [40, 40]  # 1x1 and 1x2, each every stream
+    assert seen["ps"] == [40, 40, 40]  # 1x1 and 1x2, each every stream; the 2x2 chain
+    assert seen["layouts"] == [11, 12, 22]
     assert len(seen["ids"]) == 2 and seen["ids"][-1] == 1  # full, one id a table
     assert seen["dense"] == [10] * 6
     assert seen["dense_rows"] == [512] * 6  # DDP's cost at the runs' batch size
@@ -112,6 +122,38 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
     assert calibration._ps_warmup(50, 40) == 50
     # The client's requests are timed between dense steps; that step's CPU is not theirs.
     assert got["rpc_s_per_request"] == pytest.approx(0.0002)
+
+
+def test_chain_utilisation_is_the_chains_cpu_over_its_wall_and_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2 clients x 2 servers: each window's clients' own CPU (the dense step's
+    busy loop taken off) and servers' CPU over the chain's wall (the step less
+    the busy loop) over the cores; the median of the rounds, so one round
+    reading 3x slow moves nothing. A stand-in probe: nothing is timed."""
+    from estuary.plan import calibration, probes
+
+    def fake_ps(
+        tables: Any, streams: list[Any], features: Any, trainers: int, shards: int, **kw: Any
+    ) -> list[list[probes.LayoutTiming]]:
+        assert (trainers, shards) == (2, 2) and len(streams) == 1
+        compute = kw["compute_s"]
+        out = []
+        for r in range(kw["rounds"]):
+            slow = 3.0 if r == 0 else 1.0
+            # chain 16 ms of wall; clients 4 ms each and servers 16.8 ms of CPU
+            t = probes.LayoutTiming(2, 2, compute + 0.016, compute + 0.004 * slow, 0.0168, 30)
+            out.append([t])
+        return out
+
+    monkeypatch.setattr(probes, "ps_layout_rounds", fake_ps)
+    monkeypatch.setattr(calibration.os, "cpu_count", lambda: 2)
+    got = calibration._chain_utilisation({}, [[]], [], 30, 10, 3, 0.014)
+    assert got == pytest.approx((2 * 0.004 + 0.0168) / 0.016 / 2)  # 0.775
+    monkeypatch.setattr(calibration.os, "cpu_count", lambda: 8)  # 4 processes: 4 cores
+    assert calibration._chain_utilisation({}, [[]], [], 30, 10, 3, 0.014) == pytest.approx(
+        (2 * 0.004 + 0.0168) / 0.016 / 4
+    )
 
 
 def test_epoch_window_marks_where_the_timed_epochs_begin(tmp_path: Path) -> None:

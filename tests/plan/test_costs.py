@@ -67,17 +67,18 @@ def test_parallel_efficiency_out_of_range_names_the_field(tmp_path: Path, costs:
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match=r"parallel_efficiency.*\(0, 1\]"):
         load_costs(path)
+    path.write_text(json.dumps(costs.to_dict() | {"chain_utilisation": 0.0}))
+    with pytest.raises(ConfigError, match=r"chain_utilisation.*\(0, 1\]"):
+        load_costs(path)
 
 
-def test_a_costs_file_from_before_the_collection_figure_is_refused(
-    tmp_path: Path, costs: Costs
-) -> None:
-    data = costs.to_dict() | {"version": 3}
+def test_a_costs_file_from_before_the_chain_figure_is_refused(tmp_path: Path, costs: Costs) -> None:
+    data = costs.to_dict() | {"version": 4}
     path = tmp_path / "c.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="version: expected 4, got 3"):
+    with pytest.raises(ConfigError, match="version: expected 5, got 4"):
         load_costs(path)
-    data.pop("collection_s_per_row")
+    data.pop("chain_utilisation")
     path.write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="collection_s_per_row: missing"):
+    with pytest.raises(ConfigError, match="chain_utilisation: missing"):
         load_costs(path)

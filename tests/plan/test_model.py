@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from estuary.plan.costs import Costs
@@ -163,3 +165,25 @@ def test_contention_counts_cores_of_work_not_cpu_seconds() -> None:
     assert half.limits["cores"] == pytest.approx(0.5 / sum(half.cpu_s_per_row.values()))
     # Not colocated (a cluster's own cores per process): no efficiency applies.
     assert predict(c, lay, cores=2.0).step_s == pytest.approx(0.015 + 3 * 0.001024)
+
+
+def test_the_request_chain_fills_only_its_measured_share_of_the_cores() -> None:
+    """With shards on a shared machine, the request chain (every trainer's
+    requests, then all shards' work) lasts at least its CPU over ``cores x
+    chain_utilisation``: 2x2 on 2 cores, 1 ms of requests a trainer a step and
+    2.048 ms of shard work (1.024 ms a shard) that the old law ran side by side."""
+    base = simple_costs(rpc_sharded_s_per_request=0.00025)  # 4 requests: 1 ms a step
+    lay = Layout(2, 2, batch_rows=1024, preloaded=True)
+    full = predict(base, lay, cores=2.0, colocated=True)
+    # At 1 the chain's CPU over 2 cores (2.024 ms) is the old phases' 1 + 1.024 ms.
+    assert full.step_s == pytest.approx(0.010 + 0.001 + 0.001024)
+    half = predict(replace(base, chain_utilisation=0.5), lay, cores=2.0, colocated=True)
+    # At 0.5: (2 x 1 ms + 2.048 ms) / (2 x 0.5) = 4.048 ms from the requests on.
+    assert half.step_s == pytest.approx(0.010 + 0.004048)
+    # Each process on its own cores (a cluster): the figure does not apply.
+    assert predict(replace(base, chain_utilisation=0.5), lay).step_s == pytest.approx(full.step_s)
+    # No shards: no chain.
+    one = Layout(1, 0, batch_rows=1024, preloaded=True)
+    assert predict(
+        replace(base, chain_utilisation=0.5), one, cores=2.0, colocated=True
+    ).step_s == pytest.approx(predict(base, one, cores=2.0, colocated=True).step_s)

@@ -470,6 +470,7 @@ def _layout_costs(
 
     (c1_fixed, c1_id), (s1_fixed, s1_id) = probe(1)
     (c2_fixed, c2_id), _ = probe(2)
+    chain = _chain_utilisation(tables, full, features, steps, warm, ps_rounds, compute_s)
     # Interleaved rounds: one process's CPU per dense step alone and in a
     # 2-process DDP group, at the runs' batch size. At 8 rows DDP added 1.1-1.5
     # ms a step, at 1024 rows 4.1-5.9 ms (load 2-3): what DDP costs grows with
@@ -490,8 +491,56 @@ def _layout_costs(
         "ps_s_per_request": s1_fixed / 2,
         "ps_s_per_id": s1_id,
         "allreduce_s_per_step": max(statistics.median(added), 0.0),
+        "chain_utilisation": chain,
         "ps_probe_admissions": float(sum(admitted)),
     }
+
+
+CHAIN_CLIENTS = CHAIN_SERVERS = 2
+
+
+def _chain_utilisation(
+    tables: dict[str, Any],
+    full: list[list[np.ndarray]],
+    features: list[str],
+    steps: int,
+    warmup: int,
+    rounds: int,
+    compute_s: float,
+) -> float:
+    """The share of the cores a sync step's request chain keeps busy
+    (``Costs.chain_utilisation``): 2 clients against 2 servers in lockstep (sync
+    servers, staleness 0), the dense step's CPU as a busy loop between each
+    lookup and push. Per window, the clients' own CPU (the busy loop taken off)
+    and the servers' CPU over the chain's wall time (the step less the busy
+    loop) over the cores the 4 processes can use; the median over ``rounds``
+    windows, clamped to (0, 1]. On the 2-core machine 2x2's chain kept 1.6 of 2
+    cores busy (0.79-0.83 in three probe runs minutes apart whose absolute
+    figures differed up to 2x); the rate law's core bound counted 2.
+    """
+    from estuary.plan.probes import ps_layout_rounds
+
+    timed = ps_layout_rounds(
+        tables,
+        [full],
+        features,
+        CHAIN_CLIENTS,
+        CHAIN_SERVERS,
+        steps=steps,
+        warmup=warmup,
+        rounds=rounds,
+        compute_s=compute_s,
+    )
+    lanes = min(float(os.cpu_count() or 1), CHAIN_CLIENTS + CHAIN_SERVERS)
+    shares = []
+    for (t,) in timed:
+        chain_wall = t.wall_s - compute_s
+        work = CHAIN_CLIENTS * max(t.client_cpu_s - compute_s, 0.0) + t.server_cpu_s
+        if chain_wall > 0:
+            shares.append(work / chain_wall / lanes)
+    if not shares:
+        raise RuntimeError("calibration: no chain probe window outlasted its dense step")
+    return float(np.clip(statistics.median(shares), 1e-3, 1.0))
 
 
 def _parallel_costs(
@@ -565,6 +614,7 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
         allreduce_s_per_step=layout["allreduce_s_per_step"],
         collection_s_per_row=collection,
         parallel_efficiency=efficiency,
+        chain_utilisation=layout["chain_utilisation"],
         parse_s_per_row=parse,
         hash_s_per_id=hash_per_id,
         lookup_s_per_id=t["lookup_s_per_id"],

@@ -22,8 +22,8 @@ from estuary.config.errors import ConfigError
 
 __all__ = ["COSTS_VERSION", "Costs", "load_costs", "save_costs"]
 
-COSTS_VERSION = 4  # 2: PS figures from the multi-process probes; 3: parallel_efficiency;
-# 4: collection_s_per_row
+COSTS_VERSION = 5  # 2: PS figures from the multi-process probes; 3: parallel_efficiency;
+# 4: collection_s_per_row; 5: chain_utilisation
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,12 @@ class Costs:
             does alone (CPU per dense step alone over CPU per step with
             ``cores`` independent processes stepping at once; 1.0: the cores
             scale linearly; (0, 1]).
+        chain_utilisation: the share of the cores a sync step's request chain
+            keeps busy when its processes fill the machine: the clients'
+            requests and the shards' work after the dense step, all of their
+            CPU over the chain's wall time over the cores
+            (``probes.ps_layout_rounds`` with 2 clients and 2 servers in
+            lockstep; the calibration's ``_layout_costs``; (0, 1]).
         net_latency_s: one request's round trip between two processes.
         net_bytes_per_s: bytes per second one connection carries.
         net_cpu_s_per_byte: CPU seconds (both ends together) to move one byte (for
@@ -109,6 +115,7 @@ class Costs:
     allreduce_s_per_step: float
     collection_s_per_row: float
     parallel_efficiency: float
+    chain_utilisation: float
     net_latency_s: float
     net_bytes_per_s: float
     net_cpu_s_per_byte: float
@@ -131,8 +138,9 @@ class Costs:
                 raise ConfigError(f"{path}.{name}", "must be > 0")
         if not 1.0 <= self.dense_speedup_2 <= 2.0:
             raise ConfigError(f"{path}.dense_speedup_2", "must be in [1, 2]")
-        if not 0.0 < self.parallel_efficiency <= 1.0:
-            raise ConfigError(f"{path}.parallel_efficiency", "must be in (0, 1]")
+        for name in ("parallel_efficiency", "chain_utilisation"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ConfigError(f"{path}.{name}", "must be in (0, 1]")
         if not 0.0 < self.unique_exp <= 1.0:
             raise ConfigError(f"{path}.unique_exp", "must be in (0, 1]")
 

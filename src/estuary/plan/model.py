@@ -30,7 +30,11 @@ all-reduce), so a shard serves all ``W`` trainers' requests before the slowest
 trainer's reply: the phase lasts the hottest shard's CPU of the step. With
 ``cores`` given (a shared machine) a phase lasts at least its CPU over all
 processes over ``cores`` (``W`` trainers' phases, or all shards' work, contend
-for the same cores). The job's rate is the least of
+for the same cores), and with shards the request chain (every trainer's
+requests' CPU, then all shards' work) at least their CPU over ``cores`` times
+``chain_utilisation``: the share of the cores such a chain keeps busy, measured
+by calibration (its parts wait on each other's replies, so it does not fill the
+cores as independent work would). The job's rate is the least of
 
   trainers   ``W * b / step_s`` (slowed by ``straggler``: every trainer waits for
              the slowest at the all-reduce);
@@ -161,14 +165,15 @@ def predict(
         c.lookup_s_per_id + c.update_s_per_id
     )
     dense_wall = dense_cpu / c.speedup(layout.trainer_cpus)
-    wire_bytes, step = 0.0, 0.0
+    wire_bytes, step, requests_cpu = 0.0, 0.0, 0.0
     if s == 0:
         trainer_phase, trainer_cpu = (dense_wall + table_cpu) / eff_w, dense_cpu + table_cpu
         shard_phase = shard_cpu = hottest_cpu = 0.0
     else:
         wire_bytes = n * (2 * 4 * c.embedding_dim + 16)
         # The client's requests and the collection's dedup / pooling / scatter.
-        client_cpu = rpc_client_cpu(c, s, n) + c.collection_s_per_row * b
+        requests_cpu = rpc_client_cpu(c, s, n)
+        client_cpu = requests_cpu + c.collection_s_per_row * b
         trainer_phase = (dense_wall + client_cpu) / eff_w
         trainer_cpu = dense_cpu + client_cpu
         hottest_cpu, shard_cpu = _shard_cpu(c, n, w, s, hot_factor)
@@ -179,6 +184,12 @@ def predict(
         # each core doing eff(k) of its work alone while k processes compute.
         trainer_phase = max(trainer_phase, w * trainer_cpu / (cores * _eff(c, w, cores, colocated)))
         shard_phase = max(shard_phase, shard_cpu / (cores * _eff(c, s, cores, colocated)))
+        if s:
+            # The request chain (every trainer's requests, then the shards' work)
+            # keeps only `chain_utilisation` of the cores busy: its parts wait on
+            # each other's replies and wake-ups.
+            chain = (w * requests_cpu + shard_cpu) / (cores * c.chain_utilisation)
+            shard_phase = max(shard_phase, chain - requests_cpu / eff_w)
     step += trainer_phase + shard_phase
     if w > 1:
         step += math.ceil(math.log2(w)) * c.net_latency_s
