@@ -10,7 +10,9 @@
    bandwidth, the PS requests' client and server CPU and DDP's all-reduce timed
    in their multi-process layout, and the work per CPU second of the dense step
    with every core computing at once against one process alone:
-   ``parallel_efficiency``); ``--costs`` loads a saved calibration instead.
+   ``parallel_efficiency``; and the share of the cores a sync request chain of
+   2 clients and 2 servers keeps busy: ``chain_utilisation``); ``--costs``
+   loads a saved calibration instead.
 2. Validation: real ``estuary train`` runs with W trainers and S PS shards
    (bench/simulate_real.py: 1x0, 2x1, 2x2, 3x1, i.e. 1-4 processes, one torch
    thread each, rows/s in the steady state after the first epoch (epochs 2-6
