@@ -34,6 +34,9 @@ Each component is timed on the job's own data and model (~1-2 min in all):
   all-reduce     the dense step alone and in a 2-process DDP group
                  (``probes.dense_layout``) at the batch size: the CPU per step
                  DDP adds.
+  chain          2 clients against 2 sync servers in lockstep (the same probe,
+                 the full batches): the share of the cores their request chain
+                 keeps busy (``chain_utilisation``, ``_chain_utilisation``).
   parallel       the dense step at the batch size in 1 process, then in one
                  process per core at once (``probes.parallel_dense``,
                  independent processes, 2 s windows, interleaved rounds): the work
