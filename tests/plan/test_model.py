@@ -180,8 +180,13 @@ def test_the_request_chain_fills_only_its_measured_share_of_the_cores() -> None:
     half = predict(replace(base, chain_utilisation=0.5), lay, cores=2.0, colocated=True)
     # At 0.5: (2 x 1 ms + 2.048 ms) / (2 x 0.5) = 4.048 ms from the requests on.
     assert half.step_s == pytest.approx(0.010 + 0.004048)
-    # Each process on its own cores (a cluster): the figure does not apply.
-    assert predict(replace(base, chain_utilisation=0.5), lay).step_s == pytest.approx(full.step_s)
+    # Each process on its own cores (a cluster), or another machine's shared
+    # cores: the calibrated machine's figure does not apply.
+    halved = replace(base, chain_utilisation=0.5)
+    assert predict(halved, lay).step_s == pytest.approx(full.step_s)
+    assert predict(halved, lay, cores=2.0).step_s == pytest.approx(
+        predict(base, lay, cores=2.0).step_s
+    )
     # No shards: no chain.
     one = Layout(1, 0, batch_rows=1024, preloaded=True)
     assert predict(

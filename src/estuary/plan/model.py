@@ -32,9 +32,10 @@ trainer's reply: the phase lasts the hottest shard's CPU of the step. With
 processes over ``cores`` (``W`` trainers' phases, or all shards' work, contend
 for the same cores), and with shards the request chain (every trainer's
 requests' CPU, then all shards' work) at least their CPU over ``cores`` times
-``chain_utilisation``: the share of the cores such a chain keeps busy, measured
-by calibration (its parts wait on each other's replies, so it does not fill the
-cores as independent work would). The job's rate is the least of
+``chain_utilisation`` (``colocated``: the calibrated machine's own): the share
+of the cores such a chain keeps busy, measured by calibration (its parts wait
+on each other's replies, so it does not fill the cores as independent work
+would). The job's rate is the least of
 
   trainers   ``W * b / step_s`` (slowed by ``straggler``: every trainer waits for
              the slowest at the all-reduce);
@@ -184,10 +185,10 @@ def predict(
         # each core doing eff(k) of its work alone while k processes compute.
         trainer_phase = max(trainer_phase, w * trainer_cpu / (cores * _eff(c, w, cores, colocated)))
         shard_phase = max(shard_phase, shard_cpu / (cores * _eff(c, s, cores, colocated)))
-        if s:
+        if s and colocated:
             # The request chain (every trainer's requests, then the shards' work)
-            # keeps only `chain_utilisation` of the cores busy: its parts wait on
-            # each other's replies and wake-ups.
+            # keeps only `chain_utilisation` of the calibrated machine's cores
+            # busy: its parts wait on each other's replies and wake-ups.
             chain = (w * requests_cpu + shard_cpu) / (cores * c.chain_utilisation)
             shard_phase = max(shard_phase, chain - requests_cpu / eff_w)
     step += trainer_phase + shard_phase
