@@ -52,7 +52,7 @@ def main() -> None:
     features = list(unique[0])
     tables = {f: HostedTable(job.table_spec(f), seed=i) for i, f in enumerate(features)}
     full = [[b[f] for f in features] for b in unique]
-    warm = max(10, len(full))  # one pass: the runs' first epoch
+    warm = calibration._ps_warmup(10, len(full))  # one pass: the runs' first epoch
     out = []
     print(
         f"{'WxS':>4} {'wall':>7} {'client':>7} {'servers':>8} {'/shard':>7} "
