@@ -1,0 +1,119 @@
+"""Replay bench/simulate.py's validation with today's rate law, from its saved JSON.
+
+    python bench/law_replay.py RUN.json [RUN.json ...] [--chain-utilisation 0.81]
+
+For each ``--json`` file of ``bench/simulate.py`` it re-predicts every real
+config from the run's own calibrated costs and the cores probed in each of its
+rounds (no new runs), and prints the signed error per config (positive: the
+law predicts more rows/s than were measured) and the all-reduce figure that
+would have made that config exact, the other figures as calibrated (a
+bisection of the law on ``allreduce_s_per_step``; "none" when the config
+measured faster than the law even with no all-reduce). A diagnosis of where
+the validation error comes from (docs/deploy.md, "An eighth run, and the
+errors' signs"); it measures nothing. Costs saved before ``chain_utilisation``
+existed (costs version 4) take ``--chain-utilisation``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from estuary.plan.costs import COSTS_VERSION, Costs
+from estuary.plan.model import Layout, predict_shared
+
+
+def predicted(costs: Costs, cfg: dict[str, Any]) -> float:
+    """The median over the config's rounds of the law's rows/s (as bench/simulate.py)."""
+    layout = Layout(cfg["trainers"], cfg["ps_shards"], 0, cfg["batch_rows"], preloaded=True)
+    return statistics.median(
+        predict_shared(costs, layout, cores_1=c1, cores_n=cn).rows_per_s
+        for c1, cn in zip(cfg["cores_1"], cfg["cores_n"], strict=True)
+    )
+
+
+def implied_allreduce(costs: Costs, cfg: dict[str, Any], hi: float = 0.05) -> float | None:
+    """The ``allreduce_s_per_step`` at which the law meets the measured rows/s."""
+    measured = cfg["measured_rows_per_s"]
+
+    def over(ar: float) -> bool:
+        return predicted(replace(costs, allreduce_s_per_step=ar), cfg) > measured
+
+    lo = 0.0
+    if not over(lo):
+        return None
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if over(mid) else (lo, mid)
+    return lo
+
+
+def replay(path: Path, chain: float) -> dict[str, Any]:
+    run = json.loads(path.read_text())
+    raw = dict(run["costs"])
+    raw.setdefault("chain_utilisation", chain)
+    raw["version"] = COSTS_VERSION
+    costs = Costs.from_dict(raw)
+    configs = []
+    for cfg in run["validation"]:
+        cfg = dict(cfg, batch_rows=cfg.get("batch_rows", 1024))
+        pred = predicted(costs, cfg)
+        measured = cfg["measured_rows_per_s"]
+        implied = implied_allreduce(costs, cfg) if cfg["trainers"] > 1 else None
+        configs.append(
+            {
+                "config": cfg["config"],
+                "measured": measured,
+                "predicted": pred,
+                "signed_error": (pred - measured) / measured,
+                "implied_allreduce_s": implied,
+            }
+        )
+    return {
+        "file": str(path),
+        "allreduce_s_per_step": costs.allreduce_s_per_step,
+        "ps_s_per_request": costs.ps_s_per_request,
+        "validation_error": max(abs(c["signed_error"]) for c in configs),
+        "configs": configs,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="bench/simulate.py --json files")
+    ap.add_argument(
+        "--chain-utilisation",
+        type=float,
+        default=0.81,
+        help="for costs saved before the figure existed (default 0.81)",
+    )
+    ap.add_argument("--json", type=Path, help="write the replay here too")
+    args = ap.parse_args()
+    out = [replay(path, args.chain_utilisation) for path in args.runs]
+    for r in out:
+        print(
+            f"{r['file']}: allreduce {r['allreduce_s_per_step'] * 1e3:.1f} ms, "
+            f"ps request {r['ps_s_per_request'] * 1e3:.2f} ms, "
+            f"validation_error {r['validation_error']:.3f}"
+        )
+        for c in r["configs"]:
+            ar = c["implied_allreduce_s"]
+            implied = (
+                ""
+                if c["config"].startswith("1x")
+                else ("none" if ar is None else f"{ar * 1e3:.1f} ms")
+            )
+            print(
+                f"  {c['config']:>4} measured {c['measured']:>9,.0f} predicted "
+                f"{c['predicted']:>9,.0f} {c['signed_error']:+.3f}  implied all-reduce {implied}"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
