@@ -19,9 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from simulate_real import BATCH_ROWS
 
 from estuary.plan.costs import COSTS_VERSION, Costs
 from estuary.plan.model import Layout, predict_shared
@@ -60,7 +65,8 @@ def replay(path: Path, chain: float) -> dict[str, Any]:
     costs = Costs.from_dict(raw)
     configs = []
     for cfg in run["validation"]:
-        cfg = dict(cfg, batch_rows=cfg.get("batch_rows", 1024))
+        # The saved validation does not repeat the real runs' batch: theirs.
+        cfg = dict(cfg, batch_rows=cfg.get("batch_rows", BATCH_ROWS))
         pred = predicted(costs, cfg)
         measured = cfg["measured_rows_per_s"]
         implied = implied_allreduce(costs, cfg) if cfg["trainers"] > 1 else None
