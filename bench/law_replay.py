@@ -12,6 +12,11 @@ measured faster than the law even with no all-reduce). A diagnosis of where
 the validation error comes from (docs/deploy.md, "An eighth run, and the
 errors' signs"); it measures nothing. Costs saved before ``chain_utilisation``
 existed (costs version 4) take ``--chain-utilisation``.
+
+``--pool-multi`` replays every run with the figures timed in the multi-process
+layout (``MULTI_PROCESS``: the PS and RPC requests' and the all-reduce's) at
+their median over all the given runs' calibrations, the other figures each
+run's own: how much of the error one calibration's reading of them makes.
 """
 
 from __future__ import annotations
@@ -30,6 +35,32 @@ from simulate_real import BATCH_ROWS
 
 from estuary.plan.costs import COSTS_VERSION, Costs
 from estuary.plan.model import Layout, predict_shared
+
+# The figures `calibration._layout_costs` times with several processes at once.
+MULTI_PROCESS = (
+    "rpc_s_per_request",
+    "rpc_s_per_id",
+    "rpc_sharded_s_per_request",
+    "rpc_sharded_s_per_id",
+    "ps_s_per_request",
+    "ps_s_per_id",
+    "allreduce_s_per_step",
+)
+
+
+def load_run(path: Path, chain: float) -> tuple[Costs, dict[str, Any]]:
+    """A bench/simulate.py JSON's costs (a version-4 file's ``chain_utilisation``
+    is ``chain``) and the whole file."""
+    run = json.loads(path.read_text())
+    raw = dict(run["costs"])
+    raw.setdefault("chain_utilisation", chain)
+    raw["version"] = COSTS_VERSION
+    return Costs.from_dict(raw, source=str(path)), run
+
+
+def pooled_multi(costs: list[Costs]) -> dict[str, float]:
+    """Each ``MULTI_PROCESS`` figure's median over ``costs``."""
+    return {name: statistics.median(getattr(c, name) for c in costs) for name in MULTI_PROCESS}
 
 
 def predicted(costs: Costs, cfg: dict[str, Any]) -> float:
@@ -57,12 +88,11 @@ def implied_allreduce(costs: Costs, cfg: dict[str, Any], hi: float = 0.05) -> fl
     return lo
 
 
-def replay(path: Path, chain: float) -> dict[str, Any]:
-    run = json.loads(path.read_text())
-    raw = dict(run["costs"])
-    raw.setdefault("chain_utilisation", chain)
-    raw["version"] = COSTS_VERSION
-    costs = Costs.from_dict(raw)
+def replay(path: Path, chain: float, multi: dict[str, float] | None = None) -> dict[str, Any]:
+    """The run at ``path`` re-predicted (``multi``: those figures instead of its own)."""
+    costs, run = load_run(path, chain)
+    if multi is not None:
+        costs = replace(costs, **multi)
     configs = []
     for cfg in run["validation"]:
         # The saved validation does not repeat the real runs' batch: theirs.
@@ -97,9 +127,17 @@ def main() -> None:
         default=0.81,
         help="for costs saved before the figure existed (default 0.81)",
     )
+    ap.add_argument(
+        "--pool-multi",
+        action="store_true",
+        help="the multi-process figures at their median over all the given runs",
+    )
     ap.add_argument("--json", type=Path, help="write the replay here too")
     args = ap.parse_args()
-    out = [replay(path, args.chain_utilisation) for path in args.runs]
+    multi = None
+    if args.pool_multi:
+        multi = pooled_multi([load_run(p, args.chain_utilisation)[0] for p in args.runs])
+    out = [replay(path, args.chain_utilisation, multi) for path in args.runs]
     for r in out:
         print(
             f"{r['file']}: allreduce {r['allreduce_s_per_step'] * 1e3:.1f} ms, "

@@ -57,3 +57,31 @@ def test_the_replay_recovers_the_all_reduce_the_measured_rate_implies(tmp_path: 
     assert replayed["validation_error"] == pytest.approx(
         max(abs(c["signed_error"]) for c in replayed["configs"])
     )
+
+
+def test_pool_multi_puts_the_multi_process_figures_at_their_median(tmp_path: Path) -> None:
+    runs = []
+    for i, (allreduce, dense) in enumerate(((2e-3, 10e-3), (4e-3, 20e-3), (9e-3, 30e-3))):
+        costs = simple_costs(allreduce_s_per_step=allreduce, dense_s_per_row=dense / 1024)
+        validation = [
+            {
+                "config": "2x1",
+                "trainers": 2,
+                "ps_shards": 1,
+                "measured_rows_per_s": 50_000.0,
+                "cores_1": [1.0],
+                "cores_n": [2.0],
+            }
+        ]
+        path = tmp_path / f"sim{i}.json"
+        path.write_text(json.dumps({"costs": costs.to_dict(), "validation": validation}))
+        runs.append(str(path))
+    out = tmp_path / "replay.json"
+    script = ROOT / "bench" / "law_replay.py"
+    argv = [sys.executable, str(script), *runs, "--pool-multi", "--json", str(out)]
+    subprocess.run(argv, capture_output=True, text=True, check=True)
+    replayed = json.loads(out.read_text())
+    # The all-reduce is each run's median (4 ms); the dense step stays each run's own.
+    assert [r["allreduce_s_per_step"] for r in replayed] == [4e-3] * 3
+    rates = [r["configs"][0]["predicted"] for r in replayed]
+    assert rates[0] > rates[1] > rates[2]
