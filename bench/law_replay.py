@@ -31,10 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from simulate_real import BATCH_ROWS
+from simulate import pool, read_real, validate
 
 from estuary.plan.costs import COSTS_VERSION, Costs
-from estuary.plan.model import Layout, predict_shared
 
 # The figures `calibration._layout_costs` times with several processes at once.
 MULTI_PROCESS = (
@@ -64,17 +63,13 @@ def pooled_multi(costs: list[Costs]) -> dict[str, float]:
 
 
 def predicted(costs: Costs, cfg: dict[str, Any]) -> float:
-    """The median over the config's rounds of the law's rows/s (as bench/simulate.py)."""
-    layout = Layout(cfg["trainers"], cfg["ps_shards"], 0, cfg["batch_rows"], preloaded=True)
-    return statistics.median(
-        predict_shared(costs, layout, cores_1=c1, cores_n=cn).rows_per_s
-        for c1, cn in zip(cfg["cores_1"], cfg["cores_n"], strict=True)
-    )
+    """The law's rows/s of one real config, as bench/simulate.py's validation has it."""
+    return float(validate(costs, [cfg])[0]["predicted_rows_per_s"])
 
 
 def implied_allreduce(costs: Costs, cfg: dict[str, Any], hi: float = 0.05) -> float | None:
     """The ``allreduce_s_per_step`` at which the law meets the measured rows/s."""
-    measured = cfg["measured_rows_per_s"]
+    measured = cfg["rows_per_s"]
 
     def over(ar: float) -> bool:
         return predicted(replace(costs, allreduce_s_per_step=ar), cfg) > measured
@@ -92,23 +87,22 @@ def implied_allreduce(costs: Costs, cfg: dict[str, Any], hi: float = 0.05) -> fl
 
 def replay(path: Path, chain: float, multi: dict[str, float] | None = None) -> dict[str, Any]:
     """The run at ``path`` re-predicted (``multi``: those figures instead of its own)."""
-    costs, run = load_run(path, chain)
+    costs, _ = load_run(path, chain)
     if multi is not None:
         costs = replace(costs, **multi)
+    real = pool([read_real(path)])  # its rounds, as bench/simulate.py --real reads them
     configs = []
-    for cfg in run["validation"]:
-        # The saved validation does not repeat the real runs' batch: theirs.
-        cfg = dict(cfg, batch_rows=cfg.get("batch_rows", BATCH_ROWS))
-        pred = predicted(costs, cfg)
-        measured = cfg["measured_rows_per_s"]
-        implied = implied_allreduce(costs, cfg) if cfg["trainers"] > 1 else None
+    for cfg, v in zip(real, validate(costs, real), strict=True):
+        measured, pred = v["measured_rows_per_s"], v["predicted_rows_per_s"]
         configs.append(
             {
-                "config": cfg["config"],
+                "config": v["config"],
                 "measured": measured,
                 "predicted": pred,
                 "signed_error": (pred - measured) / measured,
-                "implied_allreduce_s": implied,
+                "implied_allreduce_s": (
+                    implied_allreduce(costs, cfg) if cfg["trainers"] > 1 else None
+                ),
             }
         )
     return {

@@ -32,6 +32,7 @@ def test_the_replay_recovers_the_all_reduce_the_measured_rate_implies(tmp_path: 
                 "trainers": w,
                 "ps_shards": s,
                 "measured_rows_per_s": rate * faster,  # 3x1: faster than any all-reduce allows
+                "measured_rounds": [rate * faster] * 2,
                 "cores_1": [1.0, 1.0],
                 "cores_n": [2.0, 2.0],
             }
@@ -69,6 +70,7 @@ def test_pool_multi_puts_the_multi_process_figures_at_their_median(tmp_path: Pat
                 "trainers": 2,
                 "ps_shards": 1,
                 "measured_rows_per_s": 50_000.0,
+                "measured_rounds": [50_000.0],
                 "cores_1": [1.0],
                 "cores_n": [2.0],
             }
