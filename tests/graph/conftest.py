@@ -32,13 +32,19 @@ def hour_dir(root: Path, hour: int, name: str = "data") -> Path:
 
 @dataclass
 class Written:
-    """What ``write_hours`` wrote: file (relative to root) -> its good line numbers."""
+    """What ``write_hours`` wrote: file (relative to root) -> its good line
+    numbers, and -> its bad ones."""
 
     good: dict[str, list[int]] = field(default_factory=dict)
+    bad: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
         return sum(len(v) for v in self.good.values())
+
+    @property
+    def bad_rows(self) -> int:
+        return sum(len(v) for v in self.bad.values())
 
 
 def write_hours(
@@ -63,12 +69,13 @@ def write_hours(
         folder = hour_dir(root, hour)
         folder.mkdir(parents=True, exist_ok=True)
         for part in range(files):
-            lines, good = [], []
+            lines, good, bad = [], [], []
             for line in range(1, rows + 1):
                 c1 = int(rng.integers(0, 30))
                 label = int(rng.random() < (0.8 if c1 % 3 == 0 else 0.1))
                 if bad_every and line % bad_every == 0:
                     label = 7
+                    bad.append(line)
                 else:
                     good.append(line)
                 i1, i2 = int(rng.integers(0, 9)), int(rng.integers(0, 4))
@@ -76,6 +83,7 @@ def write_hours(
             path = folder / f"part-{part:05d}.tsv"
             path.write_text("\n".join(lines) + "\n")
             written.good[path.relative_to(root).as_posix()] = good
+            written.bad[path.relative_to(root).as_posix()] = bad
         if marker:
             (folder / "_SUCCESS").write_text("")
     return written
@@ -122,7 +130,7 @@ def dataset_job(
 
 def assert_every_row_once(job_path: Path, written: Written, hours: int) -> Progress:
     """The job's newest checkpoint says every good row of ``written`` was trained
-    exactly once, over ``hours`` committed tasks."""
+    exactly once, over ``hours`` committed tasks, and counts its bad rows once."""
     job = load_job(job_path)
     final = load_checkpoint(job.resolve(job.output.dir))
     progress = Progress.from_json(final.manifest["metadata"]["data_progress"])
@@ -134,4 +142,7 @@ def assert_every_row_once(job_path: Path, written: Written, hours: int) -> Progr
             trained.setdefault(split, []).extend(r for a, b in ranges for r in range(a, b))
     assert {split: sorted(rows) for split, rows in trained.items()} == written.good
     assert progress.tasks_committed == hours
+    # and every bad row counted once, however many runs read it
+    assert progress.bad_rows == written.bad_rows
+    assert progress.rows_read == written.rows + written.bad_rows
     return progress

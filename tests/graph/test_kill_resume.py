@@ -163,3 +163,4 @@ def test_sigkill_mid_run_and_mid_checkpoint_then_resume_trains_each_row_once(
         result = trainer.fit(progress=False)
         assert result.extra["rows_committed_before"] == committed_before * BATCH
         assert_every_row_once(job_path, written, HOURS)
+        assert result.bad_rows == written.bad_rows  # the job's, not only this run's

@@ -148,6 +148,7 @@ def test_sigkill_of_a_two_trainer_run_then_resume_trains_each_row_once(tmp_path:
     written = write_hours(tmp_path, 2, 120, files=2, bad_every=11)
     later = write_hours(tmp_path, 2, 120, files=2, bad_every=11, first_hour=2, marker=False)
     written.good.update(later.good)
+    written.bad.update(later.bad)
     job_path = write_job(tmp_path, hours, mode="hybrid", ready_timeout_s=120)
     checkpoints = tmp_path / "out" / "checkpoints"
     argv = ["train", str(job_path), "--nproc", str(WORLD), "--no-progress"]
@@ -251,4 +252,5 @@ def test_sigterm_while_two_trainers_wait_for_data_checkpoints_and_resume_finishe
         (hour_dir(tmp_path, hour) / "_SUCCESS").write_text("")
     assert main([*argv, "--resume"]) == 0
     written.good.update(later.good)
+    written.bad.update(later.bad)
     assert_every_row_once(job_path, written, 4)

@@ -124,3 +124,132 @@ def test_windows_shorter_than_a_minute_have_distinct_task_ids() -> None:
         "s/live@202601010001",
         "s/live@20260101000101",
     ]
+
+
+# -- bad rows, exactly once over restarts ------------------------------------------------
+
+
+def test_a_split_read_again_after_a_resume_replaces_its_bad_row_counts() -> None:
+    progress = Progress()
+    progress.task_listed(NEXT, ["f0", "f1"])
+    c0 = progress.open_split(NEXT, "f0")
+    progress.split_ended(c0, rows=8, bad=2)  # read to its end, not trained: a crash
+    assert progress.bad_totals() == (2, 10)
+    saved = json.loads(json.dumps(progress.to_json()))
+    assert saved["bad_rows"] == 2 and saved["rows_read"] == 10
+    assert saved["tasks"][0]["splits"]["f0"]["bad"] == 2
+
+    resumed = Progress.from_json(saved)
+    assert resumed.bad_totals() == (2, 10)  # before anything is read again
+    again = resumed.open_split(NEXT, "f0")
+    # f0 is being read again (1 bad row of its 2 seen) and f1 for the first time.
+    f1 = resumed.open_split(NEXT, "f1")
+    assert resumed.bad_totals([(again, 1, 5), (f1, 1, 3)]) == (2 + 1, 10 + 3)
+    assert resumed.bad_totals([(again, 2, 10), (f1, 1, 3)]) == (3, 13)
+    resumed.split_ended(again, rows=8, bad=2)  # replaces, does not add
+    resumed.split_ended(f1, rows=4, bad=1)
+    assert resumed.bad_totals() == (3, 15)
+
+
+def test_a_split_that_ends_after_its_task_committed_changes_nothing() -> None:
+    # A resumed run reads every split of an uncommitted task, the complete ones
+    # too; the task can commit (its other split trained) before such a split's
+    # end reaches the progress.
+    progress = Progress()
+    progress.task_listed(TASK, ["f0", "f1"])
+    c0, c1 = progress.open_split(TASK, "f0"), progress.open_split(TASK, "f1")
+    progress.record((c0 << 32) | arr(1, 2))
+    progress.split_ended(c0, rows=2, bad=1)
+    progress.split_ended(c1, rows=1, bad=0)
+    resumed = Progress.from_json(json.loads(json.dumps(progress.to_json())))
+    r0, r1 = resumed.open_split(TASK, "f0"), resumed.open_split(TASK, "f1")
+    resumed.split_ended(r1, rows=1, bad=0)
+    resumed.record((r1 << 32) | arr(1))
+    assert resumed.is_committed(TASK)
+    assert resumed.bad_totals([(r0, 1, 3)]) == (1, 4)  # f0's re-read adds nothing
+    resumed.split_ended(r0, rows=2, bad=1)  # no error, no change
+    assert resumed.bad_totals() == (1, 4) and resumed.rows_trained == 3
+
+
+def test_a_snapshot_without_bad_row_totals_reads_its_good_rows_as_read() -> None:
+    progress = Progress()
+    progress.task_listed(TASK, ["f0"])
+    progress.split_ended(progress.open_split(TASK, "f0"), rows=5, bad=1)
+    old = progress.to_json()
+    del old["bad_rows"], old["rows_read"], old["tasks"][0]["splits"]["f0"]["bad"]
+    assert Progress.from_json(old).bad_totals() == (0, 5)
+
+
+def test_a_resumed_driver_counts_every_bad_row_once(tmp_path: Path) -> None:
+    """Killed after 13 batches (a checkpoint of its progress), resumed: the job's
+    bad rows are each file's bad rows once. The resumed run re-reads splits the
+    first run had read to their end, and leaves out the committed ones; its
+    count never goes down and never passes the truth."""
+    written = write_hours(tmp_path, 3, 50, files=2, bad_every=7)
+    shuffle = {"buffer_rows": 10, "interleave_splits": 2, "seed": 5}
+    job = dataset_job(
+        tmp_path,
+        {"s": {"sources": [source(hours=3)]}},
+        dataset={"shuffle": shuffle, "executor": {"block_size_bytes": 200}},
+    )
+    first = Driver(job.data, tmp_path, batch_size=16)
+    batches = first.batches()
+    for _ in range(13):  # hour 0 committed; splits of hours 1 and 2 read to their end
+        first.progress.record(next(batches).row_ids)
+    batches.close()
+    saved = json.loads(json.dumps(first.progress.to_json()))
+    before = Progress.from_json(saved)
+    ended_uncommitted = [
+        s
+        for r in before.tasks.values()
+        if not r.committed
+        for s in (r.splits or {}).values()
+        if s.rows is not None and s.bad
+    ]
+    assert saved["watermark"] is not None, "a committed task, not read again"
+    assert ended_uncommitted, "a split with bad rows read to its end, read again"
+
+    resumed = Driver(job.data, tmp_path, batch_size=16, progress=before)
+    assert resumed.bad_rows.count == saved["bad_rows"] > 0  # the checkpoint's, at once
+    seen = [resumed.bad_rows.count]
+    for batch in resumed.batches():
+        resumed.progress.record(batch.row_ids)
+        seen.append(resumed.bad_rows.count)
+    assert seen == sorted(seen) and seen[-1] <= written.bad_rows
+    report = resumed.bad_rows
+    assert report.count == written.bad_rows == 6 * 7  # lines 7, 14, ..., 49 of 6 files
+    assert report.rows_read == written.rows + written.bad_rows == 300
+    # This run's own reads left out the committed task's bad rows.
+    assert resumed.bad_rows_this_run.count < written.bad_rows
+
+
+def test_a_resumed_run_judges_the_bad_row_ratio_on_the_jobs_totals(tmp_path: Path) -> None:
+    """Hour 0 is clean, hours 1-2 have a bad row in 5 (20%); the job's ratio is
+    40 / 300 (13.3%), under the limit of 15%. A run resumed after hour 0 was
+    committed reads 20% bad rows itself, but passes, as the whole run would."""
+    written = write_hours(tmp_path, 1, 50, files=2)
+    later = write_hours(tmp_path, 2, 50, files=2, bad_every=5, first_hour=1)
+    job = dataset_job(
+        tmp_path,
+        {"s": {"sources": [source(hours=3)]}},
+        dataset={"shuffle": {"interleave_splits": 1}},
+        data={"max_bad_row_ratio": 0.15},
+    )
+    whole = Driver(job.data, tmp_path, batch_size=10, shuffle=False)
+    for batch in whole.batches():
+        whole.progress.record(batch.row_ids)
+    assert whole.bad_rows.count == later.bad_rows == 40
+
+    first = Driver(job.data, tmp_path, batch_size=10, shuffle=False)
+    batches = first.batches()
+    for _ in range(written.rows // 10 + 1):  # hour 0 (its end seen), then "crash"
+        first.progress.record(next(batches).row_ids)
+    batches.close()
+    saved = json.loads(json.dumps(first.progress.to_json()))
+    assert saved["watermark"] is not None and saved["bad_rows"] == 0
+
+    resumed = Driver(job.data, tmp_path, batch_size=10, progress=Progress.from_json(saved))
+    for batch in resumed.batches():  # 20% of this run's reads: no BadDataError
+        resumed.progress.record(batch.row_ids)
+    assert resumed.bad_rows.count == 40 and resumed.bad_rows.rows_read == 300
+    assert resumed.bad_rows_this_run.ratio == 0.2

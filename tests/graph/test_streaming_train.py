@@ -87,7 +87,10 @@ def test_a_requested_stop_commits_its_rows_and_resume_trains_the_rest_once(
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["train_rows"] == 80 - 32 and summary["duplicate_rows"] == 0
     # The train stream's hours 00 and 01 (hour 02 is the holdout stream).
-    train_only = Written({k: v for k, v in written.good.items() if "/02/" not in k})
+    train_only = Written(
+        {k: v for k, v in written.good.items() if "/02/" not in k},
+        {k: v for k, v in written.bad.items() if "/02/" not in k},
+    )
     assert train_only.rows == 80
     assert_every_row_once(path, train_only, hours=2)
 
@@ -124,6 +127,7 @@ def test_a_stop_while_waiting_for_data_checkpoints_what_was_trained(tmp_path: Pa
     (hour_dir(tmp_path, 2) / "_SUCCESS").write_text("")
     assert main(["train", str(path), "--no-progress", "--resume"]) == 0
     written.good.update(later.good)
+    written.bad.update(later.bad)
     assert_every_row_once(path, written, hours=3)
 
 

@@ -14,10 +14,15 @@ checked
 - early, after each parsed block (~2 MB of text), but only once at least
   ``EARLY_CHECK_MIN_ROWS`` rows have been read, so a file of garbage fails in
   seconds instead of after hours of parsing.
+
+A ``data.dataset`` run judges the job's totals, exactly once over restarts
+(``totals``, from ``Progress.bad_totals``), so a resumed run fails where the
+run it continues would have, no sooner and no later.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
@@ -75,11 +80,20 @@ class BadRowTracker:
     Args:
         max_ratio: ``DataSpec.max_bad_row_ratio``.
         max_examples: ``DataSpec.report_bad_rows``.
+        totals: ``(bad rows, rows read)`` to judge instead of this read's own
+            (a job's totals over restarts); ``count`` and ``rows_read`` stay
+            this read's.
     """
 
-    def __init__(self, max_ratio: float, max_examples: int) -> None:
+    def __init__(
+        self,
+        max_ratio: float,
+        max_examples: int,
+        totals: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
         self.max_ratio = max_ratio
         self.max_examples = max_examples
+        self.totals = totals
         self.count = 0
         self.rows_read = 0
         self.examples: list[BadRow] = []
@@ -95,12 +109,17 @@ class BadRowTracker:
         self.count += bad_count
         self.examples.extend(examples[: self.examples_wanted])
 
+    def judged(self) -> tuple[int, int]:
+        """The ``(bad rows, rows read)`` the ratio is checked on."""
+        return self.totals() if self.totals is not None else (self.count, self.rows_read)
+
     def too_many(self) -> bool:
-        return self.count > self.max_ratio * self.rows_read
+        bad, read = self.judged()
+        return bad > self.max_ratio * read
 
     def check_early(self, where: str) -> None:
         """After a block: fail if over the ratio and enough rows were read."""
-        if self.rows_read >= EARLY_CHECK_MIN_ROWS and self.too_many():
+        if self.judged()[1] >= EARLY_CHECK_MIN_ROWS and self.too_many():
             raise self._error(f"after a block of {where}")
 
     def check_file_end(self, where: str) -> None:
@@ -112,7 +131,7 @@ class BadRowTracker:
         return BadRowReport(self.count, self.rows_read, list(self.examples))
 
     def _error(self, when: str) -> BadDataError:
-        report = self.report()
+        report = BadRowReport(*self.judged(), list(self.examples))
         return BadDataError(
             f"too many bad rows: {report.count} of {report.rows_read} rows read "
             f"({report.ratio:.2%}) exceed data.max_bad_row_ratio={self.max_ratio:g} "

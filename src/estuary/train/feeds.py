@@ -127,7 +127,8 @@ class Feed(Protocol):
         ...
 
     def bad_rows(self) -> int:
-        """Malformed input rows skipped so far."""
+        """Malformed input rows skipped so far: the job's, each once over
+        restarts (a graph feed resumes from its checkpoint's count)."""
         ...
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch] | None:

@@ -191,7 +191,19 @@ class Driver:
 
     @property
     def bad_rows(self) -> BadRowReport:
-        """Bad rows seen so far (count, rows read, first examples)."""
+        """The job's bad rows so far: count and rows read exactly once over
+        restarts (a resumed run starts from its checkpoint's totals and counts a
+        re-read split once, ``Progress.bad_totals``), and this run's first
+        examples. (``bad_rows_this_run``: what this run's reads saw.)"""
+        if self._sink is None:
+            bad, read = self.progress.bad_totals()
+            return BadRowReport(bad, read)
+        return self._sink.job_bad_rows()
+
+    @property
+    def bad_rows_this_run(self) -> BadRowReport:
+        """Bad rows this run's reads saw (re-read splits again, committed tasks
+        not): what ``data.max_bad_row_ratio`` is checked on."""
         return self._sink.tracker.report() if self._sink is not None else BadRowReport()
 
     def summary(self) -> dict[str, Any]:

@@ -13,9 +13,11 @@ JSON layout (``version`` 1)::
     {"version": 1,
      "watermark": [start_s, rank, stream, source] | null,   # every task <= it is committed
      "rows_trained": 12345, "rows_dropped": 0, "duplicate_rows": 0,
+     "bad_rows": 3, "rows_read": 15003,
      "tasks": [{"task": [start_s, rank, stream, source, end_s], "committed": false,
                 "skipped": false,
                 "splits": {"logs/20260101/13/part-0.tsv": {"rows": 5000 | null,
+                                                           "bad": 1,
                                                            "trained": [[1, 2001], ...]}}}],
      "streams": {"live/clicks": {"offset": "1700000000000-3", "next_start_s": 1700000060}}}
 
@@ -28,8 +30,17 @@ cannot need, so a resumed run reads their events again (``joiner.py``).
 
 ``trained`` ranges are ``[first, stop)`` row numbers (rows a mixed buffer
 dropped are in them too: consumed, counted in ``rows_dropped``); ``rows`` (good rows of the
-split) is known once the split was read to its end. A task is committed when
-every split is listed, read to its end and fully trained.
+split) is known once the split was read to its end, and so is ``bad`` (its bad
+rows). A task is committed when every split is listed, read to its end and fully
+trained.
+
+Bad rows, exactly once over restarts: ``bad_rows`` / ``rows_read`` (good + bad)
+are the totals of every split read to its end, in this run or an earlier one
+(kept when old tasks are forgotten). A split read again after a resume (its task
+was not committed) replaces its earlier counts instead of adding to them, and
+a split being read adds only what it has seen beyond them (``bad_totals``): a
+resumed run re-parses a split whole, so a re-read split's bad rows are not
+counted twice and a committed task's are not lost.
 
 Row ids handed to the trainer: ``(split code << 32) | row number`` (int64),
 codes assigned here as splits open (``row_identity`` decodes one).
@@ -106,10 +117,12 @@ def _count(ranges: Ranges) -> int:
 
 @dataclass
 class SplitRecord:
-    """One split's accounting: good rows (once read to its end) and rows trained."""
+    """One split's accounting: good and bad rows (once read to its end) and rows
+    trained."""
 
     rows: int | None = None
     trained: Ranges = _EMPTY
+    bad: int = 0
 
     @property
     def trained_rows(self) -> int:
@@ -160,6 +173,9 @@ class Progress:
         self.rows_trained = 0
         self.rows_dropped = 0  # consumed but not trained (a mixed buffer sampled them out)
         self.duplicate_rows = 0
+        # every split read to its end: bad rows, and rows read (good + bad)
+        self.bad_rows = 0
+        self.rows_read = 0
         self.tasks: dict[str, TaskRecord] = {}  # plan order (resumed ones first)
         self._order: deque[str] = deque()  # listed this run, not yet below the watermark
         self._codes: dict[int, _Code] = {}
@@ -242,14 +258,56 @@ class Progress:
             self._codes[code] = _Code(task.id, split)
             return code
 
-    def split_ended(self, code: int, rows: int) -> None:
-        """The split was read to its end: it has ``rows`` good rows."""
+    def split_ended(self, code: int, rows: int, bad: int = 0) -> None:
+        """The split was read to its end: it has ``rows`` good rows and ``bad``
+        bad ones. A split read to its end before (in the run a checkpoint came
+        from) has its counts replaced, not added to. A resumed run re-reads
+        every split of an uncommitted task, complete ones too (their rows are
+        all skipped); when the task commits while such a split is still being
+        read, its end changes nothing."""
         with self._lock:
-            entry = self._codes[code]
+            entry = self._codes.get(code)
+            if entry is None:  # its task committed meanwhile: re-read, counts stand
+                return
             record = self.tasks[entry.task_id]
             assert record.splits is not None
-            record.splits[entry.split].rows = rows
+            split = record.splits[entry.split]
+            if split.rows is not None:  # read again after a resume: replace
+                self.bad_rows -= split.bad
+                self.rows_read -= split.rows + split.bad
+            split.rows, split.bad = rows, bad
+            self.bad_rows += bad
+            self.rows_read += rows + bad
             self._settle(record)
+
+    def bad_totals(self, reading: Iterable[tuple[int, int, int]] = ()) -> tuple[int, int]:
+        """The job's ``(bad rows, rows read)`` so far, exactly once over restarts:
+        the splits read to their end plus ``reading``, ``(code, bad, read)`` of
+        each split being read (its running counts). A split being read again
+        adds only what goes beyond its earlier counts, so the totals never go
+        down and never count a row twice."""
+        with self._lock:
+            bad, read = self.bad_rows, self.rows_read
+            for code, bad_now, read_now in reading:
+                split = self._split_of(code)
+                if split is None:  # its task committed: its counts are in already
+                    continue
+                if split.rows is None:
+                    bad, read = bad + bad_now, read + read_now
+                else:  # read to its end before the resume
+                    bad += max(0, bad_now - split.bad)
+                    read += max(0, read_now - split.rows - split.bad)
+            return bad, read
+
+    def _split_of(self, code: int) -> SplitRecord | None:
+        """The record of an open split's ``code`` (lock held; ``None`` once its
+        task committed)."""
+        entry = self._codes.get(code)
+        if entry is None:
+            return None
+        splits = self.tasks[entry.task_id].splits
+        assert splits is not None, "a split opens after its task is listed"
+        return splits[entry.split]
 
     # -- events from the trainer ----------------------------------------------------
 
@@ -371,6 +429,7 @@ class Progress:
                     splits = {
                         name: {
                             "rows": s.rows,
+                            "bad": s.bad,
                             "trained": [[int(a), int(b)] for a, b in zip(*s.trained, strict=True)],
                         }
                         for name, s in record.splits.items()
@@ -389,6 +448,8 @@ class Progress:
                 "rows_trained": self.rows_trained,
                 "rows_dropped": self.rows_dropped,
                 "duplicate_rows": self.duplicate_rows,
+                "bad_rows": self.bad_rows,
+                "rows_read": self.rows_read,
                 "tasks": tasks,
                 "streams": {key: dict(value) for key, value in self.stream_offsets.items()},
             }
@@ -428,10 +489,21 @@ class Progress:
                     name: SplitRecord(
                         rows=s["rows"],
                         trained=_ranges_from(s["trained"]),
+                        bad=int(s.get("bad", 0)),
                     )
                     for name, s in item["splits"].items()
                 }
             progress.tasks[task.id] = record
+        progress.bad_rows = int(data.get("bad_rows", 0))
+        if "rows_read" in data:
+            progress.rows_read = int(data["rows_read"])
+        else:  # a snapshot from before bad-row totals: the ended splits' good rows
+            progress.rows_read = sum(
+                s.rows
+                for r in progress.tasks.values()
+                for s in (r.splits or {}).values()
+                if s.rows is not None
+            )
         return progress
 
 
