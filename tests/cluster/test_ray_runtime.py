@@ -227,7 +227,8 @@ def dataset_run(folder: Path, kill: tuple[str, int] | None = None) -> tuple[Any,
 
     hours = DATASET_HOURS
     folder.mkdir(exist_ok=True)
-    written = write_hours(folder, hours, 750)  # 6,000 rows: ~190 steps of 2 x 16
+    # 6,000 rows (120 of them bad: the job's count is checked): ~190 steps of 2 x 16
+    written = write_hours(folder, hours, 750, bad_every=50)
     # The held-out hour: 3,000 rows, so the AUC compares models, not samples.
     write_hours(folder, 1, 3000, first_hour=hours, seed=9)
     path = write_dataset_job(folder, hours, mode="sync")
@@ -291,6 +292,7 @@ def test_a_dataset_run_trains_every_row_once_through_a_killed_role(
         assert got.extra["restarts"] == 1
         assert got.extra["restart_log"][0]["role"] == role
     assert got.summary()["steps"] == want.summary()["steps"]
+    assert got.bad_rows == want.bad_rows == 120  # each once, through the kill
     assert want.auc is not None and got.auc == pytest.approx(want.auc, abs=0.005)
 
 

@@ -107,7 +107,9 @@ def test_time_series_sample_asks_each_server_once(
         tables = multi.tables()
         train(tables, multi, steps=1)
         updater = SimpleNamespace(submitted=0, landed=0, log=SimpleNamespace(max_behind=0))
-        feed = SimpleNamespace(bad_rows=lambda: 0, newest_event_s=dict, queue_depths=dict)
+        feed = SimpleNamespace(
+            bad_rows=lambda: 0, bad_rows_this_run=lambda: 0, newest_event_s=dict, queue_depths=dict
+        )
         engine = SimpleNamespace(times=SimpleNamespace(as_dict=dict))
         observer = RunObserver(
             TrainingMetrics(port=None), engine, feed, tables, updater, folder=None, every_s=None

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from estuary.data.graph import Driver, Progress, Task
 from estuary.data.graph.progress import merge_ranges, ranges_contain, runs_of
@@ -35,6 +36,7 @@ def test_ranges_merge_and_answer_membership() -> None:
 
 
 TASK = Task(0, 0, "s", "a", 3600)
+START_S = 1_767_225_600  # 2026-01-01T00, where ``write_hours`` starts
 NEXT = Task(3600, 0, "s", "a", 7200)
 
 
@@ -129,26 +131,30 @@ def test_windows_shorter_than_a_minute_have_distinct_task_ids() -> None:
 # -- bad rows, exactly once over restarts ------------------------------------------------
 
 
-def test_a_split_read_again_after_a_resume_replaces_its_bad_row_counts() -> None:
+def test_a_split_read_again_after_a_resume_counts_only_past_its_saved_figures() -> None:
     progress = Progress()
     progress.task_listed(NEXT, ["f0", "f1"])
-    c0 = progress.open_split(NEXT, "f0")
-    progress.split_ended(c0, rows=8, bad=2)  # read to its end, not trained: a crash
-    assert progress.bad_totals() == (2, 10)
+    c0, c1 = progress.open_split(NEXT, "f0"), progress.open_split(NEXT, "f1")
+    progress.split_read(c0, bad=2, read=10)
+    progress.split_ended(c0, rows=8)  # read to its end, not trained
+    progress.split_read(c1, bad=1, read=4)  # half read: a crash
+    assert progress.bad_totals() == (3, 14)
     saved = json.loads(json.dumps(progress.to_json()))
-    assert saved["bad_rows"] == 2 and saved["rows_read"] == 10
-    assert saved["tasks"][0]["splits"]["f0"]["bad"] == 2
+    assert (saved["bad_rows"], saved["rows_read"]) == (3, 14)
+    assert saved["tasks"][0]["splits"]["f1"] == {"rows": None, "bad": 1, "read": 4, "trained": []}
 
     resumed = Progress.from_json(saved)
-    assert resumed.bad_totals() == (2, 10)  # before anything is read again
-    again = resumed.open_split(NEXT, "f0")
-    # f0 is being read again (1 bad row of its 2 seen) and f1 for the first time.
-    f1 = resumed.open_split(NEXT, "f1")
-    assert resumed.bad_totals([(again, 1, 5), (f1, 1, 3)]) == (2 + 1, 10 + 3)
-    assert resumed.bad_totals([(again, 2, 10), (f1, 1, 3)]) == (3, 13)
-    resumed.split_ended(again, rows=8, bad=2)  # replaces, does not add
-    resumed.split_ended(f1, rows=4, bad=1)
-    assert resumed.bad_totals() == (3, 15)
+    assert resumed.bad_totals() == (3, 14)  # before anything is read again
+    r0, r1 = resumed.open_split(NEXT, "f0"), resumed.open_split(NEXT, "f1")
+    resumed.split_read(r0, bad=1, read=5)  # both re-read from their start
+    resumed.split_read(r1, bad=1, read=3)
+    assert resumed.bad_totals() == (3, 14)  # nothing new yet
+    resumed.split_read(r0, bad=1, read=5)
+    resumed.split_read(r1, bad=1, read=3)
+    assert resumed.bad_totals() == (3 + 1, 14 + 2)  # f1 read 2 rows past its 4
+    resumed.split_ended(r0, rows=8)
+    resumed.split_ended(r1, rows=4)
+    assert resumed.bad_totals() == (4, 16)
 
 
 def test_a_split_that_ends_after_its_task_committed_changes_nothing() -> None:
@@ -158,25 +164,43 @@ def test_a_split_that_ends_after_its_task_committed_changes_nothing() -> None:
     progress = Progress()
     progress.task_listed(TASK, ["f0", "f1"])
     c0, c1 = progress.open_split(TASK, "f0"), progress.open_split(TASK, "f1")
+    progress.split_read(c0, bad=1, read=3)
     progress.record((c0 << 32) | arr(1, 2))
-    progress.split_ended(c0, rows=2, bad=1)
-    progress.split_ended(c1, rows=1, bad=0)
+    progress.split_ended(c0, rows=2)
+    progress.split_read(c1, bad=0, read=1)
+    progress.split_ended(c1, rows=1)
     resumed = Progress.from_json(json.loads(json.dumps(progress.to_json())))
     r0, r1 = resumed.open_split(TASK, "f0"), resumed.open_split(TASK, "f1")
-    resumed.split_ended(r1, rows=1, bad=0)
+    resumed.split_read(r0, bad=0, read=1)
+    resumed.split_read(r1, bad=0, read=1)
+    resumed.split_ended(r1, rows=1)
     resumed.record((r1 << 32) | arr(1))
     assert resumed.is_committed(TASK)
-    assert resumed.bad_totals([(r0, 1, 3)]) == (1, 4)  # f0's re-read adds nothing
-    resumed.split_ended(r0, rows=2, bad=1)  # no error, no change
+    resumed.split_read(r0, bad=1, read=2)  # no error, no change
+    resumed.split_ended(r0, rows=2)
     assert resumed.bad_totals() == (1, 4) and resumed.rows_trained == 3
 
 
-def test_a_snapshot_without_bad_row_totals_reads_its_good_rows_as_read() -> None:
+def test_a_split_listed_no_more_gives_its_figures_back() -> None:
+    # An uncommitted task whose files were recompacted lists new split names:
+    # their rows are read (and counted) again under those.
+    progress = Progress()
+    progress.task_listed(NEXT, ["old"])
+    progress.split_read(progress.open_split(NEXT, "old"), bad=2, read=6)
+    resumed = Progress.from_json(progress.to_json())
+    resumed.task_listed(NEXT, ["new"])
+    assert resumed.bad_totals() == (0, 0)
+
+
+def test_a_snapshot_without_bad_row_figures_reads_its_good_rows_as_read() -> None:
     progress = Progress()
     progress.task_listed(TASK, ["f0"])
-    progress.split_ended(progress.open_split(TASK, "f0"), rows=5, bad=1)
+    code = progress.open_split(TASK, "f0")
+    progress.split_read(code, bad=1, read=6)
+    progress.split_ended(code, rows=5)
     old = progress.to_json()
-    del old["bad_rows"], old["rows_read"], old["tasks"][0]["splits"]["f0"]["bad"]
+    del old["bad_rows"], old["rows_read"]
+    del old["tasks"][0]["splits"]["f0"]["bad"], old["tasks"][0]["splits"]["f0"]["read"]
     assert Progress.from_json(old).bad_totals() == (0, 5)
 
 
@@ -246,10 +270,65 @@ def test_a_resumed_run_judges_the_bad_row_ratio_on_the_jobs_totals(tmp_path: Pat
         first.progress.record(next(batches).row_ids)
     batches.close()
     saved = json.loads(json.dumps(first.progress.to_json()))
-    assert saved["watermark"] is not None and saved["bad_rows"] == 0
+    assert saved["watermark"] is not None and saved["bad_rows"] < 40
 
     resumed = Driver(job.data, tmp_path, batch_size=10, progress=Progress.from_json(saved))
     for batch in resumed.batches():  # 20% of this run's reads: no BadDataError
         resumed.progress.record(batch.row_ids)
     assert resumed.bad_rows.count == 40 and resumed.bad_rows.rows_read == 300
     assert resumed.bad_rows_this_run.ratio == 0.2
+
+
+def test_rows_read_ahead_of_a_checkpoint_count_for_the_resumed_runs_ratio(
+    tmp_path: Path,
+) -> None:
+    """Hour 0 is 4000 clean rows, hour 1 1000 rows with a bad one in 5; the job's
+    ratio is 200 / 5000, under 15%. Reading both hours at once, the first run
+    reaches hour 1's end with hour 0 a quarter read (200 of 1750: passed) and is
+    killed. The checkpoint keeps the half-read split's rows too, so the resumed
+    run judges 200 of 1750 and on, not 200 of 1000 (20%)."""
+    write_hours(tmp_path, 1, 4000)
+    write_hours(tmp_path, 1, 1000, bad_every=5, first_hour=1)
+    job = dataset_job(
+        tmp_path,
+        {"s": {"sources": [source(hours=2)]}},
+        dataset={
+            "shuffle": {"interleave_splits": 2, "buffer_rows": 0, "seed": 1},
+            "executor": {"block_size_bytes": 2000},
+        },
+        data={"max_bad_row_ratio": 0.15},
+    )
+    first = Driver(job.data, tmp_path, batch_size=50)
+    batches = first.batches()
+
+    def ended(hour: int) -> bool:
+        record = first.progress.tasks.get(Task(hour * 3600, 0, "s", "a", 0).id)
+        splits = None if record is None else record.splits
+        return splits is not None and all(s.rows is not None for s in splits.values())
+
+    for _ in batches:  # nothing trained: a crash before the first checkpoint's step
+        if ended(START_S // 3600 + 1):
+            break
+    batches.close()
+    assert not ended(START_S // 3600)
+    saved = json.loads(json.dumps(first.progress.to_json()))
+    assert saved["bad_rows"] == 200 and 1000 < saved["rows_read"] < 5000
+
+    resumed = Driver(job.data, tmp_path, batch_size=50, progress=Progress.from_json(saved))
+    for batch in resumed.batches():  # no BadDataError
+        resumed.progress.record(batch.row_ids)
+    assert (resumed.bad_rows.count, resumed.bad_rows.rows_read) == (200, 5000)
+    assert resumed.progress.rows_trained == 4800
+
+
+def test_a_resumed_runs_ratio_error_gives_both_counts_and_says_where_its_bad_rows_went() -> None:
+    from estuary.data.badrows import BadRowTracker
+    from estuary.data.errors import BadDataError
+
+    tracker = BadRowTracker(0.1, 5, totals=lambda: (300, 1500))  # the job's: 20%
+    tracker.add(1200, 0, [])  # this run read only clean rows
+    with pytest.raises(BadDataError) as info:
+        tracker.check_file_end("f.tsv")
+    message = str(info.value)
+    assert "300 of 1500 rows read (20.00%; this run read 0 of 1200)" in message
+    assert "No bad row was read in this run: the earlier runs of the job read them." in message

@@ -128,6 +128,7 @@ def test_every_panel_queries_metrics_a_running_trainer_exports(
         "estuary_table_evictions_total",
         "estuary_data_lag_seconds",
         "estuary_bad_rows_total",
+        "estuary_job_bad_rows",
         "estuary_train_restarts_total",
     }
 

@@ -112,6 +112,7 @@ def test_training_metrics_render_the_newest_sample_and_the_eval_once_known() -> 
                 tables={"C1": stats(100, 100), "C2": stats(7, 9)},
                 staleness_max=2,
                 bad_rows=5,
+                bad_rows_run=3,  # a resumed run: 2 read before its checkpoint
                 newest_event_s={"clicks": event_s},
                 queues={"sparse_updates": 1, "data_splits": 4},
                 restarts=2,
@@ -128,7 +129,8 @@ def test_training_metrics_render_the_newest_sample_and_the_eval_once_known() -> 
     assert page[("estuary_table_rows", (("table", "C1"),))] == 100
     assert page[("estuary_table_admissions_total", (("table", "C2"),))] == 9
     assert page[("estuary_table_hit_rate", (("table", "C2"),))] == 0.5
-    assert page[("estuary_bad_rows_total", ())] == 5
+    assert page[("estuary_bad_rows_total", ())] == 3  # this process's: from 0 at its start
+    assert page[("estuary_job_bad_rows", ())] == 5
     assert page[("estuary_train_restarts_total", ())] == 2
     assert page[("estuary_sparse_staleness_max", ())] == 2
     assert page[("estuary_queue_depth", (("queue", "data_splits"),))] == 4

@@ -259,7 +259,9 @@ def test_windowed_auc_reads_the_newest_rows_of_the_interval(tmp_path: Path) -> N
         last_logits=None, last_labels=None, times=SimpleNamespace(as_dict=dict)
     )
     updater = SimpleNamespace(submitted=0, landed=0, log=SimpleNamespace(max_behind=0))
-    feed = SimpleNamespace(bad_rows=lambda: 0, newest_event_s=dict, queue_depths=dict)
+    feed = SimpleNamespace(
+        bad_rows=lambda: 0, bad_rows_this_run=lambda: 0, newest_event_s=dict, queue_depths=dict
+    )
     observer = RunObserver(
         TrainingMetrics(port=None),
         engine,

@@ -16,8 +16,8 @@ checked
   seconds instead of after hours of parsing.
 
 A ``data.dataset`` run judges the job's totals, exactly once over restarts
-(``totals``, from ``Progress.bad_totals``), so a resumed run fails where the
-run it continues would have, no sooner and no later.
+(``totals``, from ``Progress.bad_totals``), as an uninterrupted run judges its
+own: a resume that starts in a bad hour is judged with the hours before it.
 """
 
 from __future__ import annotations
@@ -132,8 +132,13 @@ class BadRowTracker:
 
     def _error(self, when: str) -> BadDataError:
         report = BadRowReport(*self.judged(), list(self.examples))
+        if report.examples:
+            first = "First bad rows:\n  " + "\n  ".join(map(str, report.examples))
+        else:  # a resumed job: the runs before it read them
+            first = "No bad row was read in this run: the earlier runs of the job read them."
+        counted = "" if self.totals is None else f"; this run read {self.count} of {self.rows_read}"
         return BadDataError(
             f"too many bad rows: {report.count} of {report.rows_read} rows read "
-            f"({report.ratio:.2%}) exceed data.max_bad_row_ratio={self.max_ratio:g} "
-            f"(checked {when}). First bad rows:\n  " + "\n  ".join(map(str, report.examples))
+            f"({report.ratio:.2%}{counted}) exceed "
+            f"data.max_bad_row_ratio={self.max_ratio:g} (checked {when}). {first}"
         )

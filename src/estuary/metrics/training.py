@@ -55,7 +55,10 @@ class RunSample:
     Args:
         tables: table name -> its stats.
         staleness_max: most sparse updates in flight at any lookup so far.
-        bad_rows: malformed input rows skipped so far.
+        bad_rows: malformed input rows skipped so far: the job's, each once
+            over restarts.
+        bad_rows_run: the ones this process's reads skipped (re-read splits
+            again); ``None``: ``bad_rows``.
         newest_event_s: stream -> event time (s since 1970) of the newest trained
             row, to its window's start (``data.dataset`` runs; empty otherwise).
         queues: queue name -> items waiting (``sparse_updates``: steps submitted,
@@ -72,6 +75,7 @@ class RunSample:
     queues: Mapping[str, int] = field(default_factory=dict)
     restarts: int = 0
     auc_window: float = math.nan
+    bad_rows_run: int | None = None
 
 
 class TrainingMetrics:
@@ -342,7 +346,16 @@ class _SampleCollector(Collector):
                 family.add_metric([], value)
         yield auc
         yield from evaluation
-        bad = _family("estuary_bad_rows_total", "counter", "Malformed input rows skipped.")
+        bad = _family(
+            "estuary_bad_rows_total",
+            "counter",
+            "Malformed input rows this process's reads skipped (from 0 at each start).",
+        )
+        job_bad = _family(
+            "estuary_job_bad_rows",
+            "gauge",
+            "Malformed input rows of the job so far, each once over restarts.",
+        )
         restarts = _family(
             "estuary_train_restarts_total",
             "counter",
@@ -368,7 +381,9 @@ class _SampleCollector(Collector):
             (_family(name, kind, doc, ("table",)), attr) for name, kind, attr, doc in _TABLE_FIGURES
         ]
         if sample is not None:
-            bad.add_metric([], sample.bad_rows)
+            run_bad = sample.bad_rows if sample.bad_rows_run is None else sample.bad_rows_run
+            bad.add_metric([], run_bad)
+            job_bad.add_metric([], sample.bad_rows)
             restarts.add_metric([], sample.restarts)
             now_s = time.time()
             for stream, event_s in sample.newest_event_s.items():
@@ -379,7 +394,7 @@ class _SampleCollector(Collector):
             for table, stats in sample.tables.items():
                 for family, attr in tables:
                     family.add_metric([table], getattr(stats, attr))
-        yield from (bad, restarts, newest, lag, queues)
+        yield from (bad, job_bad, restarts, newest, lag, queues)
         yield from (family for family, _ in tables)
 
 

@@ -131,6 +131,11 @@ class Feed(Protocol):
         restarts (a graph feed resumes from its checkpoint's count)."""
         ...
 
+    def bad_rows_this_run(self) -> int:
+        """The ones this process's reads skipped (a graph feed: re-read splits
+        again, committed ones not)."""
+        ...
+
     def eval_batches(self, batch_size: int) -> Iterator[Batch] | None:
         """The eval batches (``None``: the job has no eval set)."""
         ...
@@ -246,6 +251,9 @@ class EpochFeed:
 
     def bad_rows(self) -> int:
         return self.dataset.bad_rows.count
+
+    def bad_rows_this_run(self) -> int:
+        return self.dataset.bad_rows.count  # every run parses the files whole
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch] | None:
         if not self.eval_part.num_rows:
@@ -418,6 +426,9 @@ class GraphFeed:
 
     def bad_rows(self) -> int:
         return self.driver.bad_rows.count if self.driver is not None else 0
+
+    def bad_rows_this_run(self) -> int:
+        return self.driver.bad_rows_this_run.count if self.driver is not None else 0
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch] | None:
         spec = self.job.data.dataset

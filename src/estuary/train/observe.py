@@ -158,6 +158,7 @@ class RunObserver(Callback):
             tables=stats,
             staleness_max=self.updater.log.max_behind,
             bad_rows=self.feed.bad_rows(),
+            bad_rows_run=self.feed.bad_rows_this_run(),
             newest_event_s=newest,
             queues=queues,
             restarts=self._restarts,

@@ -196,14 +196,13 @@ class Driver:
         re-read split once, ``Progress.bad_totals``), and this run's first
         examples. (``bad_rows_this_run``: what this run's reads saw.)"""
         if self._sink is None:
-            bad, read = self.progress.bad_totals()
-            return BadRowReport(bad, read)
+            return BadRowReport(*self.progress.bad_totals())
         return self._sink.job_bad_rows()
 
     @property
     def bad_rows_this_run(self) -> BadRowReport:
         """Bad rows this run's reads saw (re-read splits again, committed tasks
-        not): what ``data.max_bad_row_ratio`` is checked on."""
+        not). ``data.max_bad_row_ratio`` is checked on the job's (``bad_rows``)."""
         return self._sink.tracker.report() if self._sink is not None else BadRowReport()
 
     def summary(self) -> dict[str, Any]:

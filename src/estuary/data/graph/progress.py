@@ -17,7 +17,7 @@ JSON layout (``version`` 1)::
      "tasks": [{"task": [start_s, rank, stream, source, end_s], "committed": false,
                 "skipped": false,
                 "splits": {"logs/20260101/13/part-0.tsv": {"rows": 5000 | null,
-                                                           "bad": 1,
+                                                           "bad": 1, "read": 5001,
                                                            "trained": [[1, 2001], ...]}}}],
      "streams": {"live/clicks": {"offset": "1700000000000-3", "next_start_s": 1700000060}}}
 
@@ -30,17 +30,17 @@ cannot need, so a resumed run reads their events again (``joiner.py``).
 
 ``trained`` ranges are ``[first, stop)`` row numbers (rows a mixed buffer
 dropped are in them too: consumed, counted in ``rows_dropped``); ``rows`` (good rows of the
-split) is known once the split was read to its end, and so is ``bad`` (its bad
-rows). A task is committed when every split is listed, read to its end and fully
-trained.
+split) is known once the split was read to its end. A task is committed when
+every split is listed, read to its end and fully trained.
 
-Bad rows, exactly once over restarts: ``bad_rows`` / ``rows_read`` (good + bad)
-are the totals of every split read to its end, in this run or an earlier one
-(kept when old tasks are forgotten). A split read again after a resume (its task
-was not committed) replaces its earlier counts instead of adding to them, and
-a split being read adds only what it has seen beyond them (``bad_totals``): a
-resumed run re-parses a split whole, so a re-read split's bad rows are not
-counted twice and a committed task's are not lost.
+Bad rows, exactly once over restarts: ``bad`` and ``read`` (good + bad rows) are
+how far each split has been read, its end or not (``split_read`` after each
+block), and ``bad_rows`` / ``rows_read`` their totals over every split, kept
+when old tasks are forgotten. A resumed run re-parses a split from its start, so
+a split read again counts only what goes past its saved figures, and its end
+sets them to its whole counts: no bad row is counted twice, none a checkpoint
+held is lost, the totals never go down, and the ratio check sees the rows a
+killed run had read ahead of its checkpoint as that run did.
 
 Row ids handed to the trainer: ``(split code << 32) | row number`` (int64),
 codes assigned here as splits open (``row_identity`` decodes one).
@@ -122,7 +122,8 @@ class SplitRecord:
 
     rows: int | None = None
     trained: Ranges = _EMPTY
-    bad: int = 0
+    bad: int = 0  # bad rows read so far (all of them once ``rows`` is known)
+    read: int = 0  # rows read so far, good + bad
 
     @property
     def trained_rows(self) -> int:
@@ -156,6 +157,8 @@ class RowIdentity:
 class _Code:
     task_id: str
     split: str
+    bad: int = 0  # this run's read of the split so far
+    read: int = 0
 
 
 class Progress:
@@ -173,7 +176,7 @@ class Progress:
         self.rows_trained = 0
         self.rows_dropped = 0  # consumed but not trained (a mixed buffer sampled them out)
         self.duplicate_rows = 0
-        # every split read to its end: bad rows, and rows read (good + bad)
+        # bad rows and rows read (good + bad) over every split, exactly once
         self.bad_rows = 0
         self.rows_read = 0
         self.tasks: dict[str, TaskRecord] = {}  # plan order (resumed ones first)
@@ -244,6 +247,10 @@ class Progress:
             record.skipped = skipped
             old = record.splits or {}
             record.splits = {name: old.get(name, SplitRecord()) for name in splits}
+            for name, gone in old.items():  # renamed (e.g. files recompacted):
+                if name not in record.splits:  # read again under the new names
+                    self.bad_rows -= gone.bad
+                    self.rows_read -= gone.read
             if task.id not in self._order:
                 self._order.append(task.id)
             self._settle(record)
@@ -258,53 +265,50 @@ class Progress:
             self._codes[code] = _Code(task.id, split)
             return code
 
-    def split_ended(self, code: int, rows: int, bad: int = 0) -> None:
-        """The split was read to its end: it has ``rows`` good rows and ``bad``
-        bad ones. A split read to its end before (in the run a checkpoint came
-        from) has its counts replaced, not added to. A resumed run re-reads
-        every split of an uncommitted task, complete ones too (their rows are
-        all skipped); when the task commits while such a split is still being
-        read, its end changes nothing."""
+    def split_read(self, code: int, bad: int, read: int) -> None:
+        """A block of the split was read: ``read`` rows (good, trained ones
+        skipped included, + bad), ``bad`` of them bad. The split's figures grow
+        only past what they held (a resumed run reads the split again from its
+        start); nothing changes once its task committed."""
         with self._lock:
             entry = self._codes.get(code)
-            if entry is None:  # its task committed meanwhile: re-read, counts stand
+            if entry is None:
                 return
-            record = self.tasks[entry.task_id]
-            assert record.splits is not None
-            split = record.splits[entry.split]
-            if split.rows is not None:  # read again after a resume: replace
-                self.bad_rows -= split.bad
-                self.rows_read -= split.rows + split.bad
-            split.rows, split.bad = rows, bad
-            self.bad_rows += bad
-            self.rows_read += rows + bad
-            self._settle(record)
+            entry.bad += bad
+            entry.read += read
+            split = self._record_of(entry)
+            if entry.bad > split.bad:
+                self.bad_rows += entry.bad - split.bad
+                split.bad = entry.bad
+            if entry.read > split.read:
+                self.rows_read += entry.read - split.read
+                split.read = entry.read
 
-    def bad_totals(self, reading: Iterable[tuple[int, int, int]] = ()) -> tuple[int, int]:
-        """The job's ``(bad rows, rows read)`` so far, exactly once over restarts:
-        the splits read to their end plus ``reading``, ``(code, bad, read)`` of
-        each split being read (its running counts). A split being read again
-        adds only what goes beyond its earlier counts, so the totals never go
-        down and never count a row twice."""
+    def split_ended(self, code: int, rows: int) -> None:
+        """The split was read to its end: it has ``rows`` good rows, and the bad
+        rows ``split_read`` counted in this run's read. A resumed run re-reads
+        every split of an uncommitted task, complete ones too (their rows all
+        skipped); when the task commits while such a split is still being read,
+        its end changes nothing."""
         with self._lock:
-            bad, read = self.bad_rows, self.rows_read
-            for code, bad_now, read_now in reading:
-                split = self._split_of(code)
-                if split is None:  # its task committed: its counts are in already
-                    continue
-                if split.rows is None:
-                    bad, read = bad + bad_now, read + read_now
-                else:  # read to its end before the resume
-                    bad += max(0, bad_now - split.bad)
-                    read += max(0, read_now - split.rows - split.bad)
-            return bad, read
+            entry = self._codes.get(code)
+            if entry is None:  # its task committed meanwhile: its figures stand
+                return
+            split = self._record_of(entry)
+            split.rows = rows
+            # the whole split's figures (a re-read of the same data: the ones held)
+            self.bad_rows += entry.bad - split.bad
+            self.rows_read += rows + entry.bad - split.read
+            split.bad, split.read = entry.bad, rows + entry.bad
+            self._settle(self.tasks[entry.task_id])
 
-    def _split_of(self, code: int) -> SplitRecord | None:
-        """The record of an open split's ``code`` (lock held; ``None`` once its
-        task committed)."""
-        entry = self._codes.get(code)
-        if entry is None:
-            return None
+    def bad_totals(self) -> tuple[int, int]:
+        """The job's ``(bad rows, rows read)`` so far, each row once over restarts."""
+        with self._lock:
+            return self.bad_rows, self.rows_read
+
+    def _record_of(self, entry: _Code) -> SplitRecord:
+        """An open split's record (lock held)."""
         splits = self.tasks[entry.task_id].splits
         assert splits is not None, "a split opens after its task is listed"
         return splits[entry.split]
@@ -430,6 +434,7 @@ class Progress:
                         name: {
                             "rows": s.rows,
                             "bad": s.bad,
+                            "read": s.read,
                             "trained": [[int(a), int(b)] for a, b in zip(*s.trained, strict=True)],
                         }
                         for name, s in record.splits.items()
@@ -490,20 +495,17 @@ class Progress:
                         rows=s["rows"],
                         trained=_ranges_from(s["trained"]),
                         bad=int(s.get("bad", 0)),
+                        read=int(s.get("read", s["rows"] or 0)),
                     )
                     for name, s in item["splits"].items()
                 }
             progress.tasks[task.id] = record
-        progress.bad_rows = int(data.get("bad_rows", 0))
         if "rows_read" in data:
+            progress.bad_rows = int(data["bad_rows"])
             progress.rows_read = int(data["rows_read"])
-        else:  # a snapshot from before bad-row totals: the ended splits' good rows
-            progress.rows_read = sum(
-                s.rows
-                for r in progress.tasks.values()
-                for s in (r.splits or {}).values()
-                if s.rows is not None
-            )
+        else:  # a snapshot from before bad-row figures: the ended splits' good rows
+            splits = [s for r in progress.tasks.values() for s in (r.splits or {}).values()]
+            progress.rows_read = sum(s.read for s in splits)
         return progress
 
 

@@ -83,8 +83,6 @@ class _Open:
     split: Split
     blocks: queue.Queue[object]
     code: int
-    bad: int = 0  # bad rows so far
-    read: int = 0  # rows read so far, good (trained ones skipped included) + bad
 
 
 class _Drained(Exception):
@@ -130,7 +128,7 @@ class BatchSink:
         self.order = list(decoder.features)  # model order of every sparse feature
         self.num_dense = len(decoder.dense)
         self.tracker = BadRowTracker(
-            data.max_bad_row_ratio, data.report_bad_rows, totals=self._job_totals
+            data.max_bad_row_ratio, data.report_bad_rows, totals=progress.bad_totals
         )
         self.batch_size = batch_size
         self.interleave = interleave
@@ -140,8 +138,6 @@ class BatchSink:
         )
         self.stop = stop
         self._listed: set[str] = set()
-        self._open: list[_Open] = []  # being read; guarded by _counts for job_bad_rows
-        self._counts = threading.Lock()
 
     def batches(self) -> Iterator[Batch]:
         for batch in self._steps():
@@ -156,18 +152,12 @@ class BatchSink:
             return  # unrecorded in the progress, so a resume reads them again
 
     def job_bad_rows(self) -> BadRowReport:
-        """The job's bad rows so far, exactly once over restarts (``Progress.bad_totals``:
-        the splits read to their end, in this run or before the checkpoint it
-        resumed from, plus the ones being read); the examples are this run's."""
-        return BadRowReport(*self._job_totals(), list(self.tracker.examples))
-
-    def _job_totals(self) -> tuple[int, int]:
-        with self._counts:
-            reading = [(o.code, o.bad, o.read) for o in self._open]
-            return self.progress.bad_totals(reading)
+        """The job's bad rows so far, each once over restarts
+        (``Progress.bad_totals``); the examples are this run's."""
+        return BadRowReport(*self.progress.bad_totals(), list(self.tracker.examples))
 
     def _loop(self) -> Iterator[Any]:
-        open_splits = self._open
+        open_splits: list[_Open] = []
         finished = False
         while True:
             while len(open_splits) < self.interleave and not finished:
@@ -180,16 +170,13 @@ class BatchSink:
             if isinstance(item, SinkFailure):
                 raise item.error
             if isinstance(item, SplitEnd):
-                with self._counts:  # ended and no longer open, at once
-                    self.progress.split_ended(current.code, item.rows, current.bad)
-                    open_splits.pop(i)
+                self.progress.split_ended(current.code, item.rows)
                 self.tracker.check_file_end(current.split.name)
+                open_splits.pop(i)
                 continue
             block: Any = item  # a Block (or a RemoteBlock: ``RoutedSink``)
             read = block.rows_read + block.skipped_rows
-            with self._counts:
-                current.bad += block.bad_count
-                current.read += read
+            self.progress.split_read(current.code, block.bad_count, read)
             self.tracker.add(read, block.bad_count, block.bad_examples)
             self.tracker.check_early(current.split.name)
             if block.num_rows:
@@ -240,8 +227,7 @@ class BatchSink:
             self._listed.add(task.id)
             self.progress.task_listed(task, item.names)
         code = self.progress.open_split(task, item.split.name)
-        with self._counts:
-            open_splits.append(_Open(item.split, item.blocks, code))
+        open_splits.append(_Open(item.split, item.blocks, code))
         return False
 
     def _get(self, q: queue.Queue[object]) -> object:
