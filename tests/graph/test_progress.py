@@ -202,6 +202,14 @@ def test_a_snapshot_without_bad_row_figures_reads_its_good_rows_as_read() -> Non
     del old["bad_rows"], old["rows_read"]
     del old["tasks"][0]["splits"]["f0"]["bad"], old["tasks"][0]["splits"]["f0"]["read"]
     assert Progress.from_json(old).bad_totals() == (0, 5)
+    # One with ended splits' bad rows and totals, but no "read" per split: a
+    # re-read adds nothing (its read was rows + bad).
+    partial = progress.to_json()
+    del partial["tasks"][0]["splits"]["f0"]["read"]
+    again = Progress.from_json(partial)
+    code = again.open_split(TASK, "f0")
+    again.split_read(code, bad=1, read=6)
+    assert again.bad_totals() == (1, 6)
 
 
 def test_a_resumed_driver_counts_every_bad_row_once(tmp_path: Path) -> None:
@@ -332,3 +340,20 @@ def test_a_resumed_runs_ratio_error_gives_both_counts_and_says_where_its_bad_row
     message = str(info.value)
     assert "300 of 1500 rows read (20.00%; this run read 0 of 1200)" in message
     assert "No bad row was read in this run: the earlier runs of the job read them." in message
+
+
+def test_a_ratio_error_says_no_bad_row_was_read_only_when_none_was() -> None:
+    from estuary.data.badrows import BadRow, BadRowTracker
+    from estuary.data.errors import BadDataError
+
+    def message(tracker: BadRowTracker) -> str:
+        with pytest.raises(BadDataError) as info:
+            tracker.check_file_end("f.tsv")
+        return str(info.value)
+
+    quiet = BadRowTracker(0.1, 0, totals=lambda: (50, 100))  # data.report_bad_rows: 0
+    quiet.add(100, 50, [BadRow("f.tsv", 1, "field label: '7' is not 0 or 1")])
+    assert message(quiet).endswith("(checked at the end of f.tsv).")
+    alone = BadRowTracker(0.1, 0)  # a data.sources read: no earlier runs
+    alone.add(100, 50, [])
+    assert "earlier runs" not in message(alone)

@@ -132,13 +132,15 @@ class BadRowTracker:
 
     def _error(self, when: str) -> BadDataError:
         report = BadRowReport(*self.judged(), list(self.examples))
-        if report.examples:
-            first = "First bad rows:\n  " + "\n  ".join(map(str, report.examples))
-        else:  # a resumed job: the runs before it read them
-            first = "No bad row was read in this run: the earlier runs of the job read them."
+        if self.totals is not None and self.count == 0:  # a resumed job's earlier runs
+            first = " No bad row was read in this run: the earlier runs of the job read them."
+        elif report.examples:
+            first = " First bad rows:\n  " + "\n  ".join(map(str, report.examples))
+        else:  # data.report_bad_rows: 0
+            first = ""
         counted = "" if self.totals is None else f"; this run read {self.count} of {self.rows_read}"
         return BadDataError(
             f"too many bad rows: {report.count} of {report.rows_read} rows read "
             f"({report.ratio:.2%}{counted}) exceed "
-            f"data.max_bad_row_ratio={self.max_ratio:g} (checked {when}). {first}"
+            f"data.max_bad_row_ratio={self.max_ratio:g} (checked {when}).{first}"
         )

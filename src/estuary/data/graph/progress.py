@@ -39,7 +39,8 @@ block), and ``bad_rows`` / ``rows_read`` their totals over every split, kept
 when old tasks are forgotten. A resumed run re-parses a split from its start, so
 a split read again counts only what goes past its saved figures, and its end
 sets them to its whole counts: no bad row is counted twice, none a checkpoint
-held is lost, the totals never go down, and the ratio check sees the rows a
+held is lost, the totals go down only when a split is listed no more (its rows
+are then read again under new names), and the ratio check sees the rows a
 killed run had read ahead of its checkpoint as that run did.
 
 Row ids handed to the trainer: ``(split code << 32) | row number`` (int64),
@@ -495,7 +496,10 @@ class Progress:
                         rows=s["rows"],
                         trained=_ranges_from(s["trained"]),
                         bad=int(s.get("bad", 0)),
-                        read=int(s.get("read", s["rows"] or 0)),
+                        # without "read": an ended split was read whole
+                        read=int(
+                            s.get("read", 0 if s["rows"] is None else s["rows"] + s.get("bad", 0))
+                        ),
                     )
                     for name, s in item["splits"].items()
                 }
