@@ -118,8 +118,8 @@ def _count(ranges: Ranges) -> int:
 
 @dataclass
 class SplitRecord:
-    """One split's accounting: good and bad rows (once read to its end) and rows
-    trained."""
+    """One split's accounting: good rows (once read to its end), how far it was
+    read (bad rows, rows read), and rows trained."""
 
     rows: int | None = None
     trained: Ranges = _EMPTY
