@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from estuary.config import JobSpec
 from estuary.data.graph import Driver, Progress, Task
 from estuary.data.graph.progress import merge_ranges, ranges_contain, runs_of
 
@@ -86,20 +88,30 @@ def test_old_committed_tasks_are_summarised_by_the_watermark() -> None:
     assert progress.is_committed(Task(0, 0, "s", "a", 3600))  # below the watermark
 
 
-def test_a_resumed_driver_reads_only_untrained_rows(tmp_path: Path) -> None:
-    written = write_hours(tmp_path, 3, 50, files=2, bad_every=7)
-    shuffle = {"buffer_rows": 40, "interleave_splits": 2, "seed": 5}
-    job = dataset_job(
-        tmp_path,
+def three_hours_job(root: Path, buffer_rows: int) -> JobSpec:
+    """3 hours x 2 files x 50 rows, read 2 files at a time, small blocks."""
+    shuffle = {"buffer_rows": buffer_rows, "interleave_splits": 2, "seed": 5}
+    return dataset_job(
+        root,
         {"s": {"sources": [source(hours=3)]}},
         dataset={"shuffle": shuffle, "executor": {"block_size_bytes": 200}},
     )
-    first = Driver(job.data, tmp_path, batch_size=16)
-    batches = first.batches()
-    for _ in range(9):  # train 9 batches, then "crash"
-        first.progress.record(next(batches).row_ids)
+
+
+def train_then_crash(driver: Driver, steps: int) -> dict[str, Any]:
+    """Train ``steps`` batches of ``driver``, then stop reading: the data
+    progress a checkpoint of that step holds (as JSON)."""
+    batches = driver.batches()
+    for _ in range(steps):
+        driver.progress.record(next(batches).row_ids)
     batches.close()
-    saved = json.loads(json.dumps(first.progress.to_json()))
+    return json.loads(json.dumps(driver.progress.to_json()))
+
+
+def test_a_resumed_driver_reads_only_untrained_rows(tmp_path: Path) -> None:
+    written = write_hours(tmp_path, 3, 50, files=2, bad_every=7)
+    job = three_hours_job(tmp_path, buffer_rows=40)
+    saved = train_then_crash(Driver(job.data, tmp_path, batch_size=16), 9)
     assert 0 < saved["rows_trained"] == 9 * 16
 
     resumed = Driver(job.data, tmp_path, batch_size=16, progress=Progress.from_json(saved))
@@ -218,18 +230,9 @@ def test_a_resumed_driver_counts_every_bad_row_once(tmp_path: Path) -> None:
     first run had read to their end, and leaves out the committed ones; its
     count never goes down and never passes the truth."""
     written = write_hours(tmp_path, 3, 50, files=2, bad_every=7)
-    shuffle = {"buffer_rows": 10, "interleave_splits": 2, "seed": 5}
-    job = dataset_job(
-        tmp_path,
-        {"s": {"sources": [source(hours=3)]}},
-        dataset={"shuffle": shuffle, "executor": {"block_size_bytes": 200}},
-    )
-    first = Driver(job.data, tmp_path, batch_size=16)
-    batches = first.batches()
-    for _ in range(13):  # hour 0 committed; splits of hours 1 and 2 read to their end
-        first.progress.record(next(batches).row_ids)
-    batches.close()
-    saved = json.loads(json.dumps(first.progress.to_json()))
+    job = three_hours_job(tmp_path, buffer_rows=10)
+    # 13 steps: hour 0 committed; splits of hours 1 and 2 read to their end
+    saved = train_then_crash(Driver(job.data, tmp_path, batch_size=16), 13)
     before = Progress.from_json(saved)
     ended_uncommitted = [
         s
@@ -273,11 +276,7 @@ def test_a_resumed_run_judges_the_bad_row_ratio_on_the_jobs_totals(tmp_path: Pat
     assert whole.bad_rows.count == later.bad_rows == 40
 
     first = Driver(job.data, tmp_path, batch_size=10, shuffle=False)
-    batches = first.batches()
-    for _ in range(written.rows // 10 + 1):  # hour 0 (its end seen), then "crash"
-        first.progress.record(next(batches).row_ids)
-    batches.close()
-    saved = json.loads(json.dumps(first.progress.to_json()))
+    saved = train_then_crash(first, written.rows // 10 + 1)  # hour 0, its end seen
     assert saved["watermark"] is not None and saved["bad_rows"] < 40
 
     resumed = Driver(job.data, tmp_path, batch_size=10, progress=Progress.from_json(saved))
