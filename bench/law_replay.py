@@ -11,12 +11,15 @@ bisection of the law on ``allreduce_s_per_step``; "none" when the config
 measured faster than the law even with no all-reduce). A diagnosis of where
 the validation error comes from (docs/deploy.md, "An eighth run, and the
 errors' signs"); it measures nothing. Costs saved before ``chain_utilisation``
-existed (costs version 4) take ``--chain-utilisation``.
+existed (costs version 4) take ``--chain-utilisation``. A paired run (one
+calibration per round, bench/simulate.py's default since 2026-12-03) is
+replayed as it was validated: each round from its own calibration.
 
 ``--pool-multi`` replays every run with the figures timed in the multi-process
 layout (``MULTI_PROCESS``: the PS and RPC requests' and the all-reduce's) at
-their median over all the given runs' calibrations, the other figures each
-run's own: how much of the error one calibration's reading of them makes.
+their median over all the given runs' calibrations (every round's of a paired
+run), the other figures each run's own: how much of the error one
+calibration's reading of them makes.
 """
 
 from __future__ import annotations
@@ -47,14 +50,25 @@ MULTI_PROCESS = (
 )
 
 
-def load_run(path: Path, chain: float) -> tuple[Costs, dict[str, Any]]:
+def load_run(path: Path, chain: float) -> tuple[Costs, list[Costs] | None]:
     """A bench/simulate.py JSON's costs (a version-4 file's ``chain_utilisation``
-    is ``chain``) and the whole file."""
+    is ``chain``), and a paired run's per-round calibrations (None otherwise)."""
     run = json.loads(path.read_text())
-    raw = dict(run["costs"])
-    raw.setdefault("chain_utilisation", chain)
-    raw["version"] = COSTS_VERSION
-    return Costs.from_dict(raw, source=str(path)), run
+
+    def costs_of(raw: dict[str, Any]) -> Costs:
+        raw = dict(raw)
+        raw.setdefault("chain_utilisation", chain)
+        raw["version"] = COSTS_VERSION
+        return Costs.from_dict(raw, source=str(path))
+
+    paired = [costs_of(c) for c in run.get("calibrations", [])]
+    return costs_of(run["costs"]), paired or None
+
+
+def calibrations(path: Path, chain: float) -> list[Costs]:
+    """Every calibration of a run: one, or a paired run's one per round."""
+    costs, paired = load_run(path, chain)
+    return paired or [costs]
 
 
 def pooled_multi(costs: list[Costs]) -> dict[str, float]:
@@ -62,17 +76,30 @@ def pooled_multi(costs: list[Costs]) -> dict[str, float]:
     return {name: statistics.median(getattr(c, name) for c in costs) for name in MULTI_PROCESS}
 
 
-def predicted(costs: Costs, cfg: dict[str, Any]) -> float:
+def with_figures(
+    costs: Costs, paired: list[Costs] | None, **figures: float
+) -> tuple[Costs, list[Costs] | None]:
+    """``costs`` and every round's calibration with ``figures`` in place of theirs."""
+    return replace(costs, **figures), (
+        None if paired is None else [replace(c, **figures) for c in paired]
+    )
+
+
+def predicted(costs: Costs, cfg: dict[str, Any], paired: list[Costs] | None = None) -> float:
     """The law's rows/s of one real config, as bench/simulate.py's validation has it."""
-    return float(validate(costs, [cfg])[0]["predicted_rows_per_s"])
+    return float(validate(costs, [cfg], paired)[0]["predicted_rows_per_s"])
 
 
-def implied_allreduce(costs: Costs, cfg: dict[str, Any], hi: float = 0.05) -> float | None:
-    """The ``allreduce_s_per_step`` at which the law meets the measured rows/s."""
+def implied_allreduce(
+    costs: Costs, cfg: dict[str, Any], paired: list[Costs] | None = None, hi: float = 0.05
+) -> float | None:
+    """The ``allreduce_s_per_step`` at which the law meets the measured rows/s (in
+    every round's calibration of a paired run)."""
     measured = cfg["rows_per_s"]
 
     def over(ar: float) -> bool:
-        return predicted(replace(costs, allreduce_s_per_step=ar), cfg) > measured
+        c, p = with_figures(costs, paired, allreduce_s_per_step=ar)
+        return predicted(c, cfg, p) > measured
 
     lo = 0.0
     if not over(lo):
@@ -86,13 +113,14 @@ def implied_allreduce(costs: Costs, cfg: dict[str, Any], hi: float = 0.05) -> fl
 
 
 def replay(path: Path, chain: float, multi: dict[str, float] | None = None) -> dict[str, Any]:
-    """The run at ``path`` re-predicted (``multi``: those figures instead of its own)."""
-    costs, _ = load_run(path, chain)
+    """The run at ``path`` re-predicted (``multi``: those figures instead of its own);
+    a paired run's rounds each from their own calibration, as it was validated."""
+    costs, paired = load_run(path, chain)
     if multi is not None:
-        costs = replace(costs, **multi)
+        costs, paired = with_figures(costs, paired, **multi)
     real = pool([read_real(path)])  # its rounds, as bench/simulate.py --real reads them
     configs = []
-    for cfg, v in zip(real, validate(costs, real), strict=True):
+    for cfg, v in zip(real, validate(costs, real, paired), strict=True):
         measured, pred = v["measured_rows_per_s"], v["predicted_rows_per_s"]
         configs.append(
             {
@@ -101,7 +129,7 @@ def replay(path: Path, chain: float, multi: dict[str, float] | None = None) -> d
                 "predicted": pred,
                 "signed_error": (pred - measured) / measured,
                 "implied_allreduce_s": (
-                    implied_allreduce(costs, cfg) if cfg["trainers"] > 1 else None
+                    implied_allreduce(costs, cfg, paired) if cfg["trainers"] > 1 else None
                 ),
             }
         )
@@ -133,7 +161,8 @@ def main() -> None:
     args = ap.parse_args()
     multi = None
     if args.pool_multi:
-        multi = pooled_multi([load_run(p, args.chain_utilisation)[0] for p in args.runs])
+        every = [c for p in args.runs for c in calibrations(p, args.chain_utilisation)]
+        multi = pooled_multi(every)
     out = [replay(path, args.chain_utilisation, multi) for path in args.runs]
     for r in out:
         print(

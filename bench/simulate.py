@@ -1,8 +1,8 @@
 """Benchmark: a calibrated cluster simulator, validated on real runs, then a 100-node trace.
 
     python bench/simulate.py [--json PATH] [--costs PATH] [--real PATH...] [--repeats 3]
-                             [--epochs 6] [--jobs 200] [--nodes 100] [--seed 0]
-                             [--mean-gap-s 120]
+                             [--calibrate-once] [--epochs 6] [--jobs 200] [--nodes 100]
+                             [--seed 0] [--mean-gap-s 120]
 
 1. Calibration (``estuary.plan.calibration``): per-component costs of the real
    code on this machine with examples/criteo.yaml at batch 1024 (parse, hash,
@@ -11,18 +11,26 @@
    in their multi-process layout, and the work per CPU second of the dense step
    with every core computing at once against one process alone:
    ``parallel_efficiency``; and the share of the cores a sync request chain of
-   2 clients and 2 servers keeps busy: ``chain_utilisation``); ``--costs``
-   loads a saved calibration instead.
+   2 clients and 2 servers keeps busy: ``chain_utilisation``). By default
+   *paired*: one calibration at the start of each round, just before its real
+   runs, since this machine's speed drifts over minutes and a calibration holds
+   for its own; the trace and sizing below use each figure's median over them.
+   ``--calibrate-once`` calibrates once before every round (the design until
+   2026-12-03); ``--costs`` loads a saved calibration instead.
 2. Validation: real ``estuary train`` runs with W trainers and S PS shards
    (bench/simulate_real.py: 1x0, 2x1, 2x2, 3x1, i.e. 1-4 processes, one torch
    thread each, rows/s in the steady state after the first epoch (epochs 2-6
    by default: a 2-3 s window), median of
    ``--repeats`` interleaved rounds; ``--real`` reuses
-   saved runs, pooling the rounds of several). Each round's prediction is
-   ``model.predict_shared`` given the cores a probe found free around that run
+   saved runs, pooling the rounds of several, with ``--costs`` or one fresh
+   calibration). Each round's prediction is ``model.predict_shared`` from its
+   round's calibration, given the cores a probe found free around that run
    (the machine is shared);
    ``validation_error`` is the worst over configs of
-   ``|median predicted - median measured| / median measured``.
+   ``|median predicted - median measured| / median measured``. A paired run
+   also reports ``validation_error_by_calibration``: the error had each one
+   of its calibrations predicted every round (the calibrate-once design on the
+   same runs).
 3. Trace: ``--jobs`` jobs on ``--nodes`` nodes (32 cores, 256 GiB each; network
    100 us, 10 Gbit/s): Poisson arrivals, heavy-tailed sizes, user specs that
    over- and under-provision, node failures, stragglers, hot shards, growing
@@ -45,7 +53,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +74,24 @@ CLUSTER_LATENCY_S = 100e-6
 CLUSTER_BYTES_PER_S = 10e9 / 8
 
 
-def validate(costs: Costs, real: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Predicted vs measured rows/s of every real config."""
+def validate(
+    costs: Costs, real: list[dict[str, Any]], paired: list[Costs] | None = None
+) -> list[dict[str, Any]]:
+    """Predicted vs measured rows/s of every real config. With ``paired`` (one
+    calibration per round, made just before it), round ``i`` of every config is
+    predicted from ``paired[i]``; otherwise every round from ``costs``."""
     out = []
     for cfg in real:
         w, s = cfg["trainers"], cfg["ps_shards"]
         layout = Layout(w, s, 0, cfg["batch_rows"], trainer_cpus=1.0, ps_cpus=1.0, preloaded=True)
         predicted = [
-            predict_shared(costs, layout, cores_1=r["cores_1"], cores_n=r["cores_n"])
-            for r in cfg["rounds"]
+            predict_shared(
+                costs if paired is None else paired[i],
+                layout,
+                cores_1=r["cores_1"],
+                cores_n=r["cores_n"],
+            )
+            for i, r in enumerate(cfg["rounds"])
         ]
         pred = statistics.median(p.rows_per_s for p in predicted)
         out.append(
@@ -90,6 +107,8 @@ def validate(costs: Costs, real: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "predicted_rounds": [p.rows_per_s for p in predicted],
                 "cores_1": [r["cores_1"] for r in cfg["rounds"]],
                 "cores_n": [r["cores_n"] for r in cfg["rounds"]],
+                "loops_1": [r.get("loops_1") for r in cfg["rounds"]],
+                "loops_n": [r.get("loops_n") for r in cfg["rounds"]],
                 "steady_window_s": [r.get("steady_window_s") for r in cfg["rounds"]],
                 "bottlenecks": [p.bottleneck for p in predicted],
             }
@@ -129,6 +148,20 @@ def pool(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
+def median_costs(calibrations: list[Costs]) -> Costs:
+    """Every figure at its median over ``calibrations`` (the lower middle one for
+    counts); ``machine`` from the first, with how many were pooled."""
+    first = calibrations[0]
+    values: dict[str, Any] = {}
+    for f in fields(Costs):
+        if f.name in ("machine", "version"):
+            continue
+        column = [getattr(c, f.name) for c in calibrations]
+        is_count = isinstance(getattr(first, f.name), int)
+        values[f.name] = statistics.median_low(column) if is_count else statistics.median(column)
+    return replace(first, **values, machine={**first.machine, "calibrations": len(calibrations)})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path)
@@ -141,6 +174,12 @@ def main() -> None:
         help="saved real runs (bench/simulate_real.py or bench/simulate.py JSON); "
         "several are pooled: every round of a config counts, the median over all",
     )
+    ap.add_argument(
+        "--calibrate-once",
+        action="store_true",
+        help="one calibration before every round's real runs (default: one per round, "
+        "just before it)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=simulate_real.EPOCHS)
     ap.add_argument("--jobs", type=int, default=200)
@@ -150,19 +189,33 @@ def main() -> None:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    if args.costs:
-        costs = load_costs(args.costs)
+    job = load_job(simulate_real.JOB, [f"train.batch_size={simulate_real.BATCH_ROWS}"])
+    configs = simulate_real.parse_configs("1x0,2x1,2x2,3x1")
+    paired: list[Costs] | None = None
+    speeds: list[float] = []  # the probe's loops per CPU second around each calibration
+    if args.costs or args.real or args.calibrate_once:
+        costs = load_costs(args.costs) if args.costs else calibrate(job)
+        real = (
+            pool([read_real(p) for p in args.real])
+            if args.real
+            else simulate_real.measure(configs, args.repeats, args.epochs)
+        )
     else:
-        job = load_job(simulate_real.JOB, [f"train.batch_size={simulate_real.BATCH_ROWS}"])
-        costs = calibrate(job)
+        # Each round's calibration just before its real runs: the machine's speed
+        # drifts over minutes, and what a calibration reads holds for its minutes.
+        paired = []
+
+        def calibrate_round(r: int) -> None:
+            print(f"round {r}: calibrating", flush=True)
+            before = simulate_real.probe(1)[1]
+            paired.append(calibrate(job))
+            speeds.append((before + simulate_real.probe(1)[1]) / 2)
+
+        real = simulate_real.measure(configs, args.repeats, args.epochs, calibrate_round)
+        costs = median_costs(paired)
     if args.save_costs:
         save_costs(costs, args.save_costs)
-    if args.real:
-        real = pool([read_real(p) for p in args.real])
-    else:
-        configs = simulate_real.parse_configs("1x0,2x1,2x2,3x1")
-        real = simulate_real.measure(configs, args.repeats, args.epochs)
-    validation = validate(costs, real)
+    validation = validate(costs, real, paired)
     print(f"{'config':>6} {'measured':>10} {'predicted':>10} {'error':>6}")
     for v in validation:
         print(
@@ -231,6 +284,14 @@ def main() -> None:
         "costs": costs.to_dict(),
         "validation_error": max(v["relative_error"] for v in validation),
         "validation": validation,
+        "calibration": "paired" if paired else "once",
+        # Paired runs only: each round's calibration, and the error had that one
+        # calibration predicted every round (the calibrate-once design, same runs).
+        "calibrations": [c.to_dict() for c in paired or []],
+        "calibration_loops_1": speeds,
+        "validation_error_by_calibration": [
+            max(v["relative_error"] for v in validate(c, real)) for c in paired or []
+        ],
         "policies": summaries,
         "ratios": ratios,
         "estuary_reversed_actions": results["estuary"].reversed_actions,

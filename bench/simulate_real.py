@@ -20,7 +20,11 @@ the load average and the steady window's seconds (``steady_window_s``).
 Around each run a probe measures the CPU the machine has free (busy loops for
 1 s, before and after; their mean): ``cores_1`` for one process, ``cores_n`` for
 as many as the run has. The simulator is given those cores, since on a shared
-machine they, not the nominal 2, are what the run had.
+machine they, not the nominal 2, are what the run had. The same loops count
+their iterations per CPU second (``loops_1``, ``loops_n``): how fast a core of
+this guest runs, which moves by up to 1.5x within minutes with no steal time
+shown. Recorded beside each run (and each calibration, in bench/simulate.py),
+not used by the prediction (docs/deploy.md, "Paired calibration").
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,26 +51,31 @@ EPOCHS = 6
 
 _PROBE = (
     "import time\n"
-    "t0, c0 = time.perf_counter(), time.process_time()\n"
-    "while time.perf_counter() - t0 < {s}: pass\n"
-    "print(time.process_time() - c0)\n"
+    "t0, c0, n = time.perf_counter(), time.process_time(), 0\n"
+    "while time.perf_counter() - t0 < {s}: n += 1\n"
+    "print(time.process_time() - c0, n)\n"
 )
 
 
-def probe_cores(processes: int, seconds: float = 1.0) -> float:
-    """Cores ``processes`` busy processes get right now: their CPU seconds over
-    ``seconds`` of wall time (2.0 on an idle 2-core machine with 2 or more)."""
+def probe(processes: int, seconds: float = 1.0) -> tuple[float, float]:
+    """Cores ``processes`` busy processes get right now, their CPU seconds over
+    ``seconds`` of wall time (2.0 on an idle 2-core machine with 2 or more), and
+    how fast a core runs: the loop's iterations per CPU second, mean over them
+    (the guest's speed, which moves with the host's other tenants though no
+    steal time shows)."""
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _PROBE.format(s=seconds)], stdout=subprocess.PIPE, text=True
         )
         for _ in range(processes)
     ]
-    cpu = 0.0
+    cpu, rates = 0.0, []
     for p in procs:
         out, _ = p.communicate()  # Blocking wait: each probe runs `seconds`
-        cpu += float(out.strip())
-    return cpu / seconds
+        used, loops = out.split()
+        cpu += float(used)
+        rates.append(int(loops) / max(float(used), 1e-9))
+    return cpu / seconds, statistics.mean(rates)
 
 
 def steady_samples(timeseries: Path, rows_per_epoch: int) -> list[tuple[float, int]]:
@@ -124,7 +134,7 @@ def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
     a probe got just before and just after it (``cores_1``: one process;
     ``cores_n``: as many processes as the run has)."""
     processes = trainers + shards
-    before_1, before_n = probe_cores(1), probe_cores(processes)
+    (before_1, speed_1), (before_n, speed_n) = probe(1), probe(processes)
     with tempfile.TemporaryDirectory(prefix="estuary-sim-") as out:
         cmd = train_command(trainers, shards, epochs, out)
         load = os.getloadavg()[0]
@@ -132,7 +142,7 @@ def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
         summary = json.loads((Path(out) / "summary.json").read_text())
         per_epoch = int(summary["train_rows"]) // max(epochs, 1)
         steady = steady_window(Path(out) / "timeseries.jsonl", per_epoch)
-    after_1, after_n = probe_cores(1), probe_cores(processes)
+    (after_1, speed_2), (after_n, speed_m) = probe(1), probe(processes)
     return {
         "rows_per_s": summary["samples_per_s"] if steady is None else steady[0],
         "steady_window_s": None if steady is None else steady[1],
@@ -140,15 +150,26 @@ def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
         "load_avg_1m": load,
         "cores_1": (before_1 + after_1) / 2,
         "cores_n": (before_n + after_n) / 2,
+        "loops_1": (speed_1 + speed_2) / 2,
+        "loops_n": (speed_n + speed_m) / 2,
         "train_wall_s": summary["train_wall_s"],
         "profile": summary.get("profile", {}),
     }
 
 
-def measure(configs: list[tuple[int, int]], repeats: int, epochs: int) -> list[dict[str, Any]]:
-    """Median rows/s of each (W, S) config over ``repeats`` interleaved rounds."""
+def measure(
+    configs: list[tuple[int, int]],
+    repeats: int,
+    epochs: int,
+    before_round: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Median rows/s of each (W, S) config over ``repeats`` interleaved rounds;
+    ``before_round(r)`` runs at the start of round ``r`` (bench/simulate.py's
+    paired calibration)."""
     runs: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in configs}
     for r in range(repeats):
+        if before_round is not None:
+            before_round(r)
         for w, s in configs:
             runs[(w, s)].append(run_once(w, s, epochs))
             x = runs[(w, s)][-1]
