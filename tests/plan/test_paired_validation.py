@@ -125,3 +125,28 @@ def test_the_law_replay_replays_a_paired_run_round_by_round(tmp_path: Path) -> N
     assert by["2x1"]["signed_error"] > 0.01  # the calibrations left the all-reduce out
     # The bisection, applied to every round's calibration, finds the 2 ms back.
     assert by["2x1"]["implied_allreduce_s"] == pytest.approx(2e-3, rel=1e-3)
+
+
+def test_the_speed_index_scales_each_round_by_its_core_speed() -> None:
+    sim = _simulate()
+    calibration_loops = [4e6, 5e6, 3e6]
+
+    def config(processes: int, loops_1: list[float], loops_n: list[float]) -> dict[str, Any]:
+        return {
+            "processes": processes,
+            "measured_rows_per_s": 100.0,
+            "predicted_rounds": [120.0, 120.0, 120.0],
+            "loops_1": loops_1,
+            "loops_n": loops_n,
+        }
+
+    # Every run's cores 5/6 as fast as at its calibration: the 20% over-prediction
+    # is the drift, and the index takes it out; one process reads loops_1, several
+    # loops_n.
+    slowed = [c * 5 / 6 for c in calibration_loops]
+    one = config(1, slowed, calibration_loops)
+    several = config(3, calibration_loops, slowed)
+    assert sim.speed_index_error([one, several], calibration_loops) == pytest.approx(0.0)
+    # The same cores as at the calibration leave the error as it was.
+    same = config(3, slowed, calibration_loops)
+    assert sim.speed_index_error([same], calibration_loops) == pytest.approx(0.2)
