@@ -17,8 +17,9 @@ replayed as it was validated: each round from its own calibration.
 
 ``--pool-multi`` replays every run with the figures timed in the multi-process
 layout (``MULTI_PROCESS``: the PS and RPC requests' and the all-reduce's) at
-their median over all the given runs' calibrations (every round's of a paired
-run), the other figures each run's own: how much of the error one
+their median over all the given runs' calibrations (a paired run counts each
+of its rounds' calibrations, so it weighs as many times as it has rounds),
+the other figures each run's own: how much of the error one
 calibration's reading of them makes.
 """
 
@@ -135,6 +136,8 @@ def replay(path: Path, chain: float, multi: dict[str, float] | None = None) -> d
         )
     return {
         "file": str(path),
+        # A paired run's: the median over its calibrations (each round had its own).
+        "calibrations": 1 if paired is None else len(paired),
         "allreduce_s_per_step": costs.allreduce_s_per_step,
         "ps_s_per_request": costs.ps_s_per_request,
         "validation_error": max(abs(c["signed_error"]) for c in configs),
@@ -165,8 +168,9 @@ def main() -> None:
         multi = pooled_multi(every)
     out = [replay(path, args.chain_utilisation, multi) for path in args.runs]
     for r in out:
+        median = f" (median of {r['calibrations']} calibrations)" if r["calibrations"] > 1 else ""
         print(
-            f"{r['file']}: allreduce {r['allreduce_s_per_step'] * 1e3:.1f} ms, "
+            f"{r['file']}: allreduce{median} {r['allreduce_s_per_step'] * 1e3:.1f} ms, "
             f"ps request {r['ps_s_per_request'] * 1e3:.2f} ms, "
             f"validation_error {r['validation_error']:.3f}"
         )

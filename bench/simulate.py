@@ -15,8 +15,8 @@
    *paired*: one calibration at the start of each round, just before its real
    runs, since this machine's speed drifts over minutes and a calibration holds
    for its own; the trace and sizing below use each figure's median over them.
-   ``--calibrate-once`` calibrates once before every round (the design until
-   2026-12-03); ``--costs`` loads a saved calibration instead.
+   ``--calibrate-once`` makes a single calibration before all the rounds (the
+   design until 2026-12-03); ``--costs`` loads a saved calibration instead.
 2. Validation: real ``estuary train`` runs with W trainers and S PS shards
    (bench/simulate_real.py: 1x0, 2x1, 2x2, 3x1, i.e. 1-4 processes, one torch
    thread each, rows/s in the steady state after the first epoch (epochs 2-6
@@ -29,8 +29,9 @@
    ``validation_error`` is the worst over configs of
    ``|median predicted - median measured| / median measured``. A paired run
    also reports ``validation_error_by_calibration``: the error had each one
-   of its calibrations predicted every round (the calibrate-once design on the
-   same runs).
+   of its calibrations predicted every round (entry 0, made before every
+   round, is what the calibrate-once design would have given on the same
+   runs), and ``validation_error_speed_index`` (``speed_index_error``).
 3. Trace: ``--jobs`` jobs on ``--nodes`` nodes (32 cores, 256 GiB each; network
    100 us, 10 Gbit/s): Poisson arrivals, heavy-tailed sizes, user specs that
    over- and under-provision, node failures, stragglers, hot shards, growing
@@ -84,14 +85,14 @@ def validate(
     for cfg in real:
         w, s = cfg["trainers"], cfg["ps_shards"]
         layout = Layout(w, s, 0, cfg["batch_rows"], trainer_cpus=1.0, ps_cpus=1.0, preloaded=True)
-        predicted = [
-            predict_shared(
-                costs if paired is None else paired[i],
-                layout,
-                cores_1=r["cores_1"],
-                cores_n=r["cores_n"],
+        if paired is not None and len(paired) != len(cfg["rounds"]):
+            raise ValueError(
+                f"config {w}x{s}: {len(cfg['rounds'])} rounds but {len(paired)} calibrations"
             )
-            for i, r in enumerate(cfg["rounds"])
+        per_round = [costs] * len(cfg["rounds"]) if paired is None else paired
+        predicted = [
+            predict_shared(c, layout, cores_1=r["cores_1"], cores_n=r["cores_n"])
+            for c, r in zip(per_round, cfg["rounds"], strict=True)
         ]
         pred = statistics.median(p.rows_per_s for p in predicted)
         out.append(
@@ -176,15 +177,41 @@ def median_costs(calibrations: list[Costs]) -> Costs:
         if f.name in ("machine", "version"):
             continue
         column = [getattr(c, f.name) for c in calibrations]
-        is_count = isinstance(getattr(first, f.name), int)
+        is_count = f.type in ("int", int)  # declared: a count may be saved as 2 or 2.0
         values[f.name] = statistics.median_low(column) if is_count else statistics.median(column)
     return replace(first, **values, machine={**first.machine, "calibrations": len(calibrations)})
+
+
+def worst_error(validation: list[dict[str, Any]]) -> float:
+    return max(v["relative_error"] for v in validation)
+
+
+def measure_paired(
+    job: Any, configs: list[tuple[int, int]], repeats: int, epochs: int
+) -> tuple[list[Costs], list[float], list[dict[str, Any]]]:
+    """Each round's calibration at its start, just before its real runs (the
+    machine's speed drifts over minutes, and what a calibration reads holds for
+    its minutes): the calibrations, the probe's single-process loops per CPU
+    second around each, and the real runs."""
+    paired: list[Costs] = []
+    loops: list[float] = []
+
+    def calibrate_round(r: int) -> None:
+        print(f"round {r}: calibrating", flush=True)
+        before = simulate_real.probe(1)[1]
+        paired.append(calibrate(job))
+        loops.append((before + simulate_real.probe(1)[1]) / 2)
+
+    real = simulate_real.measure(configs, repeats, epochs, calibrate_round)
+    return paired, loops, real
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--costs", type=Path, help="a saved calibration (default: calibrate now)")
+    ap.add_argument(
+        "--costs", type=Path, help="a saved calibration (default: one per round, just before it)"
+    )
     ap.add_argument("--save-costs", type=Path)
     ap.add_argument(
         "--real",
@@ -196,8 +223,7 @@ def main() -> None:
     ap.add_argument(
         "--calibrate-once",
         action="store_true",
-        help="one calibration before every round's real runs (default: one per round, "
-        "just before it)",
+        help="a single calibration before all the rounds (default: one per round, just before it)",
     )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=simulate_real.EPOCHS)
@@ -211,7 +237,7 @@ def main() -> None:
     job = load_job(simulate_real.JOB, [f"train.batch_size={simulate_real.BATCH_ROWS}"])
     configs = simulate_real.parse_configs("1x0,2x1,2x2,3x1")
     paired: list[Costs] | None = None
-    speeds: list[float] = []  # the probe's loops per CPU second around each calibration
+    loops: list[float] = []  # the probe's loops per CPU second around each calibration
     if args.costs or args.real or args.calibrate_once:
         costs = load_costs(args.costs) if args.costs else calibrate(job)
         real = (
@@ -220,17 +246,7 @@ def main() -> None:
             else simulate_real.measure(configs, args.repeats, args.epochs)
         )
     else:
-        # Each round's calibration just before its real runs: the machine's speed
-        # drifts over minutes, and what a calibration reads holds for its minutes.
-        paired = []
-
-        def calibrate_round(r: int) -> None:
-            print(f"round {r}: calibrating", flush=True)
-            before = simulate_real.probe(1)[1]
-            paired.append(calibrate(job))
-            speeds.append((before + simulate_real.probe(1)[1]) / 2)
-
-        real = simulate_real.measure(configs, args.repeats, args.epochs, calibrate_round)
+        paired, loops, real = measure_paired(job, configs, args.repeats, args.epochs)
         costs = median_costs(paired)
     if args.save_costs:
         save_costs(costs, args.save_costs)
@@ -301,17 +317,17 @@ def main() -> None:
             },
         },
         "costs": costs.to_dict(),
-        "validation_error": max(v["relative_error"] for v in validation),
+        "validation_error": worst_error(validation),
         "validation": validation,
-        "calibration": "paired" if paired else "once",
+        "calibration": "paired" if paired else ("saved" if args.costs else "once"),
+        "real_runs": "saved" if args.real else "measured",
         # Paired runs only: each round's calibration, and the error had that one
-        # calibration predicted every round (the calibrate-once design, same runs).
+        # calibration predicted every round (entry 0, made before every round, is
+        # what --calibrate-once would have given; entry i came after i rounds).
         "calibrations": [c.to_dict() for c in paired or []],
-        "calibration_loops_1": speeds,
-        "validation_error_speed_index": (speed_index_error(validation, speeds) if paired else None),
-        "validation_error_by_calibration": [
-            max(v["relative_error"] for v in validate(c, real)) for c in paired or []
-        ],
+        "validation_error_by_calibration": [worst_error(validate(c, real)) for c in paired or []],
+        "calibration_loops_1": loops,
+        "validation_error_speed_index": speed_index_error(validation, loops) if paired else None,
         "policies": summaries,
         "ratios": ratios,
         "estuary_reversed_actions": results["estuary"].reversed_actions,

@@ -23,8 +23,8 @@ as many as the run has. The simulator is given those cores, since on a shared
 machine they, not the nominal 2, are what the run had. The same loops count
 their iterations per CPU second (``loops_1``, ``loops_n``): how fast a core of
 this guest runs, which moves by up to 1.5x within minutes with no steal time
-shown. Recorded beside each run (and each calibration, in bench/simulate.py),
-not used by the prediction (docs/deploy.md, "Paired calibration").
+shown. Recorded beside each run (and around each calibration of a paired
+bench/simulate.py run), not used by its figure (docs/deploy.md, "Paired calibration").
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
     a probe got just before and just after it (``cores_1``: one process;
     ``cores_n``: as many processes as the run has)."""
     processes = trainers + shards
-    (before_1, speed_1), (before_n, speed_n) = probe(1), probe(processes)
+    (before_1, loops_1_before), (before_n, loops_n_before) = probe(1), probe(processes)
     with tempfile.TemporaryDirectory(prefix="estuary-sim-") as out:
         cmd = train_command(trainers, shards, epochs, out)
         load = os.getloadavg()[0]
@@ -142,7 +142,7 @@ def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
         summary = json.loads((Path(out) / "summary.json").read_text())
         per_epoch = int(summary["train_rows"]) // max(epochs, 1)
         steady = steady_window(Path(out) / "timeseries.jsonl", per_epoch)
-    (after_1, speed_2), (after_n, speed_m) = probe(1), probe(processes)
+    (after_1, loops_1_after), (after_n, loops_n_after) = probe(1), probe(processes)
     return {
         "rows_per_s": summary["samples_per_s"] if steady is None else steady[0],
         "steady_window_s": None if steady is None else steady[1],
@@ -150,8 +150,8 @@ def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
         "load_avg_1m": load,
         "cores_1": (before_1 + after_1) / 2,
         "cores_n": (before_n + after_n) / 2,
-        "loops_1": (speed_1 + speed_2) / 2,
-        "loops_n": (speed_n + speed_m) / 2,
+        "loops_1": (loops_1_before + loops_1_after) / 2,
+        "loops_n": (loops_n_before + loops_n_after) / 2,
         "train_wall_s": summary["train_wall_s"],
         "profile": summary.get("profile", {}),
     }

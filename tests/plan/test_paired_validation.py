@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _simulate() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "bench"))  # as the script itself does, for simulate_real
+    bench = str(ROOT / "bench")
+    if bench not in sys.path:  # as the script itself does, for simulate_real
+        sys.path.insert(0, bench)
     spec = importlib.util.spec_from_file_location("simulate", ROOT / "bench" / "simulate.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -37,10 +39,11 @@ def _rate(costs: Costs, w: int, s: int, cores_1: float = 1.0) -> float:
 
 
 # Three calibrations of a machine whose speed drifts: the dense step 8, 10, 16 ms;
-# and the core one process got in each round (another job held half of it in the
-# second), so no one calibration, not even the median one, predicts the median round.
+# and the core one process got in each round (other jobs held some of it in the
+# second and third), so no one calibration, not even the median one, predicts the
+# median round, and the calibrations in another order would not either.
 SLOW = [simple_costs(dense_s_per_row=ms * 1e-3 / 1024) for ms in (8, 10, 16)]
-CORES_1 = (1.0, 0.5, 1.0)
+CORES_1 = (1.0, 0.5, 0.8)
 
 
 def _real(configs: tuple[tuple[int, int], ...], allreduce_s: float = 0.0) -> list[dict[str, Any]]:
@@ -150,3 +153,76 @@ def test_the_speed_index_scales_each_round_by_its_core_speed() -> None:
     # The same cores as at the calibration leave the error as it was.
     same = config(3, slowed, calibration_loops)
     assert sim.speed_index_error([same], calibration_loops) == pytest.approx(0.2)
+
+
+def test_the_pooled_figures_go_into_every_round_of_a_paired_run(tmp_path: Path) -> None:
+    sim = _simulate()
+    # A paired run whose calibrations differ only in the all-reduce (1, 2, 9 ms),
+    # its top-level costs deliberately off (20 ms), and a calibrate-once run at 4 ms.
+    base = simple_costs()
+    rounds = [replace(base, allreduce_s_per_step=ms * 1e-3) for ms in (1, 2, 9)]
+    top = replace(base, allreduce_s_per_step=20e-3)
+    real = [
+        {
+            "trainers": 2,
+            "ps_shards": 1,
+            "batch_rows": 1024,
+            "rows_per_s": 50_000.0,
+            "rounds": [{"rows_per_s": 50_000.0, "cores_1": 1.0, "cores_n": 2.0}] * 3,
+        }
+    ]
+    paired = tmp_path / "paired.json"
+    paired.write_text(
+        json.dumps(
+            {
+                "costs": top.to_dict(),
+                "calibrations": [c.to_dict() for c in rounds],
+                "validation": sim.validate(top, real, rounds),
+            }
+        )
+    )
+    once = tmp_path / "once.json"
+    single = replace(base, allreduce_s_per_step=4e-3)
+    validation = sim.validate(single, real)
+    once.write_text(json.dumps({"costs": single.to_dict(), "validation": validation}))
+    out = tmp_path / "replay.json"
+    script = ROOT / "bench" / "law_replay.py"
+    argv = [sys.executable, str(script), str(paired), str(once), "--pool-multi", "--json", str(out)]
+    subprocess.run(argv, capture_output=True, text=True, check=True)
+    replayed = json.loads(out.read_text())
+    # The median over the four calibrations (1, 2, 4, 9 ms: 3 ms), not over the
+    # runs' top-level costs (20 and 4 ms: 12 ms) ...
+    assert [r["allreduce_s_per_step"] for r in replayed] == pytest.approx([3e-3, 3e-3])
+    assert [r["calibrations"] for r in replayed] == [3, 1]
+    # ... and in every round of the paired run, not only in its top-level costs.
+    pooled = _rate(replace(base, allreduce_s_per_step=3e-3), 2, 1)
+    assert replayed[0]["configs"][0]["predicted"] == pytest.approx(pooled)
+
+
+def test_each_round_is_calibrated_just_before_its_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = _simulate()
+    events: list[str] = []
+
+    def calibrate(job: object) -> Costs:
+        events.append("calibrate")
+        return SLOW[events.count("calibrate") - 1]
+
+    def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
+        events.append(f"{trainers}x{shards}")
+        return {"rows_per_s": 1.0, "load_avg_1m": 0.0, "cores_1": 1.0, "cores_n": 2.0}
+
+    probes = iter(range(1, 100))
+    monkeypatch.setattr(sim, "calibrate", calibrate)
+    monkeypatch.setattr(sim.simulate_real, "run_once", run_once)
+    monkeypatch.setattr(sim.simulate_real, "probe", lambda n: (1.0, float(next(probes))))
+    paired, loops, real = sim.measure_paired(None, [(1, 0), (2, 1)], 3, 1)
+    assert events == ["calibrate", "1x0", "2x1"] * 3
+    assert paired == SLOW
+    assert loops == [1.5, 3.5, 5.5]  # the probe's loops before and after each calibration
+    assert [len(c["rounds"]) for c in real] == [3, 3]
+
+
+def test_a_paired_validation_needs_one_calibration_per_round() -> None:
+    sim = _simulate()
+    with pytest.raises(ValueError, match="config 1x0: 3 rounds but 2 calibrations"):
+        sim.validate(SLOW[0], _real(((1, 0),)), SLOW[:2])
