@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-import time
+import itertools
+import types
 from pathlib import Path
 from typing import Any
 
@@ -219,16 +220,25 @@ def test_the_training_loop_figures_leave_the_warm_up_epoch_out(
                     for k, v in per_step(self.train.batch_size, epoch).items():
                         setattr(times, k, getattr(times, k) + v)
                     times.steps += 1
-            t0 = time.process_time()
-            while time.process_time() - t0 < 0.01:  # the share: CPU as busy as wall
-                pass
             return type("R", (), {"profile": times.as_dict()})()
 
+    # One deterministic clock for wall and CPU time, in the calibration and in
+    # EpochWindow, on which the process has exactly half the CPU over the window
+    # whatever else the machine runs (with the real clocks, a process descheduled
+    # during the window scaled every figure): the profile's wall seconds times that
+    # share are the CPU seconds the figures hold.
+    ticks = itertools.count()
+    clock = types.SimpleNamespace(
+        perf_counter=lambda: next(ticks) * 1e-3, process_time=lambda: next(ticks) * 0.5e-3
+    )
+    monkeypatch.setattr(calibration, "time", clock)
+    monkeypatch.setattr(estuary.train.callbacks, "time", clock)
     monkeypatch.setattr(estuary.train, "Trainer", FakeTrainer)
     job = load_job(EXAMPLE)
     got = calibration._trainer_costs(job, None, 1024, 1, lambda b: b / 2)
-    assert got["dense_s_per_step"] == pytest.approx(0.001, rel=0.05)
-    assert got["dense_s_per_row"] == pytest.approx(1e-5, rel=0.05)
-    assert got["lookup_s_per_step"] == pytest.approx(0.002, rel=0.05)
-    assert got["lookup_s_per_id"] == pytest.approx(1e-6, rel=0.05)
-    assert got["update_s_per_id"] == pytest.approx(2e-6, rel=0.05)
+    half = 0.5  # the CPU share above
+    assert got["dense_s_per_step"] == pytest.approx(half * 0.001, rel=0.05)
+    assert got["dense_s_per_row"] == pytest.approx(half * 1e-5, rel=0.05)
+    assert got["lookup_s_per_step"] == pytest.approx(half * 0.002, rel=0.05)
+    assert got["lookup_s_per_id"] == pytest.approx(half * 1e-6, rel=0.05)
+    assert got["update_s_per_id"] == pytest.approx(half * 2e-6, rel=0.05)
