@@ -5,15 +5,13 @@ Each component is timed on the job's own data and model (~1-2 min in all):
   parse / hash   ``TabularDataset`` loads the job's sources on one thread; the
                  hashing share is timed apart with ``hash_feature`` on as many
                  string values, and subtracted.
-  lookup/update  an ``EmbeddingShard`` with the job's table settings, fed the
-                 data's per-feature batches: ``lookup(train=True)`` and
-                 ``apply_gradients`` at three batch sizes, fitted to the
-                 per-call and per-id terms.
-  dense          the job's model, forward + backward + dense optimizer step, at
-                 three batch sizes (one thread), and on two threads for the speed-up;
-                 the training loop's figures (these and in-process lookups and
-                 updates) are timed in its second and third epochs, after a
-                 warm-up epoch, as the runs are measured after their first.
+  dense and     the real training loop (``Trainer.fit``, sync, in-process tables)
+  lookup/update  at three batch sizes on one thread: forward + backward + dense
+                 optimizer step, and the tables' lookups and sparse updates,
+                 fitted to per-step and per-row (per-id) terms; one more fit on
+                 two threads for the dense step's speed-up; timed in the loop's
+                 second and third epochs, after a warm-up epoch, as the runs are
+                 measured after their first.
   network        a spawned echo process over a ``multiprocessing`` connection (the
                  parameter server's transport): a small message's round trip
                  (latency) and a 4 MiB one's (bytes/s).
@@ -52,7 +50,8 @@ least-squares line through the median of 3 rounds at each of three sizes;
 calibrations minutes apart agree more closely so. Figures the runs' throughput
 rests on (the training loop, the collection, the PS probes) are the median of
 their rounds, the machine's typical speed, as the runs are read; the network's
-and the data's are the best of theirs.
+and the data's are the best of theirs, and ``parallel_efficiency`` a ratio of
+two leasts (alone, with every core computing).
 """
 
 from __future__ import annotations
@@ -241,7 +240,10 @@ def _trainer_costs_in(
     trainer's dense work (forward + backward through the embedding collection, dense
     optimizer) and the tables' (lookups, sparse updates), each solved into a fixed
     per-step part and a per-row (per-id for the tables) part. The 2-thread
-    speed-up of the dense part is the wall time of one more fit on two threads.
+    speed-up of the dense part is the median one-thread round's CPU per step over
+    the wall time per step of one more fit on two threads (its profile as timed,
+    not times its CPU share: that is the two threads' CPU, never less than one
+    thread's, and made every calibration before 2026-12-03 read 1).
     Each fit runs ``WARM_EPOCHS + TIMED_EPOCHS`` epochs and only the timed ones
     count (``EpochWindow``)."""
     from dataclasses import replace
@@ -249,7 +251,9 @@ def _trainer_costs_in(
     from estuary.train import Trainer
     from estuary.train.callbacks import EpochWindow
 
-    def fit(rows: int, threads: int) -> dict[str, float]:
+    def fit(rows: int, threads: int) -> tuple[dict[str, float], float]:
+        """The timed epochs' profile (wall seconds, ``steps``) and the process's
+        CPU share over them (CPU seconds per wall second, at most ``threads``)."""
         train = replace(
             job.train,
             batch_size=rows,
@@ -278,11 +282,13 @@ def _trainer_costs_in(
         if window.start is None:
             raise RuntimeError("calibration: the timed epochs of the training loop never began")
         t0, c0, start = window.start
-        # The profile is wall time; on a shared machine the process ran
-        # `share` of the time, so CPU seconds = wall x share.
         share = min((c1 - c0) / max(t1 - t0, 1e-9), float(threads))
-        steady = {k: end[k] - start.get(k, 0.0) for k in end}
-        return {k: v * share if k != "steps" else v for k, v in steady.items()}
+        return {k: end[k] - start.get(k, 0.0) for k in end}, share
+
+    def cpu_seconds(profile: dict[str, float], share: float) -> dict[str, float]:
+        """The profile is wall time; on a shared machine the process ran
+        ``share`` of the time, so CPU seconds = wall x share."""
+        return {k: v * share if k != "steps" else v for k, v in profile.items()}
 
     # Three sizes, `repeats` interleaved rounds of each (a drift in the
     # machine's speed lands on every size alike); each per-step figure is fitted
@@ -303,7 +309,7 @@ def _trainer_costs_in(
     dense, look, upd = [], [], []
     for _ in range(repeats):
         for b in sizes:
-            p = fit(b, 1)
+            p = cpu_seconds(*fit(b, 1))
             steps = p["steps"]
             n = unique_ids(b)
             dense.append((b, (p["forward_backward_s"] + p["dense_step_s"]) / steps))
@@ -314,7 +320,7 @@ def _trainer_costs_in(
     upd_fixed, upd_id = fit_affine(upd)
     speedup = 1.0
     if (os.cpu_count() or 1) >= 2:
-        two = fit(batch_rows, 2)
+        two, _ = fit(batch_rows, 2)  # wall seconds: what two threads take
         one_s = statistics.median(d for b, d in dense if b == batch_rows) * two["steps"]
         two_s = two["forward_backward_s"] + two["dense_step_s"]
         speedup = float(np.clip(one_s / max(two_s, 1e-9), 1.0, 2.0))
