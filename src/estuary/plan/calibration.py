@@ -45,13 +45,9 @@ CPU time (``time.process_time``) is used where one process does all the work, so
 other jobs on a shared machine disturb the figures less. A per-call / per-unit
 pair is a line through one figure per size from interleaved rounds (the PS
 probes: the median of 5 windows at each of two sizes; the training loop: a
-least-squares line through the median of 3 rounds at each of three sizes;
+least-squares line through the least of 3 rounds at each of three sizes;
 ``estimators.fit_affine``), not a solve of two best-of-few points: two
-calibrations minutes apart agree more closely so. Figures the runs' throughput
-rests on (the training loop, the collection, the PS probes) are the median of
-their rounds, the machine's typical speed, as the runs are read; the network's
-and the data's are the best of theirs, and ``parallel_efficiency`` a ratio of
-two leasts (alone, with every core computing).
+calibrations minutes apart agree more closely so.
 """
 
 from __future__ import annotations
@@ -84,16 +80,6 @@ def _best(fn: Callable[[], object], repeats: int, *, cpu: bool = True) -> float:
         fn()
         best = min(best, clock() - t0)
     return best
-
-
-def _median_cpu(fn: Callable[[], object], repeats: int) -> float:
-    """Median CPU seconds of ``fn`` over ``repeats`` runs."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
 
 
 def _echo(conn: Connection) -> None:
@@ -240,7 +226,7 @@ def _trainer_costs_in(
     trainer's dense work (forward + backward through the embedding collection, dense
     optimizer) and the tables' (lookups, sparse updates), each solved into a fixed
     per-step part and a per-row (per-id for the tables) part. The 2-thread
-    speed-up of the dense part is the median one-thread round's CPU per step over
+    speed-up of the dense part is the least one-thread round's CPU per step over
     the wall time per step of one more fit on two threads (its profile as timed,
     not times its CPU share: that is the two threads' CPU, never less than one
     thread's, and made every calibration before 2026-12-03 read 1).
@@ -292,17 +278,13 @@ def _trainer_costs_in(
 
     # Three sizes, `repeats` interleaved rounds of each (a drift in the
     # machine's speed lands on every size alike); each per-step figure is fitted
-    # over every round (`fit_affine`: the median of each size's rounds, then
-    # least squares over the sizes). The median, not the least: the runs the
-    # figures predict are read as the median of their rounds, at the speed the
-    # machine typically has, and the least is its best moment. With the least,
-    # the one-process config (these figures alone) was over-predicted in each of
-    # six paired bench/simulate.py runs, by 7-28% (docs/deploy.md, "Typical,
-    # not best"). The least had been chosen because the median read
-    # lookup_s_per_id 0.36-0.74 us in three calibrations at load 3; the runs at
-    # the batch size depend on the sum of the parts, not their split. Two sizes
-    # with the best of 3 each traded the fixed part against the per-row one
-    # between calibrations minutes apart
+    # over every round (`fit_affine`: the least of each size's rounds, as one
+    # process's CPU seconds only grow with other jobs, then least squares over
+    # the sizes; the median of each size read lookup_s_per_id 0.36-0.74 us in
+    # three calibrations at load 3, and five paired bench/simulate.py runs with
+    # the median did no better than six with the least: docs/deploy.md, "The
+    # median instead of the least"). Two sizes with the best of 3 each traded
+    # the fixed part against the per-row one between calibrations minutes apart
     # (`dense_s_per_step` 1.53 / 0.56 / 0.94 ms, `dense_s_per_row` 7.8 / 9.9 /
     # 7.6 us).
     sizes = sorted({max(batch_rows // 4, 8), max(batch_rows // 2, 8), batch_rows})
@@ -315,13 +297,13 @@ def _trainer_costs_in(
             dense.append((b, (p["forward_backward_s"] + p["dense_step_s"]) / steps))
             look.append((n, p["lookup_s"] / steps))
             upd.append((n, p["sparse_submit_s"] / steps))
-    dense_fixed, dense_row = fit_affine(dense)
-    look_fixed, look_id = fit_affine(look)
-    upd_fixed, upd_id = fit_affine(upd)
+    dense_fixed, dense_row = fit_affine(dense, min)
+    look_fixed, look_id = fit_affine(look, min)
+    upd_fixed, upd_id = fit_affine(upd, min)
     speedup = 1.0
     if (os.cpu_count() or 1) >= 2:
         two, _ = fit(batch_rows, 2)  # wall seconds: what two threads take
-        one_s = statistics.median(d for b, d in dense if b == batch_rows) * two["steps"]
+        one_s = min(d for b, d in dense if b == batch_rows) * two["steps"]
         two_s = two["forward_backward_s"] + two["dense_step_s"]
         speedup = float(np.clip(one_s / max(two_s, 1e-9), 1.0, 2.0))
     return {
@@ -366,9 +348,8 @@ def _collection_costs(job: Any, dataset: Any, batch_rows: int, repeats: int) -> 
     """CPU seconds per row of the embedding collection's own work in a training
     step (``EmbeddingCollection.lookup``'s dedup and pooling, the gradient's
     scatter back to the unique ids), over tables that do nothing (``_NullStore``),
-    on the data's batches at ``batch_rows``, one torch thread; the median of
-    ``repeats`` passes after one of warm-up (numba's first calls): the
-    typical pass, as the training-loop figures."""
+    on the data's batches at ``batch_rows``, one torch thread; best of ``repeats``
+    passes after one of warm-up (numba's first calls)."""
     import torch
 
     from estuary.train.build import build_collection
@@ -395,7 +376,7 @@ def _collection_costs(job: Any, dataset: Any, batch_rows: int, repeats: int) -> 
 
     one_pass()
     rows = sum(int(b.labels.shape[0]) for b in batches)
-    return _median_cpu(one_pass, repeats) / rows
+    return _best(one_pass, repeats) / rows
 
 
 def _ps_warmup(warmup: int, batches: int) -> int:
@@ -595,9 +576,8 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
     Args:
         job: a loaded ``JobSpec`` with ``data.sources`` (its files are read).
         repeats: rounds per figure. The single-thread timings keep the best
-            of ``repeats`` (the data, network) or their median (the
-            collection), or fit the median of ``repeats`` interleaved rounds
-            at each of three batch sizes (the
+            of ``repeats`` (the data, collection, network) or fit the least
+            of ``repeats`` interleaved rounds at each of three batch sizes (the
             training loop); the multi-process probes time windows of 10 steps
             per repeat (the PS probes ``2 * repeats - 1`` rounds after at least
             one pass over the data's batches, the all-reduce ``repeats``

@@ -38,10 +38,9 @@ def fit_affine(
     y seconds), both >= 0.
 
     The ys at each x are first reduced to one (``median_by_x``: their median,
-    or ``reduce``, e.g. ``min`` for a machine's best moment; the calibration
-    uses the median, the typical speed); the line is the least-squares one
-    through those. A negative slope (the sizes' costs do not grow: noise) gives
-    a flat line at the medians' mean; a
+    or ``reduce``, e.g. ``min`` for one process's CPU seconds, which other jobs
+    only add to); the line is the least-squares one through those. A negative slope (the
+    sizes' costs do not grow: noise) gives a flat line at the medians' mean; a
     negative intercept gives the least-squares line through the origin. With a
     single distinct x the line goes through the origin and that point.
 
