@@ -44,9 +44,9 @@ def test_ps_layout_runs_every_clients_steps_through_the_real_servers(
 
 def test_ps_layout_rounds_times_every_stream_in_every_round() -> None:
     """One start-up, three rounds of two streams (the second a cut of the first):
-    a window per (round, stream), each with its own figures; the servers' CPU
-    of the one-id stream is below the full one's in most rounds (not timed
-    tightly: a shared machine)."""
+    a window per (round, stream), each with its own figures. Which stream costs
+    the servers more is timing and is not asserted (it failed 1 of 8 runs on an
+    idle machine: 20 steps of 400 ids against 1 are close in server CPU)."""
     names = ["a", "b"]
     tables = {f: HostedTable(TableSpec(dim=4), seed=i) for i, f in enumerate(names)}
     full = _batches(names, 3, 400)
@@ -57,7 +57,6 @@ def test_ps_layout_rounds_times_every_stream_in_every_round() -> None:
         for t in one_round:
             assert (t.trainers, t.shards, t.steps) == (1, 1, 20)
             assert math.isfinite(t.server_cpu_s) and t.server_cpu_s > 0
-    assert sum(r[1].server_cpu_s < r[0].server_cpu_s for r in got) >= 2
     with pytest.raises(ValueError, match="round"):
         ps_layout_rounds(tables, [full], names, 1, 1, steps=1, warmup=0, rounds=0)
 
