@@ -117,8 +117,13 @@ def validate(
     return out
 
 
+# Per-round figures bench/simulate.py's JSON keeps beside the rows/s and cores.
+_ROUND_EXTRAS = ("loops_1", "loops_n", "steady_window_s")
+
+
 def read_real(path: Path) -> list[dict[str, Any]]:
-    """Real runs from bench/simulate_real.py's JSON or an earlier bench/simulate.py's."""
+    """Real runs from bench/simulate_real.py's JSON or an earlier bench/simulate.py's
+    (each round's rows/s, cores and, where recorded, ``_ROUND_EXTRAS``)."""
     real = json.loads(path.read_text())
     if isinstance(real, list):
         return list(real)
@@ -128,8 +133,14 @@ def read_real(path: Path) -> list[dict[str, Any]]:
             "ps_shards": v["ps_shards"],
             "batch_rows": simulate_real.BATCH_ROWS,
             "rounds": [
-                {"rows_per_s": r, "cores_1": c1, "cores_n": cn}
-                for r, c1, cn in zip(v["measured_rounds"], v["cores_1"], v["cores_n"], strict=True)
+                {
+                    "rows_per_s": r,
+                    "cores_1": v["cores_1"][i],
+                    "cores_n": v["cores_n"][i],
+                    # recorded since 2026-12-03 (earlier files lack them)
+                    **{k: v[k][i] for k in _ROUND_EXTRAS if k in v},
+                }
+                for i, r in enumerate(v["measured_rounds"])
             ],
         }
         for v in real["validation"]
@@ -234,7 +245,13 @@ def main() -> None:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    job = load_job(simulate_real.JOB, [f"train.batch_size={simulate_real.BATCH_ROWS}"])
+    # Only a calibration or real runs read the job (not a saved --costs with --real).
+    needs_job = not (args.costs and args.real)
+    job = (
+        load_job(simulate_real.JOB, [f"train.batch_size={simulate_real.BATCH_ROWS}"])
+        if needs_job
+        else None
+    )
     configs = simulate_real.parse_configs("1x0,2x1,2x2,3x1")
     paired: list[Costs] | None = None
     loops: list[float] = []  # the probe's loops per CPU second around each calibration

@@ -226,3 +226,44 @@ def test_a_paired_validation_needs_one_calibration_per_round() -> None:
     sim = _simulate()
     with pytest.raises(ValueError, match="config 1x0: 3 rounds but 2 calibrations"):
         sim.validate(SLOW[0], _real(((1, 0),)), SLOW[:2])
+
+
+def test_saved_runs_read_back_with_every_rounds_figures(tmp_path: Path) -> None:
+    """``read_real`` of a bench/simulate.py JSON keeps each round's rows/s, cores,
+    loops and steady window (a file from before the loops were recorded reads
+    without them), so ``--real`` re-validates them as they were measured."""
+    sim = _simulate()
+    rounds = [
+        {
+            "rows_per_s": 40_000.0 + i,
+            "cores_1": 1.0,
+            "cores_n": 1.9 + i / 100,
+            "loops_1": 3e7 + i,
+            "loops_n": 2.9e7 + i,
+            "steady_window_s": 2.5 + i,
+        }
+        for i in range(3)
+    ]
+    real = [
+        {
+            "trainers": 2,
+            "ps_shards": 1,
+            "batch_rows": 1024,
+            "rows_per_s": 40_001.0,
+            "rounds": rounds,
+        }
+    ]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"validation": sim.validate(SLOW[0], real)}))
+    (back,) = sim.pool([sim.read_real(path)])  # as --real reads them
+    assert back["rounds"] == rounds and (back["trainers"], back["ps_shards"]) == (2, 1)
+    assert sim.validate(SLOW[0], [back]) == sim.validate(SLOW[0], real)
+    old = {
+        "validation": [
+            {k: v for k, v in x.items() if not k.startswith(("loops", "steady"))}
+            for x in sim.validate(SLOW[0], real)
+        ]
+    }
+    path.write_text(json.dumps(old))
+    (back,) = sim.read_real(path)
+    assert [set(r) for r in back["rounds"]] == [{"rows_per_s", "cores_1", "cores_n"}] * 3
