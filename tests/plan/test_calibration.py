@@ -312,3 +312,90 @@ def test_the_two_thread_speed_up_is_one_threads_cpu_over_two_threads_wall(
         return _step_cost(rows, 1.0 if fit < 9 else 0.1)
 
     assert _fake_trainer_costs(monkeypatch, faster, repeats=3)["dense_speedup_2"] == 2.0
+
+
+def test_the_one_process_figures_are_timed_after_every_multi_process_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The collection and the training loop (what a run's prediction starts
+    from) are timed last, after the network, the parallel and the layout
+    probes; the layout's clients spend the parallel probe's dense CPU per step
+    alone between lookup and push. Every stage is a stand-in here."""
+    from estuary.plan import calibration
+
+    order: list[str] = []
+    unique = [{"c1": np.arange(100, dtype=np.int64), "c2": np.arange(50, dtype=np.int64)}] * 3
+
+    def stage(name: str, result: Any) -> Any:
+        def fake(*args: Any, **kw: Any) -> Any:
+            order.append(name)
+            if name == "layout":
+                assert kw["compute_s"] == 0.007
+            return result
+
+        return fake
+
+    layout = {
+        k: 1e-5
+        for k in (
+            "rpc_s_per_request",
+            "rpc_s_per_id",
+            "rpc_sharded_s_per_request",
+            "rpc_sharded_s_per_id",
+            "ps_s_per_request",
+            "ps_s_per_id",
+            "allreduce_s_per_step",
+        )
+    } | {"chain_utilisation": 0.5, "ps_probe_admissions": 0.0}
+    trainer = {
+        "dense_s_per_row": 1e-6,
+        "dense_s_per_step": 1e-3,
+        "dense_speedup_2": 1.3,
+        "lookup_s_per_id": 1e-7,
+        "lookup_s_per_step": 2e-4,
+        "update_s_per_id": 1e-7,
+        "update_s_per_step": 2e-4,
+    }
+    stages = {
+        "_data_costs": ("data", (1e-6, 1e-8, unique, 100.0, None)),
+        "_bytes_per_row": ("bytes", (200.0, 16)),
+        "measure_network": ("network", (1e-5, 1e9, 1e-10)),
+        "_parallel_costs": ("parallel", (0.9, 1.8, 0.007)),
+        "_layout_costs": ("layout", layout),
+        "_collection_costs": ("collection", 2e-6),
+        "_trainer_costs": ("trainer", trainer),
+    }
+    for fn, (name, result) in stages.items():
+        monkeypatch.setattr(calibration, fn, stage(name, result))
+    monkeypatch.setattr(calibration.os, "cpu_count", lambda: 2)
+    job = types.SimpleNamespace(train=types.SimpleNamespace(batch_size=64), name="stand-in")
+    costs = calibrate(job, repeats=1)
+    assert order.index("collection") > max(order.index(s) for s in ("network", "parallel"))
+    assert order[-2:] == ["collection", "trainer"] and order.index("layout") < order.index(
+        "collection"
+    )
+    assert costs.parallel_efficiency == 0.9 and costs.dense_speedup_2 == 1.3
+    assert costs.collection_s_per_row == 2e-6 and costs.lookup_s_per_call == 2e-4 / 2
+
+
+def test_the_parallel_probe_reports_the_least_dense_cpu_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``_parallel_costs``'s third figure is the least dense CPU per step of its
+    rounds alone, on two cores and on one (where only the rounds alone run)."""
+    from estuary.plan import calibration, probes
+
+    alone = iter([0.009, 0.006, 0.008, 0.007])
+    calls: list[int] = []
+
+    def fake(job: Any, processes: int, batch_rows: int, **kw: Any) -> probes.LayoutTiming:
+        calls.append(processes)
+        cpu = next(alone) if processes == 1 else 0.012
+        return probes.LayoutTiming(processes, 0, cpu, cpu, 0.0, 10)
+
+    monkeypatch.setattr(probes, "parallel_dense", fake)
+    efficiency, _, dense = calibration._parallel_costs(None, 64, 2, rounds=2)
+    assert dense == 0.006 and efficiency == pytest.approx(0.006 / 0.012)
+    assert calls == [1, 2, 1, 2]
+    assert calibration._parallel_costs(None, 64, 1, rounds=2) == (1.0, 1.0, 0.007)
+    assert calls == [1, 2, 1, 2, 1, 1]
