@@ -555,23 +555,19 @@ def _chain_utilisation(
 
 def _parallel_costs(
     job: Any, batch_rows: int, processes: int, rounds: int, seconds: float = 2.0
-) -> tuple[float, float, float]:
-    """(parallel_efficiency, throughput, dense CPU seconds per step alone) of
-    ``processes`` processes doing the job's dense step at once against one alone
-    (``probes.parallel_dense``), ``rounds`` interleaved rounds of each; the third
-    is the least of the rounds alone. On a one-core machine, (1.0, 1.0, the one
-    process's) from ``rounds`` rounds alone."""
+) -> tuple[float, float]:
+    """(parallel_efficiency, throughput) of ``processes`` processes doing the job's
+    dense step at once against one alone (``probes.parallel_dense``), ``rounds``
+    interleaved rounds of each; (1.0, 1.0) on a one-core machine."""
     from estuary.plan.probes import parallel_dense, parallel_efficiency
 
+    if processes < 2:
+        return 1.0, 1.0
     alone, together = [], []
     for _ in range(rounds):
         alone.append(parallel_dense(job, 1, batch_rows, seconds=seconds, warmup=5))
-        if processes >= 2:
-            together.append(parallel_dense(job, processes, batch_rows, seconds=seconds, warmup=5))
-    dense = min(t.client_cpu_s for t in alone)
-    if processes < 2:
-        return 1.0, 1.0, dense
-    return (*parallel_efficiency(alone, together), dense)
+        together.append(parallel_dense(job, processes, batch_rows, seconds=seconds, warmup=5))
+    return parallel_efficiency(alone, together)
 
 
 def calibrate(job: Any, *, repeats: int = 3) -> Costs:
@@ -596,11 +592,8 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
         return f * min(b, coef * b**exp)
 
     bytes_per_row, dim = _bytes_per_row(job, unique)
-    latency, bw, cpu_per_byte = measure_network(repeats)
-    cores = os.cpu_count() or 1
-    efficiency, throughput, dense_alone = _parallel_costs(
-        job, job.train.batch_size, cores, rounds=min(2, repeats)
-    )
+    t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
+    collection = _collection_costs(job, dataset, job.train.batch_size, repeats)
     # Windows of 30 timed steps after 10 of warm-up at the default 3 repeats:
     # 5 rounds of the two PS streams, 3 of the all-reduce's pair (3 windows each);
     # fewer with fewer.
@@ -613,15 +606,14 @@ def calibrate(job: Any, *, repeats: int = 3) -> Costs:
         rounds=repeats,
         ps_rounds=2 * repeats - 1,
         windows=repeats,
-        # The dense step's CPU between each probe client's lookup and push: one
-        # process alone's, from the parallel probe just before.
-        compute_s=dense_alone,
+        # The dense step's CPU between each probe client's lookup and push.
+        compute_s=t["dense_s_per_step"] + t["dense_s_per_row"] * job.train.batch_size,
     )
-    # The one-process figures last, after every multi-process probe: they are
-    # what a run predicted from this calibration starts from, and the machine's
-    # speed drifts over minutes (docs/deploy.md, "The one-process figures last").
-    collection = _collection_costs(job, dataset, job.train.batch_size, repeats)
-    t = _trainer_costs(job, dataset, job.train.batch_size, repeats, unique_ids)
+    latency, bw, cpu_per_byte = measure_network(repeats)
+    cores = os.cpu_count() or 1
+    efficiency, throughput = _parallel_costs(
+        job, job.train.batch_size, cores, rounds=min(2, repeats)
+    )
     return Costs(
         rpc_s_per_request=layout["rpc_s_per_request"],
         rpc_s_per_id=layout["rpc_s_per_id"],
