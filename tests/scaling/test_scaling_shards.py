@@ -107,10 +107,29 @@ def test_shards_may_change_only_with_a_budget_a_max_and_the_socket_plane(tmp_pat
     ]
     job = load_job(path, on)
     assert elastic_shards(job) and spare_shard_cpus(job) == 1.0  # 2 more shards x 0.5
-    for off in (
-        "runtime.ray.data_plane=actor",
-        "runtime.roles.ps.max=1",
-        "runtime.scaling.enabled=false",
-    ):
+    for off in ("runtime.roles.ps.max=1", "runtime.scaling.enabled=false"):
         job = load_job(path, [*on, off])
         assert not elastic_shards(job) and spare_shard_cpus(job) == 0.0, off
+
+
+def test_a_shard_range_the_manager_cannot_use_fails_at_load(tmp_path: Any) -> None:
+    """With the scaling manager on, a PS range (max above min) without a PS
+    memory budget, or on the actor data plane, is an error at load naming
+    ``runtime.roles.ps.max`` and what is missing, not a range silently kept
+    at its count; without the manager, the same range loads (renderers read it)."""
+    import pytest
+
+    from estuary.config import ConfigError, load_job
+
+    from ..distributed.conftest import write_job
+
+    path = write_job(tmp_path)
+    on = ["runtime.backend=ray", "runtime.roles.ps.max=3", "runtime.scaling.enabled=true"]
+    with pytest.raises(ConfigError, match=r"runtime\.roles\.ps\.max.*roles\.ps\.memory_mb"):
+        load_job(path, on)
+    with pytest.raises(ConfigError, match=r"runtime\.roles\.ps\.max.*data_plane: socket.*'actor'"):
+        load_job(path, [*on, "runtime.ray.ps.memory_mb=64", "runtime.ray.data_plane=actor"])
+    assert load_job(path, [*on, "runtime.ray.ps.memory_mb=64"]).runtime.scaling.enabled
+    assert (
+        load_job(path, [*on[:2], "runtime.scaling.enabled=false"]).runtime.ray.ps.memory_mb is None
+    )

@@ -459,7 +459,25 @@ class RuntimeSpec:
                 f"reads with data.dataset.executor; also set by {path}.roles.data_executor.count)",
             )
         self.ray.validate(f"{path}.ray")
-        for plan in self.resolved_roles().values():
+        roles = self.resolved_roles()
+        ps = roles["ps"]
+        if self.scaling.enabled and ps.max > ps.min:
+            # A shard range the scaling manager could never use (it adds and
+            # retires shards only with both) fails here, not at run time.
+            if self.ray.ps.memory_mb is None:
+                missing = f"a PS memory budget ({path}.roles.ps.memory_mb)"
+            elif self.ray.data_plane != "socket":
+                missing = f"{path}.ray.data_plane: socket (got {self.ray.data_plane!r})"
+            else:
+                missing = ""
+            if missing:
+                raise ConfigError(
+                    f"{path}.roles.ps.max",
+                    f"{ps.max} above min {ps.min} with {path}.scaling.enabled, but the scaling "
+                    f"manager adds and retires PS shards only with {missing}; set it, or make "
+                    "max equal min",
+                )
+        for plan in roles.values():
             for bound in ("min", "max"):
                 limit = getattr(plan, bound)
                 if (plan.count < limit) if bound == "min" else (plan.count > limit):
