@@ -88,7 +88,7 @@ def with_figures(
 
 def predicted(costs: Costs, cfg: dict[str, Any], paired: list[Costs] | None = None) -> float:
     """The law's rows/s of one real config, as bench/simulate.py's validation has it."""
-    return float(validate(costs, [cfg], paired)[0]["predicted_rows_per_s"])
+    return float(validate(paired or costs, [cfg])[0]["predicted_rows_per_s"])
 
 
 def implied_allreduce(
@@ -121,7 +121,7 @@ def replay(path: Path, chain: float, multi: dict[str, float] | None = None) -> d
         costs, paired = with_figures(costs, paired, **multi)
     real = pool([read_real(path)])  # its rounds, as bench/simulate.py --real reads them
     configs = []
-    for cfg, v in zip(real, validate(costs, real, paired), strict=True):
+    for cfg, v in zip(real, validate(paired or costs, real), strict=True):
         measured, pred = v["measured_rows_per_s"], v["predicted_rows_per_s"]
         configs.append(
             {

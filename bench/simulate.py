@@ -75,21 +75,22 @@ CLUSTER_LATENCY_S = 100e-6
 CLUSTER_BYTES_PER_S = 10e9 / 8
 
 
-def validate(
-    costs: Costs, real: list[dict[str, Any]], paired: list[Costs] | None = None
-) -> list[dict[str, Any]]:
-    """Predicted vs measured rows/s of every real config. With ``paired`` (one
-    calibration per round, made just before it), round ``i`` of every config is
-    predicted from ``paired[i]``; otherwise every round from ``costs``."""
+def validate(calibration: Costs | list[Costs], real: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Predicted vs measured rows/s of every real config. ``calibration``: one
+    ``Costs`` predicts every round; a list (a paired run: one calibration per
+    round, made just before it) predicts round ``i`` of every config from its
+    entry ``i``."""
     out = []
     for cfg in real:
         w, s = cfg["trainers"], cfg["ps_shards"]
         layout = Layout(w, s, 0, cfg["batch_rows"], trainer_cpus=1.0, ps_cpus=1.0, preloaded=True)
-        if paired is not None and len(paired) != len(cfg["rounds"]):
+        per_round = (
+            [calibration] * len(cfg["rounds"]) if isinstance(calibration, Costs) else calibration
+        )
+        if len(per_round) != len(cfg["rounds"]):
             raise ValueError(
-                f"config {w}x{s}: {len(cfg['rounds'])} rounds but {len(paired)} calibrations"
+                f"config {w}x{s}: {len(cfg['rounds'])} rounds but {len(per_round)} calibrations"
             )
-        per_round = [costs] * len(cfg["rounds"]) if paired is None else paired
         predicted = [
             predict_shared(c, layout, cores_1=r["cores_1"], cores_n=r["cores_n"])
             for c, r in zip(per_round, cfg["rounds"], strict=True)
@@ -267,7 +268,7 @@ def main() -> None:
         costs = median_costs(paired)
     if args.save_costs:
         save_costs(costs, args.save_costs)
-    validation = validate(costs, real, paired)
+    validation = validate(paired or costs, real)
     print(f"{'config':>6} {'measured':>10} {'predicted':>10} {'error':>6}")
     for v in validation:
         print(

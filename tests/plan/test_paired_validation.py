@@ -74,7 +74,7 @@ def _real(configs: tuple[tuple[int, int], ...], allreduce_s: float = 0.0) -> lis
 def test_each_round_is_predicted_from_its_own_calibration() -> None:
     sim = _simulate()
     real = _real(((1, 0), (2, 1)))
-    paired = sim.validate(SLOW[0], real, SLOW)
+    paired = sim.validate(SLOW, real)
     for v, cfg in zip(paired, real, strict=True):
         assert v["predicted_rounds"] == pytest.approx([r["rows_per_s"] for r in cfg["rounds"]])
         assert v["relative_error"] == pytest.approx(0.0, abs=1e-12)
@@ -103,7 +103,7 @@ def test_median_costs_takes_each_figure_at_its_median() -> None:
 def test_the_law_replay_replays_a_paired_run_round_by_round(tmp_path: Path) -> None:
     sim = _simulate()
     real = _real(((1, 0), (2, 1)), allreduce_s=2e-3)
-    validation = sim.validate(SLOW[0], real, SLOW)
+    validation = sim.validate(SLOW, real)
     run = tmp_path / "paired.json"
     run.write_text(
         json.dumps(
@@ -177,7 +177,7 @@ def test_the_pooled_figures_go_into_every_round_of_a_paired_run(tmp_path: Path) 
             {
                 "costs": top.to_dict(),
                 "calibrations": [c.to_dict() for c in rounds],
-                "validation": sim.validate(top, real, rounds),
+                "validation": sim.validate(rounds, real),
             }
         )
     )
@@ -225,7 +225,7 @@ def test_each_round_is_calibrated_just_before_its_runs(monkeypatch: pytest.Monke
 def test_a_paired_validation_needs_one_calibration_per_round() -> None:
     sim = _simulate()
     with pytest.raises(ValueError, match="config 1x0: 3 rounds but 2 calibrations"):
-        sim.validate(SLOW[0], _real(((1, 0),)), SLOW[:2])
+        sim.validate(SLOW[:2], _real(((1, 0),)))
 
 
 def test_saved_runs_read_back_with_every_rounds_figures(tmp_path: Path) -> None:
