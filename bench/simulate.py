@@ -128,6 +128,14 @@ def read_real(path: Path) -> list[dict[str, Any]]:
     real = json.loads(path.read_text())
     if isinstance(real, list):
         return list(real)
+    for v in real["validation"]:
+        rounds = len(v["measured_rounds"])
+        for key in ("cores_1", "cores_n", *_ROUND_EXTRAS):
+            if key in v and len(v[key]) != rounds:
+                raise ValueError(
+                    f"{path}: config {v['trainers']}x{v['ps_shards']}: {key} has "
+                    f"{len(v[key])} entries for {rounds} rounds"
+                )
     return [
         {
             "trainers": v["trainers"],

@@ -161,7 +161,7 @@ def test_epoch_window_marks_where_the_timed_epochs_begin(tmp_path: Path) -> None
     """A real fit of 3 epochs over 10,000 rows (9,000 trained, the rest held out)
     at 1,000 a step: the window opens when epoch 1 starts, so its mark holds
     exactly the first epoch's steps and the profile minus the mark the last two
-    epochs'."""
+    epochs'; it closes when the steps end."""
     from estuary.train import Trainer
     from estuary.train.callbacks import EpochWindow
 
@@ -177,10 +177,13 @@ def test_epoch_window_marks_where_the_timed_epochs_begin(tmp_path: Path) -> None
     trainer = Trainer(load_job(EXAMPLE, overrides), callbacks=[window])
     window.times = trainer.engine.times
     end = trainer.fit(progress=False).profile
-    assert window.start is not None
-    first = window.start[2]
+    assert window.start is not None and window.end is not None
+    first, last = window.start[2], window.end[2]
     assert first["steps"] == 9 and end["steps"] == 27
     assert 0 < first["lookup_s"] < end["lookup_s"]
+    # The window ends with the last step, before the evaluation: the fit's
+    # profile is the same (the evaluation adds to no stage), its clock later.
+    assert last == end and window.start[0] < window.end[0]
 
 
 def _fake_trainer_costs(
@@ -189,6 +192,7 @@ def _fake_trainer_costs(
     repeats: int,
     two_thread_share: float = 1.5,
     loop_s: float = 0.0,
+    end_s: float = 0.0,
 ) -> dict[str, float]:
     """``calibration._trainer_costs`` over a stand-in trainer: each fit's steps
     cost ``per_step(rows, epoch, fit)`` of wall time (``fit``: the fit's index,
@@ -199,7 +203,8 @@ def _fake_trainer_costs(
     the CPU clock by a share of it: all of it in the warm-up epoch, half in the
     timed epochs of a one-thread fit (another job holds the core half the
     time), ``two_thread_share`` in the two-thread fit's. ``loop_s``: wall
-    time each step spends outside the profiled stages (the loop's own)."""
+    time each step spends outside the profiled stages (the loop's own);
+    ``end_s``: wall time after the steps end (the real fit's evaluation)."""
     import estuary.train
     from estuary.plan import calibration
     from estuary.train.callbacks import LoopState
@@ -230,6 +235,10 @@ def _fake_trainer_costs(
                     times.steps += 1
                     now["wall"] += sum(cost.values()) + loop_s
                     now["cpu"] += share * (sum(cost.values()) + loop_s)
+            for c in self.callbacks:
+                c.on_fit_end(state)
+            now["wall"] += end_s  # the eval split's evaluation: not a step
+            now["cpu"] += end_s
             return type("R", (), {"profile": times.as_dict()})()
 
     clock = types.SimpleNamespace(perf_counter=lambda: now["wall"], process_time=lambda: now["cpu"])
@@ -321,15 +330,35 @@ def test_the_loops_own_time_counts_with_the_dense_part(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A step's wall time outside the profiled stages (the loop's batches,
-    callbacks and bookkeeping: 2.5-5% of a real step) is the trainer's serial
-    work: it lands in the dense per-step figure, CPU seconds like the rest,
-    and leaves the table figures alone."""
+    callbacks and bookkeeping) is the trainer's serial work: it lands in the
+    dense per-step figure, CPU seconds like the rest, and leaves the table
+    figures alone. What the fit does after its last step (0.5 s here: the real
+    fit evaluates the eval split) is in no figure."""
 
     def per_step(rows: int, epoch: int, fit: int) -> dict[str, float]:
         return _step_cost(rows, 1.0)
 
-    got = _fake_trainer_costs(monkeypatch, per_step, repeats=1, loop_s=0.004)
+    got = _fake_trainer_costs(monkeypatch, per_step, repeats=1, loop_s=0.004, end_s=0.5)
     assert got["dense_s_per_step"] == pytest.approx(0.5 * (0.001 + 0.004), rel=0.02)
     assert got["dense_s_per_row"] == pytest.approx(0.5 * 1e-5, rel=0.02)
     assert got["lookup_s_per_step"] == pytest.approx(0.5 * 0.002, rel=0.02)
     assert got["update_s_per_id"] == pytest.approx(0.5 * 2e-6, rel=0.02)
+
+
+def test_the_two_thread_speed_up_counts_the_loops_own_time_on_both_sides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``dense_speedup_2`` compares the same sum on one thread and on two: the
+    dense stages plus the loop's own time (1 ms a step, not sped up). One
+    thread: 0.5 x (d + 1 ms) of CPU a step; two: d x 0.5 / 1.6 + 1 ms of wall
+    (d: the stand-in's dense step at 1024 rows), so 1.356, not 1.742 (the loop's
+    time on one side only) nor 1.245 (on the other only)."""
+
+    def per_step(rows: int, epoch: int, fit: int) -> dict[str, float]:
+        return _step_cost(rows, 1.0 if fit < 9 else 0.5 / 1.6)
+
+    got = _fake_trainer_costs(monkeypatch, per_step, repeats=3, loop_s=0.001)
+    d = 0.001 + 1e-5 * 1024
+    assert got["dense_speedup_2"] == pytest.approx(
+        0.5 * (d + 0.001) / (d * 0.5 / 1.6 + 0.001), rel=0.02
+    )

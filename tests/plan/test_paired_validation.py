@@ -267,3 +267,7 @@ def test_saved_runs_read_back_with_every_rounds_figures(tmp_path: Path) -> None:
     path.write_text(json.dumps(old))
     (back,) = sim.read_real(path)
     assert [set(r) for r in back["rounds"]] == [{"rows_per_s", "cores_1", "cores_n"}] * 3
+    old["validation"][0]["cores_n"] = old["validation"][0]["cores_n"][:2]
+    path.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"config 2x1: cores_n has 2 entries for 3 rounds"):
+        sim.read_real(path)

@@ -268,19 +268,16 @@ def _trainer_costs_in(
         window = EpochWindow(WARM_EPOCHS)
         trainer = Trainer(run, dataset=dataset, callbacks=[window])
         window.times = trainer.engine.times
-        end = dict(trainer.fit(progress=False).profile)
-        t1, c1 = time.perf_counter(), time.process_time()
-        if window.start is None:
+        trainer.fit(progress=False)
+        if window.start is None or window.end is None:
             raise RuntimeError("calibration: the timed epochs of the training loop never began")
-        t0, c0, start = window.start
+        (t0, c0, start), (t1, c1, end) = window.start, window.end
         share = min((c1 - c0) / max(t1 - t0, 1e-9), float(threads))
         timed = {k: end[k] - start.get(k, 0.0) for k in end}
         # The loop's own time outside the profiled stages (batches, callbacks,
-        # the step's bookkeeping): 2.5-5% of a step at 1024 rows; counted with
-        # the dense part, the trainer's serial work. `t1` is taken after `fit`
-        # returns, so this also holds the fit's end (the eval split's
-        # evaluation, not in the profile): about 30 ms a fit, solved from the
-        # 2- and 5-epoch windows' shares, ~1% of the timed window.
+        # the step's bookkeeping), counted with the dense part, the trainer's
+        # serial work. The window ends with the last step (`EpochWindow.end`),
+        # before the fit evaluates the eval split.
         profiled = sum(v for k, v in timed.items() if k.endswith("_s"))
         timed["loop_s"] = max(t1 - t0 - profiled, 0.0)
         return timed, share

@@ -164,10 +164,11 @@ class AdmissionSwitch(Callback):
 
 
 class EpochWindow(Callback):
-    """Marks where a timed window of epochs begins: when epoch ``first`` starts,
-    keeps the wall clock, the process's CPU clock and ``times.as_dict()`` (the
-    engine's ``StageTimes``, set once the engine exists) as ``start``, so a
-    profile at the end minus it covers epochs ``first`` on only.
+    """Marks a timed window of epochs: when epoch ``first`` starts, keeps the
+    wall clock, the process's CPU clock and ``times.as_dict()`` (the engine's
+    ``StageTimes``, set once the engine exists) as ``start``; when the fit's
+    steps end (``on_fit_end``, before the fit evaluates the eval split), the
+    same as ``end``. ``end`` minus ``start`` covers epochs ``first`` on only.
 
     Args:
         first: the first timed epoch (0-based; earlier epochs are a warm-up).
@@ -177,10 +178,18 @@ class EpochWindow(Callback):
         self.first = first
         self.times: Any = None
         self.start: tuple[float, float, dict[str, float]] | None = None
+        self.end: tuple[float, float, dict[str, float]] | None = None
+
+    def _mark(self) -> tuple[float, float, dict[str, float]]:
+        return time.perf_counter(), time.process_time(), self.times.as_dict()
 
     def on_epoch_start(self, state: LoopState) -> None:
         if state.epoch == self.first and self.times is not None:
-            self.start = (time.perf_counter(), time.process_time(), self.times.as_dict())
+            self.start = self._mark()
+
+    def on_fit_end(self, state: LoopState) -> None:
+        if self.start is not None:
+            self.end = self._mark()
 
 
 class CheckpointCadence(Callback):
