@@ -133,3 +133,29 @@ def test_a_shard_range_the_manager_cannot_use_fails_at_load(tmp_path: Any) -> No
     assert (
         load_job(path, [*on[:2], "runtime.scaling.enabled=false"]).runtime.ray.ps.memory_mb is None
     )
+
+
+def test_a_job_built_in_code_with_an_unusable_range_keeps_its_shards(tmp_path: Any) -> None:
+    """A job built in code skips load's validation: the same rule
+    (``RuntimeSpec.shard_range_needs``) keeps ``elastic_shards`` off and names
+    what is missing, a PS memory budget first, then the socket data plane."""
+    from dataclasses import replace
+
+    from estuary.config import load_job
+    from estuary.runtime.ray.scaling import elastic_shards, spare_shard_cpus
+
+    from ..distributed.conftest import write_job
+
+    on = ["runtime.backend=ray", "runtime.roles.ps.max=3", "runtime.ray.ps.memory_mb=64"]
+    job = load_job(write_job(tmp_path), [*on, "runtime.scaling.enabled=true"])
+    assert job.runtime.shard_range_needs() is None and elastic_shards(job)
+
+    def built(**ray: Any) -> Any:
+        return replace(job, runtime=replace(job.runtime, ray=replace(job.runtime.ray, **ray)))
+
+    no_budget = built(ps=replace(job.runtime.ray.ps, memory_mb=None))
+    actor = built(data_plane="actor")
+    assert "runtime.roles.ps.memory_mb" in (no_budget.runtime.shard_range_needs() or "")
+    assert "data_plane: socket (got 'actor')" in (actor.runtime.shard_range_needs() or "")
+    for unusable in (no_budget, actor):
+        assert not elastic_shards(unusable) and spare_shard_cpus(unusable) == 0.0

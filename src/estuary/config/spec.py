@@ -461,22 +461,14 @@ class RuntimeSpec:
         self.ray.validate(f"{path}.ray")
         roles = self.resolved_roles()
         ps = roles["ps"]
-        if self.scaling.enabled and ps.max > ps.min:
-            # A shard range the scaling manager could never use (it adds and
-            # retires shards only with both) fails here, not at run time.
-            if self.ray.ps.memory_mb is None:
-                missing = f"a PS memory budget ({path}.roles.ps.memory_mb)"
-            elif self.ray.data_plane != "socket":
-                missing = f"{path}.ray.data_plane: socket (got {self.ray.data_plane!r})"
-            else:
-                missing = ""
-            if missing:
-                raise ConfigError(
-                    f"{path}.roles.ps.max",
-                    f"{ps.max} above min {ps.min} with {path}.scaling.enabled, but the scaling "
-                    f"manager adds and retires PS shards only with {missing}; set it, or make "
-                    "max equal min",
-                )
+        # A shard range the scaling manager could never use fails here, not at run time.
+        if self.scaling.enabled and ps.max > ps.min and (missing := self.shard_range_needs(path)):
+            raise ConfigError(
+                f"{path}.roles.ps.max",
+                f"{ps.max} above min {ps.min} with {path}.scaling.enabled, but the scaling "
+                f"manager adds and retires PS shards only with {missing}; set it, or make "
+                "max equal min",
+            )
         for plan in roles.values():
             for bound in ("min", "max"):
                 limit = getattr(plan, bound)
@@ -487,6 +479,16 @@ class RuntimeSpec:
                         f"{plan.count} {plan.role} process(es) ({path}.{home}) is "
                         f"{'below' if bound == 'min' else 'above'} {bound} {limit}",
                     )
+
+    def shard_range_needs(self, path: str = "runtime") -> str | None:
+        """What the scaling manager lacks to add and retire PS shards, named by the
+        key that sets it: a PS memory budget, then the socket data plane; ``None``
+        when it has both."""
+        if self.ray.ps.memory_mb is None:
+            return f"a PS memory budget ({path}.roles.ps.memory_mb)"
+        if self.ray.data_plane != "socket":
+            return f"{path}.ray.data_plane: socket (got {self.ray.data_plane!r})"
+        return None
 
     def resolved_roles(self) -> dict[str, RolePlan]:
         """Every role as it will run, by role name (``estuary.config.roles.ROLES``

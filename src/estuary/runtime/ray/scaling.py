@@ -386,9 +386,8 @@ def elastic_shards(job: JobSpec) -> bool:
     role = job.runtime.resolved_roles()["ps"]
     return (
         job.runtime.scaling.enabled
-        and job.runtime.ray.ps.memory_mb is not None
         and role.max > role.min
-        and job.runtime.ray.data_plane == "socket"
+        and job.runtime.shard_range_needs() is None
     )
 
 
@@ -447,10 +446,11 @@ def ps_scaling_manager(
             [PSClient(e, k, timeout_s=timeout_s) for e, k in zip(endpoints, keys, strict=True)]
         )
         spawn = ServerSpawner(config, job.runtime.ray.ps, client_timeout_s=timeout_s)
-    elif role.max > role.min and spec.enabled:
+    elif role.max > role.min and (missing := job.runtime.shard_range_needs()):
+        # Loaded jobs fail at load (RuntimeSpec.validate); this is for jobs built in code.
         logger.warning(
-            "scaling: runtime.roles.ps.max > min, but PS shards are added and retired only "
-            "with a PS memory budget (runtime.roles.ps.memory_mb) on the socket data plane"
+            "scaling: runtime.roles.ps.max > min, but PS shards are added and retired only with %s",
+            missing,
         )
     shards = RayShards(
         servers, None if budget is None else budget * 2**20, client=client, spawn=spawn
