@@ -159,3 +159,32 @@ def test_a_job_built_in_code_with_an_unusable_range_keeps_its_shards(tmp_path: A
     assert "data_plane: socket (got 'actor')" in (actor.runtime.shard_range_needs() or "")
     for unusable in (no_budget, actor):
         assert not elastic_shards(unusable) and spare_shard_cpus(unusable) == 0.0
+    neither = built(ps=replace(job.runtime.ray.ps, memory_mb=None), data_plane="actor")
+    assert "runtime.roles.ps.memory_mb" in (neither.runtime.shard_range_needs() or "")
+
+
+def test_the_manager_warns_of_an_unusable_range_even_when_it_does_not_run(
+    tmp_path: Any, caplog: Any
+) -> None:
+    """A job built in code with a range but no PS memory budget on one shard
+    starts no manager, and the log still says the range is kept and why."""
+    import logging
+    from dataclasses import replace
+
+    from estuary.config import load_job
+    from estuary.runtime.ray.scaling import ps_scaling_manager
+
+    from ..distributed.conftest import write_job
+
+    on = ["runtime.backend=ray", "runtime.roles.ps.max=3", "runtime.ray.ps.memory_mb=64"]
+    job = load_job(write_job(tmp_path), [*on, "runtime.scaling.enabled=true"])
+    ray = replace(job.runtime.ray, ps=replace(job.runtime.ray.ps, memory_mb=None))
+    built = replace(job, runtime=replace(job.runtime, ray=ray))
+    with caplog.at_level(logging.WARNING, logger="estuary.runtime.ray.scaling"):
+        assert ps_scaling_manager(built, [object()]) is None
+    assert "(runtime.roles.ps.memory_mb); the job keeps its 1 shard(s)" in caplog.text
+    caplog.clear()
+    off = replace(
+        built, runtime=replace(built.runtime, scaling=replace(built.runtime.scaling, enabled=False))
+    )
+    assert ps_scaling_manager(off, [object()]) is None and not caplog.text

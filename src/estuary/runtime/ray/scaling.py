@@ -434,9 +434,19 @@ def ps_scaling_manager(
     ``runtime.roles.ps.max``) and merges them (down to ``min``) over socket
     clients of ``endpoints`` and ``keys``, starting new servers with ``config``."""
     spec, budget = job.runtime.scaling, job.runtime.ray.ps.memory_mb
-    if not spec.enabled or (budget is None and len(servers) < 2):
+    if not spec.enabled:
         return None
     role = job.runtime.resolved_roles()["ps"]
+    if role.max > role.min and (missing := job.runtime.shard_range_needs()):
+        # Loaded jobs fail at load (RuntimeSpec.validate); this is for jobs built in code.
+        logger.warning(
+            "scaling: runtime.roles.ps.max > min, but PS shards are added and retired only with "
+            "%s; the job keeps its %d shard(s)",
+            missing,
+            len(servers),
+        )
+    if budget is None and len(servers) < 2:
+        return None
     bounds = Bounds()
     client: ShardedPSClient | None = None
     spawn: ServerSpawner | None = None
@@ -446,12 +456,6 @@ def ps_scaling_manager(
             [PSClient(e, k, timeout_s=timeout_s) for e, k in zip(endpoints, keys, strict=True)]
         )
         spawn = ServerSpawner(config, job.runtime.ray.ps, client_timeout_s=timeout_s)
-    elif role.max > role.min and (missing := job.runtime.shard_range_needs()):
-        # Loaded jobs fail at load (RuntimeSpec.validate); this is for jobs built in code.
-        logger.warning(
-            "scaling: runtime.roles.ps.max > min, but PS shards are added and retired only with %s",
-            missing,
-        )
     shards = RayShards(
         servers, None if budget is None else budget * 2**20, client=client, spawn=spawn
     )
