@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from estuary.metrics.logs import LOG_CONTEXT
 
 # `estuary` run so that rank 0 (the only trainer, or rank 0 of --nproc W) holds
 # inside step 6 until a stop is asked of it (at most 60 s): a test's signal then
@@ -43,6 +46,37 @@ if __name__ == "__main__":
 """
 
 HeldRun = Callable[[list[str], signal.Signals], tuple[int, str]]
+
+
+@pytest.fixture(autouse=True)
+def pristine_logging() -> None:
+    """Every test starts from the ``estuary`` loggers this process began with.
+    An in-process ``main`` (in a test or in a fixture of any scope) or
+    ``LogSettings.apply`` sets their levels and handler, and ``-q`` leaves errors
+    only, so a later test in the same process would miss the warnings it looks
+    for (caplog sees only what the loggers pass on). Which tests share a process
+    depends on pytest-xdist's split: tests/serve's session fixture trains with
+    ``-q``, and a test of tests/embedding run after it on the same worker saw no
+    warning."""
+    for logger in _estuary_loggers():
+        # One made since this process began goes back to its parents' level.
+        handlers, level, disabled = _PRISTINE_LOGGERS.get(logger.name, ([], logging.NOTSET, False))
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.disabled = disabled
+    LOG_CONTEXT.rank, LOG_CONTEXT.step = 0, None
+
+
+def _estuary_loggers() -> list[logging.Logger]:
+    """The ``estuary`` logger and every one made below it so far."""
+    named = list(logging.Logger.manager.loggerDict.items())
+    below = [g for n, g in named if n.startswith("estuary.") and isinstance(g, logging.Logger)]
+    return [logging.getLogger("estuary"), *below]
+
+
+_PRISTINE_LOGGERS = {
+    lg.name: (list(lg.handlers), lg.level, lg.disabled) for lg in _estuary_loggers()
+}
 
 
 @pytest.fixture

@@ -6,29 +6,15 @@ error naming the option. ``estuary eval`` shows a progress bar of its rows."""
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from estuary.cli import main
-from estuary.metrics.logs import ENV_VAR, LOG_CONTEXT, LogSettings
+from estuary.metrics.logs import ENV_VAR, LogSettings
 
 from .conftest import TinyJob
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """Undo what ``main`` does to the ``estuary`` loggers."""
-    names = ["estuary", "estuary.metrics", "estuary.train", "estuary.train.checkpointer"]
-    saved = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).level) for n in names}
-    yield
-    for name, (handlers, level) in saved.items():
-        logging.getLogger(name).handlers[:] = handlers
-        logging.getLogger(name).setLevel(level)
-    LOG_CONTEXT.rank, LOG_CONTEXT.step = 0, None
 
 
 def json_lines(err: str) -> list[dict[str, Any]]:
