@@ -105,11 +105,26 @@ def signal_in_step_6(tmp_path: Path) -> HeldRun:
     return run
 
 
+# tryfirst: xdist's own hook (its worker's, registered after this file) reads the
+# groups into the test ids; run after it, as this one did until 2026-12-04, the
+# groups were never applied and Ray tests ran on both workers, each starting a
+# Ray instance of its own.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2 --dist loadgroup``): every test that runs Ray
-    goes to one worker, so they share that worker's one local Ray instance
-    (tests/cluster/conftest.py) instead of each worker starting its own."""
+    """Groups for pytest-xdist's ``--dist loadgroup`` (pyproject.toml's default:
+    2 workers): every test that runs Ray goes to one worker, so they share that
+    worker's one local Ray instance (tests/cluster/conftest.py) instead of each
+    worker starting its own; every other test goes with the rest of its file,
+    so a module's tests run in order on one worker. Some tests build on what
+    the one before them left in a module-scoped fixture
+    (tests/serve/test_process_follow.py); split over two workers, each worker
+    built a fixture of its own, and the later tests' follower began again at
+    the first checkpoint."""
+    root = Path(str(config.rootpath))
     for item in items:
         path = Path(str(item.path))
         if "cluster" in path.parts or "ray_instance" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            group = "ray"
+        else:
+            group = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+        item.add_marker(pytest.mark.xdist_group(group))
