@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from estuary.config.streams import StartPosition, StreamSourceSpec
@@ -91,3 +93,49 @@ def test_a_subject_outside_the_named_stream_is_a_clear_error(nats_server: Server
     spec = _spec(nats_server, subject=f"{subject}.other", stream=subject)
     with pytest.raises(StreamError, match="cannot open"):
         StreamReader(spec, COLUMNS).open()
+
+
+def test_a_read_returns_at_most_what_it_asks_and_carries_the_rest(nats_server: Server) -> None:
+    """nats-py's fetch hands over every message already queued for the
+    subscription, beyond the batch asked for; such a queue is left by a fetch
+    request that timed out before the server's messages came (seen on a loaded
+    machine: a split read again got 11 messages for 10, and the resume failed).
+    Here 25 wait in the queue (a pull request for 25 sent on the connector's own
+    subscription): reads of 10 get at most 10 each, every message once and in
+    order, each read moving the position only over what it returned."""
+    import json
+
+    from estuary.data.streams.nats import NatsConnector
+
+    subject = new_target()
+    publisher = open_publisher(f"{nats_server.url}/{subject}")
+    try:
+        publisher.publish([row(i) for i in range(30)])
+        connector = NatsConnector(_spec(nats_server, subject=subject))
+        connector.open(StartPosition.earliest())
+        try:
+            assert connector.read(1, 5.0)[0].offset == 1  # the consumer is made
+            sub = connector._sub
+            assert sub is not None
+            request = json.dumps({"batch": 25, "no_wait": True}).encode()
+            connector._run(sub._nc.publish(sub._nms, request, sub._deliver))
+            deadline = time.monotonic() + 10
+            while sub._sub._pending_queue.qsize() < 25:  # the server's reply queued
+                assert time.monotonic() < deadline, "the 25 messages never arrived"
+                time.sleep(0.01)
+            first = connector.read(10, 5.0)
+            # The fetch got the queued 25 (and nats-py asks the server for more):
+            # what this test is about happened.
+            assert len(first) + len(connector._carry) >= 25
+            reads = [first]
+            while sum(map(len, reads)) < 29:
+                reads.append(connector.read(10, 5.0))
+                assert reads[-1], "a read came back empty before message 30"
+                assert connector.position() == reads[-1][-1].offset
+            assert all(len(r) <= 10 for r in reads)
+            offsets = [int(m.offset) for r in reads for m in r]
+            assert offsets == list(range(2, 31))  # each once, in order
+        finally:
+            connector.close()
+    finally:
+        publisher.close()

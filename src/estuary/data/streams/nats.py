@@ -146,6 +146,11 @@ class NatsConnector:
         self._generation = 0  # +1 on every reconnect (set on the loop thread)
         self._last_fetch = 0.0
         self._cursor = 0  # stream sequence of the last message returned
+        # Messages the consumer delivered past a read's max_messages, handed out
+        # first by the next reads (nats-py's fetch hands over every message
+        # already queued for the subscription, which a fetch that timed out can
+        # leave there beyond the batch asked for).
+        self._carry: list[StreamMessage] = []
         self._committed: int | None = None
         self._outage = Outage(self.what, spec.reconnect_timeout_s)
 
@@ -187,12 +192,15 @@ class NatsConnector:
         finally:
             self._loop.close()
             self._loop, self._nc, self._js, self._sub = None, None, None, None
+            self._carry = []
 
     # -- reading -----------------------------------------------------------------------
 
     def read(self, max_messages: int, timeout_s: float) -> list[StreamMessage]:
         if max_messages < 1:
             raise ValueError(f"max_messages must be >= 1, got {max_messages}")
+        if self._carry:
+            return self._hand_out(self._carry, max_messages)
         deadline = time.monotonic() + timeout_s
         while self._outage.pause(deadline):  # False: still down at the deadline
             wait_s = max(deadline - time.monotonic(), _MIN_FETCH_S)
@@ -204,7 +212,7 @@ class NatsConnector:
                 self._outage.failed(e)  # raises once down too long
                 continue
             self._outage.ok()
-            return self._accept(raw)
+            return self._accept(raw, max_messages)
         return []
 
     def position(self) -> Offset:
@@ -223,15 +231,26 @@ class NatsConnector:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _accept(self, raw: list[tuple[int, bytes, int]]) -> list[StreamMessage]:
-        """Messages after our position, in order; the position moves here, on the
-        caller's thread, only for messages actually handed out."""
-        out = []
+    def _accept(self, raw: list[tuple[int, bytes, int]], max_messages: int) -> list[StreamMessage]:
+        """At most ``max_messages`` messages after our position, in order; the rest
+        of ``raw`` past our position is carried to the next reads."""
+        fresh: list[StreamMessage] = []
+        last = self._cursor
         for seq, payload, stamp_ms in raw:
-            if seq <= self._cursor:
+            if seq <= last:
                 continue  # already returned (a consumer rebuilt from an older view)
-            out.append(StreamMessage(seq, payload, stamp_ms))
-            self._cursor = seq
+            fresh.append(StreamMessage(seq, payload, stamp_ms))
+            last = seq
+        return self._hand_out(fresh, max_messages)
+
+    def _hand_out(self, messages: list[StreamMessage], max_messages: int) -> list[StreamMessage]:
+        """The first ``max_messages`` of ``messages``; the rest is carried. The
+        position moves here, on the caller's thread, only for messages handed
+        out. No fetch runs while messages are carried, so the consumer is never
+        rebuilt (from the position) with messages past it in hand."""
+        out, self._carry = messages[:max_messages], messages[max_messages:]
+        if out:
+            self._cursor = int(out[-1].offset)
         return out
 
     def _run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float = 0.0) -> T:
