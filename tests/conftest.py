@@ -7,8 +7,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,17 +50,24 @@ HeldRun = Callable[[list[str], signal.Signals], tuple[int, str]]
 
 
 @pytest.fixture(autouse=True)
-def pristine_logging() -> None:
-    """Every test starts from the ``estuary`` loggers this process began with.
-    An in-process ``main`` (in a test or in a fixture of any scope) or
-    ``LogSettings.apply`` sets their levels and handler, and ``-q`` leaves errors
-    only, so a later test in the same process would miss the warnings it looks
-    for (caplog sees only what the loggers pass on). Which tests share a process
-    depends on pytest-xdist's split: tests/serve's session fixture trains with
-    ``-q``, and a test of tests/embedding run after it on the same worker saw no
-    warning."""
+def pristine_logging() -> Iterator[None]:
+    """Every test starts, and leaves the next fixture, with the ``estuary``
+    loggers its process began with. An in-process ``main`` (in a test or in a
+    fixture of any scope) or ``LogSettings.apply`` sets their levels and
+    handler, and ``-q`` leaves errors only, so a later test in the same process
+    would miss the warnings it looks for (caplog sees only what the loggers pass
+    on). Which tests share a process depends on pytest-xdist's split:
+    tests/serve's session fixture trains with ``-q``, and a test of
+    tests/embedding, run after it on the same worker, saw no warning."""
+    _reset_loggers()
+    yield
+    _reset_loggers()
+
+
+def _reset_loggers() -> None:
     for logger in _estuary_loggers():
-        # One made since this process began goes back to its parents' level.
+        # One made since this process began gets NOTSET (its parents' level)
+        # and no handlers.
         handlers, level, disabled = _PRISTINE_LOGGERS.get(logger.name, ([], logging.NOTSET, False))
         logger.handlers[:] = handlers
         logger.setLevel(level)
@@ -105,26 +113,24 @@ def signal_in_step_6(tmp_path: Path) -> HeldRun:
     return run
 
 
-# tryfirst: xdist's own hook (its worker's, registered after this file) reads the
-# groups into the test ids; run after it, as this one did until 2026-12-04, the
-# groups were never applied and Ray tests ran on both workers, each starting a
-# Ray instance of its own.
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (pyproject.toml's default:
-    2 workers): every test that runs Ray goes to one worker, so they share that
-    worker's one local Ray instance (tests/cluster/conftest.py) instead of each
-    worker starting its own; every other test goes with the rest of its file,
-    so a module's tests run in order on one worker. Some tests build on what
-    the one before them left in a module-scoped fixture
-    (tests/serve/test_process_follow.py); split over two workers, each worker
-    built a fixture of its own, and the later tests' follower began again at
-    the first checkpoint."""
-    root = Path(str(config.rootpath))
-    for item in items:
-        path = Path(str(item.path))
-        if "cluster" in path.parts or "ray_instance" in getattr(item, "fixturenames", ()):
-            group = "ray"
-        else:
-            group = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
+# tryfirst: the first scheduler a hook returns is the one xdist uses, and its own
+# hook (registered after this file) returns one for every --dist mode.
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's ``--dist loadfile`` (pyproject.toml's default, 2 workers),
+    with every test of tests/cluster (the Ray tests) in one unit: they run on
+    one worker and share its one local Ray instance (tests/cluster/conftest.py)
+    instead of each worker starting its own. Every other file's tests run on
+    one worker, in file order: some build on what the test before them left in
+    a module-scoped fixture (tests/serve/test_process_follow.py). The test ids
+    stay as they are (xdist's ``loadgroup`` adds ``@group`` to every id)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RayTestsTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "ray" if file.startswith("tests/cluster/") else file
+
+    return RayTestsTogether(config, log)

@@ -404,8 +404,8 @@ def test_corrupt_parquet_names_the_file(tmp_path: Path) -> None:
         ("e.parquet", "parquet", b""),
         ("e.jsonl", "jsonl", b""),
         ("blank.jsonl", "jsonl", b"\n \n\r\n"),
-        # mtime=0: the same bytes in every process (pytest-xdist's workers must
-        # collect the same test ids, and the bytes are part of this one's).
+        # mtime=0: the same bytes in every run (without ids= the bytes would be
+        # in the test id, and pytest-xdist's workers must collect the same ids).
         ("e.jsonl.gz", "jsonl", gzip.compress(b"", mtime=0)),
     ],
     ids=["parquet", "jsonl", "blank-jsonl", "jsonl-gz"],
