@@ -113,8 +113,8 @@ def signal_in_step_6(tmp_path: Path) -> HeldRun:
     return run
 
 
-# tryfirst: the first scheduler a hook returns is the one xdist uses, and its own
-# hook (registered after this file) returns one for every --dist mode.
+# The first scheduler a hook returns is the one xdist uses; its own hook is
+# trylast, and tryfirst here says so plainly.
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """pytest-xdist's ``--dist loadfile`` (pyproject.toml's default, 2 workers),

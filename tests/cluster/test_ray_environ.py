@@ -5,7 +5,6 @@ or a Ray Client server) do not inherit ``RAY_AUTH_MODE=token`` and the like."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -72,9 +71,6 @@ def test_a_ray_client_join_the_proxy_aborts_is_tried_again(
     from estuary.config.spec import RaySpec
     from estuary.runtime.ray import cluster
 
-    # The warnings it asserts on, whatever level an earlier test's in-process
-    # `estuary` command left on the estuary loggers (LogSettings.apply).
-    caplog.set_level(logging.WARNING, logger="estuary.runtime.ray.cluster")
     calls: list[str] = []
 
     def init(address: str, **_: object) -> None:

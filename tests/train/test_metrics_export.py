@@ -11,7 +11,6 @@ import re
 import socket
 import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -246,19 +245,7 @@ def test_dataset_run_serves_growing_metrics_and_counts_checkpoints(
     assert_port_released(port)
 
 
-@pytest.fixture
-def metrics_logger() -> Iterator[None]:
-    """Undo what ``estuary train`` does to the ``estuary.metrics`` logger."""
-    logger = logging.getLogger("estuary.metrics")
-    handlers, level = list(logger.handlers), logger.level
-    yield
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-
-
-def test_cli_logs_the_picked_port(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], metrics_logger: None
-) -> None:
+def test_cli_logs_the_picked_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job = sources_job(tmp_path)
     assert main(["train", str(job), "--no-progress", "--set", "output.metrics_port=0"]) == 0
     logged = capsys.readouterr().err
