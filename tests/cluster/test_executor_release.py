@@ -132,6 +132,13 @@ def test_placement_keeps_no_group_when_the_executors_do_not_fit_in_time(
     blocker = placement_group([{"CPU": total - 0.5}])  # 0.5 CPU left free
     # Blocking wait: earlier tests' actors and groups are freed asynchronously.
     ray_instance.get(blocker.ready(), timeout=30)
+
+    # The blocker is ready once the rest is free enough, not free: wait until
+    # nothing else holds CPU, so the core group fits and only the executors' do not.
+    def only_blocker_holds_cpu() -> bool:
+        return abs(ray_instance.available_resources().get("CPU", 0.0) - 0.5) < 1e-6
+
+    assert wait_for(only_blocker_holds_cpu, timeout_s=30), ray_instance.available_resources()
     try:
         asks = [RoleAsk("ps", 1, SMALL), RoleAsk("data_executor", 2, EXECUTOR)]
         before = {g for g in ray_instance.util.placement_group_table() if g}
@@ -139,6 +146,6 @@ def test_placement_keeps_no_group_when_the_executors_do_not_fit_in_time(
             place(asks, timeout_s=1.0)
         table = ray_instance.util.placement_group_table()
         ours = [v for k, v in table.items() if k not in before]
-        assert len(ours) == 3 and all(v["state"] == "REMOVED" for v in ours)
+        assert [v["state"] for v in ours] == ["REMOVED"] * 3, ours
     finally:
         remove_placement_group(blocker)
