@@ -138,8 +138,8 @@ def test_placement_keeps_no_group_when_the_executors_do_not_fit_in_time(
     def only_blocker_holds_cpu() -> bool:
         return abs(ray_instance.available_resources().get("CPU", 0.0) - 0.5) < 1e-6
 
-    assert wait_for(only_blocker_holds_cpu, timeout_s=30), ray_instance.available_resources()
     try:
+        assert wait_for(only_blocker_holds_cpu, 30), ray_instance.available_resources()
         asks = [RoleAsk("ps", 1, SMALL), RoleAsk("data_executor", 2, EXECUTOR)]
         before = {g for g in ray_instance.util.placement_group_table() if g}
         with pytest.raises(PlacementError, match="has not had room for them within 1 s"):
