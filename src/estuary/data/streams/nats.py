@@ -331,7 +331,10 @@ class NatsConnector:
         self._last_fetch = time.monotonic()
         try:
             msgs = await self._sub.fetch(max_messages, timeout=timeout_s)
-        except nats.errors.TimeoutError:
+        except TimeoutError:
+            # nats-py's own TimeoutError, or the builtin one (asyncio's) when the
+            # server's reply to its first pull request left no time for a second
+            # (none is left outstanding then): both mean an idle stream, if connected.
             if not self._nc.is_connected:
                 raise  # not an idle stream: the server is away
             return []
