@@ -32,6 +32,11 @@
    of its calibrations predicted every round (entry 0, made before every
    round, is what the calibrate-once design would have given on the same
    runs), and ``validation_error_speed_index`` (``speed_index_error``).
+   ``bias`` is each config's median over rounds of predicted / measured (> 1:
+   over-predicted). A paired run also judges, on the same runs, each round's
+   calibration with the training loop's and the collection's figures at the
+   median of their rounds instead of the least (``calibrate(others=...)``: the
+   same timings): ``validation_error_median_rounds``, ``bias_median_rounds``.
 3. Trace: ``--jobs`` jobs on ``--nodes`` nodes (32 cores, 256 GiB each; network
    100 us, 10 Gbit/s): Poisson arrivals, heavy-tailed sizes, user specs that
    over- and under-provision, node failures, stragglers, hot shards, growing
@@ -202,28 +207,48 @@ def median_costs(calibrations: list[Costs]) -> Costs:
     return replace(first, **values, machine={**first.machine, "calibrations": len(calibrations)})
 
 
+def _rounded(figures: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in figures.items()}
+
+
 def worst_error(validation: list[dict[str, Any]]) -> float:
     return max(v["relative_error"] for v in validation)
 
 
+def bias(validation: list[dict[str, Any]]) -> dict[str, float]:
+    """Each config's median over its rounds of predicted over measured rows/s
+    (> 1: over-predicted): the law's and the calibration's lean, which one
+    run's median-of-rounds error mixes with the rounds' spread."""
+    return {
+        v["config"]: statistics.median(
+            p / m for p, m in zip(v["predicted_rounds"], v["measured_rounds"], strict=True)
+        )
+        for v in validation
+    }
+
+
 def measure_paired(
     job: Any, configs: list[tuple[int, int]], repeats: int, epochs: int
-) -> tuple[list[Costs], list[float], list[dict[str, Any]]]:
+) -> tuple[list[Costs], list[Costs], list[float], list[dict[str, Any]]]:
     """Each round's calibration at its start, just before its real runs (the
     machine's speed drifts over minutes, and what a calibration reads holds for
-    its minutes): the calibrations, the probe's single-process loops per CPU
-    second around each, and the real runs."""
+    its minutes): the calibrations, the same with the one-process figures at
+    the median of their rounds (``calibrate(others=...)``), the probe's
+    single-process loops per CPU second around each, and the real runs."""
     paired: list[Costs] = []
+    median_rounds: list[Costs] = []
     loops: list[float] = []
 
     def calibrate_round(r: int) -> None:
         print(f"round {r}: calibrating", flush=True)
         before = simulate_real.probe(1)[1]
-        paired.append(calibrate(job))
+        others: dict[str, Costs] = {}
+        paired.append(calibrate(job, others=others))
+        median_rounds.append(others["median_rounds"])
         loops.append((before + simulate_real.probe(1)[1]) / 2)
 
     real = simulate_real.measure(configs, repeats, epochs, calibrate_round)
-    return paired, loops, real
+    return paired, median_rounds, loops, real
 
 
 def main() -> None:
@@ -263,6 +288,7 @@ def main() -> None:
     )
     configs = simulate_real.parse_configs("1x0,2x1,2x2,3x1")
     paired: list[Costs] | None = None
+    median_rounds: list[Costs] = []  # paired runs: each calibration, median rounds
     loops: list[float] = []  # the probe's loops per CPU second around each calibration
     if args.costs or args.real or args.calibrate_once:
         costs = load_costs(args.costs) if args.costs else calibrate(job)
@@ -272,11 +298,12 @@ def main() -> None:
             else simulate_real.measure(configs, args.repeats, args.epochs)
         )
     else:
-        paired, loops, real = measure_paired(job, configs, args.repeats, args.epochs)
+        paired, median_rounds, loops, real = measure_paired(job, configs, args.repeats, args.epochs)
         costs = median_costs(paired)
     if args.save_costs:
         save_costs(costs, args.save_costs)
     validation = validate(paired or costs, real)
+    by_median = validate(median_rounds, real) if median_rounds else []
     print(f"{'config':>6} {'measured':>10} {'predicted':>10} {'error':>6}")
     for v in validation:
         print(
@@ -354,6 +381,12 @@ def main() -> None:
         "validation_error_by_calibration": [worst_error(validate(c, real)) for c in paired or []],
         "calibration_loops_1": loops,
         "validation_error_speed_index": speed_index_error(validation, loops) if paired else None,
+        "bias": bias(validation),
+        # Paired runs only: the same runs predicted with the training loop's and
+        # the collection's figures at the median of their rounds, not the least.
+        "validation_error_median_rounds": worst_error(by_median) if by_median else None,
+        "bias_median_rounds": bias(by_median) if by_median else None,
+        "validation_median_rounds": by_median,
         "policies": summaries,
         "ratios": ratios,
         "estuary_reversed_actions": results["estuary"].reversed_actions,
@@ -371,9 +404,15 @@ def main() -> None:
         "wall_s": time.perf_counter() - t0,
     }
     print(f"\nvalidation_error {result['validation_error']:.3f}")
+    print("bias (predicted / measured, median over rounds):", _rounded(result["bias"]))
     if paired:
         adjusted = result["validation_error_speed_index"]
         print(f"with the speed index (reported, not the figure): {adjusted:.3f}")
+        print(
+            "with the one-process figures at the median of their rounds (reported): "
+            f"{result['validation_error_median_rounds']:.3f}, bias "
+            f"{_rounded(result['bias_median_rounds'])}"
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 

@@ -203,9 +203,11 @@ def test_each_round_is_calibrated_just_before_its_runs(monkeypatch: pytest.Monke
     sim = _simulate()
     events: list[str] = []
 
-    def calibrate(job: object) -> Costs:
+    def calibrate(job: object, others: dict[str, Costs]) -> Costs:
         events.append("calibrate")
-        return SLOW[events.count("calibrate") - 1]
+        i = events.count("calibrate") - 1
+        others["median_rounds"] = SLOW[2 - i]  # a stand-in: told apart from the least
+        return SLOW[i]
 
     def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
         events.append(f"{trainers}x{shards}")
@@ -215,11 +217,21 @@ def test_each_round_is_calibrated_just_before_its_runs(monkeypatch: pytest.Monke
     monkeypatch.setattr(sim, "calibrate", calibrate)
     monkeypatch.setattr(sim.simulate_real, "run_once", run_once)
     monkeypatch.setattr(sim.simulate_real, "probe", lambda n: (1.0, float(next(probes))))
-    paired, loops, real = sim.measure_paired(None, [(1, 0), (2, 1)], 3, 1)
+    paired, median_rounds, loops, real = sim.measure_paired(None, [(1, 0), (2, 1)], 3, 1)
     assert events == ["calibrate", "1x0", "2x1"] * 3
     assert paired == SLOW
+    assert median_rounds == SLOW[::-1]  # each round's own median-rounds variant
     assert loops == [1.5, 3.5, 5.5]  # the probe's loops before and after each calibration
     assert [len(c["rounds"]) for c in real] == [3, 3]
+
+
+def test_bias_is_each_configs_median_ratio_over_its_rounds() -> None:
+    """predicted / measured per round, median over rounds: 1.2, 0.9, 1.1 -> 1.1."""
+    sim = _simulate()
+    validation = [
+        {"config": "1x0", "predicted_rounds": [12.0, 9.0, 11.0], "measured_rounds": [10.0] * 3}
+    ]
+    assert sim.bias(validation) == {"1x0": pytest.approx(1.1)}
 
 
 def test_a_paired_validation_needs_one_calibration_per_round() -> None:
