@@ -34,9 +34,10 @@
    runs), and ``validation_error_speed_index`` (``speed_index_error``).
    ``bias`` is each config's median over rounds of predicted / measured (> 1:
    over-predicted). A paired run also judges, on the same runs, each round's
-   calibration with the training loop's and the collection's figures at the
-   median of their rounds instead of the least (``calibrate(others=...)``: the
-   same timings): ``validation_error_median_rounds``, ``bias_median_rounds``.
+   calibration with the training loop's and the collection's figures from the
+   least of their rounds instead of the median (``calibrate(others=...)``: the
+   same timings; the design until 2026-12-04): ``validation_error_least_rounds``,
+   ``bias_least_rounds``.
 3. Trace: ``--jobs`` jobs on ``--nodes`` nodes (32 cores, 256 GiB each; network
    100 us, 10 Gbit/s): Poisson arrivals, heavy-tailed sizes, user specs that
    over- and under-provision, node failures, stragglers, hot shards, growing
@@ -232,11 +233,11 @@ def measure_paired(
 ) -> tuple[list[Costs], list[Costs], list[float], list[dict[str, Any]]]:
     """Each round's calibration at its start, just before its real runs (the
     machine's speed drifts over minutes, and what a calibration reads holds for
-    its minutes): the calibrations, the same with the one-process figures at
-    the median of their rounds (``calibrate(others=...)``), the probe's
+    its minutes): the calibrations, the same with the one-process figures from
+    the least of their rounds (``calibrate(others=...)``), the probe's
     single-process loops per CPU second around each, and the real runs."""
     paired: list[Costs] = []
-    median_rounds: list[Costs] = []
+    least_rounds: list[Costs] = []
     loops: list[float] = []
 
     def calibrate_round(r: int) -> None:
@@ -244,11 +245,11 @@ def measure_paired(
         before = simulate_real.probe(1)[1]
         others: dict[str, Costs] = {}
         paired.append(calibrate(job, others=others))
-        median_rounds.append(others["median_rounds"])
+        least_rounds.append(others["least_rounds"])
         loops.append((before + simulate_real.probe(1)[1]) / 2)
 
     real = simulate_real.measure(configs, repeats, epochs, calibrate_round)
-    return paired, median_rounds, loops, real
+    return paired, least_rounds, loops, real
 
 
 def main() -> None:
@@ -288,7 +289,7 @@ def main() -> None:
     )
     configs = simulate_real.parse_configs("1x0,2x1,2x2,3x1")
     paired: list[Costs] | None = None
-    median_rounds: list[Costs] = []  # paired runs: each calibration, median rounds
+    least_rounds: list[Costs] = []  # paired runs: each calibration, least rounds
     loops: list[float] = []  # the probe's loops per CPU second around each calibration
     if args.costs or args.real or args.calibrate_once:
         costs = load_costs(args.costs) if args.costs else calibrate(job)
@@ -298,12 +299,12 @@ def main() -> None:
             else simulate_real.measure(configs, args.repeats, args.epochs)
         )
     else:
-        paired, median_rounds, loops, real = measure_paired(job, configs, args.repeats, args.epochs)
+        paired, least_rounds, loops, real = measure_paired(job, configs, args.repeats, args.epochs)
         costs = median_costs(paired)
     if args.save_costs:
         save_costs(costs, args.save_costs)
     validation = validate(paired or costs, real)
-    by_median = validate(median_rounds, real) if median_rounds else []
+    by_least = validate(least_rounds, real) if least_rounds else []
     print(f"{'config':>6} {'measured':>10} {'predicted':>10} {'error':>6}")
     for v in validation:
         print(
@@ -383,10 +384,10 @@ def main() -> None:
         "validation_error_speed_index": speed_index_error(validation, loops) if paired else None,
         "bias": bias(validation),
         # Paired runs only: the same runs predicted with the training loop's and
-        # the collection's figures at the median of their rounds, not the least.
-        "validation_error_median_rounds": worst_error(by_median) if by_median else None,
-        "bias_median_rounds": bias(by_median) if by_median else None,
-        "validation_median_rounds": by_median,
+        # the collection's figures from the least of their rounds, not the median.
+        "validation_error_least_rounds": worst_error(by_least) if by_least else None,
+        "bias_least_rounds": bias(by_least) if by_least else None,
+        "validation_least_rounds": by_least,
         "policies": summaries,
         "ratios": ratios,
         "estuary_reversed_actions": results["estuary"].reversed_actions,
@@ -409,9 +410,9 @@ def main() -> None:
         adjusted = result["validation_error_speed_index"]
         print(f"with the speed index (reported, not the figure): {adjusted:.3f}")
         print(
-            "with the one-process figures at the median of their rounds (reported): "
-            f"{result['validation_error_median_rounds']:.3f}, bias "
-            f"{_rounded(result['bias_median_rounds'])}"
+            "with the one-process figures from the least of their rounds (reported): "
+            f"{result['validation_error_least_rounds']:.3f}, bias "
+            f"{_rounded(result['bias_least_rounds'])}"
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

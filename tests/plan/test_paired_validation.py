@@ -206,7 +206,7 @@ def test_each_round_is_calibrated_just_before_its_runs(monkeypatch: pytest.Monke
     def calibrate(job: object, others: dict[str, Costs]) -> Costs:
         events.append("calibrate")
         i = events.count("calibrate") - 1
-        others["median_rounds"] = SLOW[2 - i]  # a stand-in: told apart from the least
+        others["least_rounds"] = SLOW[2 - i]  # a stand-in: told apart from the median
         return SLOW[i]
 
     def run_once(trainers: int, shards: int, epochs: int) -> dict[str, Any]:
@@ -217,10 +217,10 @@ def test_each_round_is_calibrated_just_before_its_runs(monkeypatch: pytest.Monke
     monkeypatch.setattr(sim, "calibrate", calibrate)
     monkeypatch.setattr(sim.simulate_real, "run_once", run_once)
     monkeypatch.setattr(sim.simulate_real, "probe", lambda n: (1.0, float(next(probes))))
-    paired, median_rounds, loops, real = sim.measure_paired(None, [(1, 0), (2, 1)], 3, 1)
+    paired, least_rounds, loops, real = sim.measure_paired(None, [(1, 0), (2, 1)], 3, 1)
     assert events == ["calibrate", "1x0", "2x1"] * 3
     assert paired == SLOW
-    assert median_rounds == SLOW[::-1]  # each round's own median-rounds variant
+    assert least_rounds == SLOW[::-1]  # each round's own least-rounds variant
     assert loops == [1.5, 3.5, 5.5]  # the probe's loops before and after each calibration
     assert [len(c["rounds"]) for c in real] == [3, 3]
 
