@@ -36,7 +36,8 @@
    over-predicted). A paired run also judges, on the same runs, each round's
    calibration with the training loop's and the collection's figures from the
    least of their rounds instead of the median (``calibrate(others=...)``: the
-   same timings; the design until 2026-12-04): ``validation_error_least_rounds``,
+   same timings; the design until 2026-12-04 but for the two-thread speed-up
+   and the PS probes' dense CPU): ``validation_error_least_rounds``,
    ``bias_least_rounds``.
 3. Trace: ``--jobs`` jobs on ``--nodes`` nodes (32 cores, 256 GiB each; network
    100 us, 10 Gbit/s): Poisson arrivals, heavy-tailed sizes, user specs that

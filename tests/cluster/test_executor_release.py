@@ -130,8 +130,6 @@ def test_placement_keeps_no_group_when_the_executors_do_not_fit_in_time(
     held by another group): every group is removed and the error says so."""
     total = ray_instance.cluster_resources()["CPU"]
     blocker = placement_group([{"CPU": total - 0.5}])  # 0.5 CPU left free
-    # Blocking wait: earlier tests' actors and groups are freed asynchronously.
-    ray_instance.get(blocker.ready(), timeout=30)
 
     # The blocker is ready once the rest is free enough, not free: wait until
     # nothing else holds CPU, so the core group fits and only the executors' do not.
@@ -139,6 +137,8 @@ def test_placement_keeps_no_group_when_the_executors_do_not_fit_in_time(
         return abs(ray_instance.available_resources().get("CPU", 0.0) - 0.5) < 1e-6
 
     try:
+        # Blocking wait: earlier tests' actors and groups are freed asynchronously.
+        ray_instance.get(blocker.ready(), timeout=30)
         assert wait_for(only_blocker_holds_cpu, 30), ray_instance.available_resources()
         asks = [RoleAsk("ps", 1, SMALL), RoleAsk("data_executor", 2, EXECUTOR)]
         before = {g for g in ray_instance.util.placement_group_table() if g}

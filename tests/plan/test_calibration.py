@@ -12,6 +12,8 @@ from estuary.config import load_job
 from estuary.plan.calibration import calibrate
 from estuary.plan.costs import Costs, load_costs, save_costs
 
+from .conftest import simple_costs
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "criteo.yaml"
 # The first 10,000 lines of the DAC training data: the example's model and
 # tables on a third of its sample's rows (the timed fits and loads shrink with
@@ -382,3 +384,57 @@ def test_the_two_thread_speed_up_counts_the_loops_own_time_on_both_sides(
     assert got["dense_speedup_2"] == pytest.approx(
         0.5 * (d + 0.001) / (d * 0.5 / 1.6 + 0.001), rel=0.02
     )
+
+
+def test_the_least_rounds_variant_takes_only_the_least_figures() -> None:
+    """``calibrate(others=...)['least_rounds']``: the training loop's figures
+    from ``_trainer_costs``' ``LEAST_ROUNDS`` entries (a per-step lookup or
+    update over the features: a per-call figure) and the collection's least
+    pass; every other figure, the speed-up included, is the calibration's own."""
+    from dataclasses import replace
+
+    from estuary.plan.calibration import LEAST_ROUNDS, _least_rounds
+
+    costs = replace(simple_costs(), sparse_features=4)
+    loop = {
+        "dense_s_per_row": 9.0,  # the median figures: not taken
+        "dense_speedup_2": 1.7,
+        LEAST_ROUNDS + "dense_s_per_row": 1e-6,
+        LEAST_ROUNDS + "dense_s_per_step": 2e-4,
+        LEAST_ROUNDS + "lookup_s_per_id": 3e-8,
+        LEAST_ROUNDS + "lookup_s_per_step": 4e-4,
+        LEAST_ROUNDS + "update_s_per_id": 5e-8,
+        LEAST_ROUNDS + "update_s_per_step": 8e-4,
+    }
+    got = _least_rounds(costs, loop, collection_least=7e-7)
+    assert got == replace(
+        costs,
+        dense_s_per_row=1e-6,
+        dense_s_per_step=2e-4,
+        lookup_s_per_id=3e-8,
+        lookup_s_per_call=1e-4,
+        update_s_per_id=5e-8,
+        update_s_per_call=2e-4,
+        collection_s_per_row=7e-7,
+    )
+
+
+def test_the_collection_figure_is_the_median_pass_and_the_least_beside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``_collection_costs`` returns (median, least) of its timed passes: three
+    passes of 3, 1 and 2 s of CPU over the data's rows give 2 s and 1 s a pass."""
+    import types
+
+    from estuary.data import TabularDataset
+    from estuary.plan import calibration
+    from estuary.train.plan import shared_names
+
+    job = load_job(EXAMPLE, [f"data.sources[0].path={HEAD_10K}", "train.batch_size=4096"])
+    dataset = TabularDataset(job.data, job.base_dir, hash_names=shared_names(job), threads=1)
+    rows = sum(int(b.labels.shape[0]) for b in dataset.batches("all", 4096))
+    ticks = iter([0.0, 3.0, 10.0, 11.0, 20.0, 22.0])  # (start, end) of each timed pass
+    clock = types.SimpleNamespace(process_time=lambda: next(ticks))
+    monkeypatch.setattr(calibration, "time", clock)
+    median, least = calibration._collection_costs(job, dataset, 4096, repeats=3)
+    assert (median, least) == pytest.approx((2.0 / rows, 1.0 / rows))

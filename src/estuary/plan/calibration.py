@@ -616,10 +616,13 @@ def calibrate(job: Any, *, repeats: int = 3, others: dict[str, Costs] | None = N
             batches, the all-reduce ``repeats`` rounds of ``repeats`` windows
             after up to 10 steps).
         others: when given, receives under ``"least_rounds"`` the same
-            calibration with the training loop's and the collection's figures
-            from the least of their rounds instead of the median (the same
-            timings, no more runs; the design until 2026-12-04):
-            ``bench/simulate.py`` judges both on the same real runs.
+            calibration with the training loop's per-step and per-row (per-id)
+            figures and the collection's from the least of their rounds
+            instead of the median (the same timings, no more runs):
+            ``bench/simulate.py`` judges both on the same real runs. Only
+            those figures differ; the two-thread speed-up and the PS probes'
+            dense CPU between requests come from the median either way, where
+            the design until 2026-12-04 took them from the least too.
     """
     parse, hash_per_id, unique, row_bytes, dataset = _data_costs(job, repeats)
     features = list(unique[0])
@@ -697,15 +700,23 @@ def calibrate(job: Any, *, repeats: int = 3, others: dict[str, Costs] | None = N
         },
     )
     if others is not None:
-        least = {k[len(LEAST_ROUNDS) :]: v for k, v in t.items() if k.startswith(LEAST_ROUNDS)}
-        others["least_rounds"] = replace(
-            costs,
-            lookup_s_per_id=least["lookup_s_per_id"],
-            lookup_s_per_call=least["lookup_s_per_step"] / f,
-            update_s_per_id=least["update_s_per_id"],
-            update_s_per_call=least["update_s_per_step"] / f,
-            dense_s_per_row=least["dense_s_per_row"],
-            dense_s_per_step=least["dense_s_per_step"],
-            collection_s_per_row=collection_least,
-        )
+        others["least_rounds"] = _least_rounds(costs, t, collection_least)
     return costs
+
+
+def _least_rounds(costs: Costs, loop: dict[str, float], collection_least: float) -> Costs:
+    """``costs`` with the training loop's figures from ``loop``'s ``LEAST_ROUNDS``
+    entries (``_trainer_costs``) and the collection's from ``collection_least``;
+    every other figure as it is."""
+    least = {k[len(LEAST_ROUNDS) :]: v for k, v in loop.items() if k.startswith(LEAST_ROUNDS)}
+    f = costs.sparse_features
+    return replace(
+        costs,
+        lookup_s_per_id=least["lookup_s_per_id"],
+        lookup_s_per_call=least["lookup_s_per_step"] / f,
+        update_s_per_id=least["update_s_per_id"],
+        update_s_per_call=least["update_s_per_step"] / f,
+        dense_s_per_row=least["dense_s_per_row"],
+        dense_s_per_step=least["dense_s_per_step"],
+        collection_s_per_row=collection_least,
+    )
