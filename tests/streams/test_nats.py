@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -30,6 +33,26 @@ def _spec(server: Server, **fields: object) -> StreamSourceSpec:
     return StreamSourceSpec(
         kind="nats", url=server.url, format="csv", columns=COLUMNS, poll_timeout_s=0.05, **fields
     )  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _past_the_first(server: Server, messages: int) -> Iterator[tuple[Any, Any]]:
+    """(publisher, NatsConnector) on a new subject holding ``messages`` rows,
+    the connector opened at the earliest; both closed afterwards."""
+    from estuary.data.streams.nats import NatsConnector
+
+    subject = new_target()
+    publisher = open_publisher(f"{server.url}/{subject}")
+    try:
+        publisher.publish([row(i) for i in range(messages)])
+        connector = NatsConnector(_spec(server, subject=subject))
+        connector.open(StartPosition.earliest())
+        try:
+            yield publisher, connector
+        finally:
+            connector.close()
+    finally:
+        publisher.close()
 
 
 def test_publisher_creates_a_stream_named_after_the_subject(nats_server: Server) -> None:
@@ -105,40 +128,28 @@ def test_a_read_returns_at_most_what_it_asks_and_carries_the_rest(nats_server: S
     order, each read moving the position only over what it returned."""
     import json
 
-    from estuary.data.streams.nats import NatsConnector
-
-    subject = new_target()
-    publisher = open_publisher(f"{nats_server.url}/{subject}")
-    try:
-        publisher.publish([row(i) for i in range(30)])
-        connector = NatsConnector(_spec(nats_server, subject=subject))
-        connector.open(StartPosition.earliest())
-        try:
-            assert connector.read(1, 5.0)[0].offset == 1  # the consumer is made
-            sub = connector._sub
-            assert sub is not None
-            request = json.dumps({"batch": 25, "no_wait": True}).encode()
-            connector._run(sub._nc.publish(sub._nms, request, sub._deliver))
-            deadline = time.monotonic() + 10
-            while sub._sub._pending_queue.qsize() < 25:  # the server's reply queued
-                assert time.monotonic() < deadline, "the 25 messages never arrived"
-                time.sleep(0.01)
-            first = connector.read(10, 5.0)
-            # The fetch got the queued 25 (and nats-py asks the server for more):
-            # what this test is about happened.
-            assert len(first) + len(connector._carry) >= 25
-            reads = [first]
-            while sum(map(len, reads)) < 29:
-                reads.append(connector.read(10, 5.0))
-                assert reads[-1], "a read came back empty before message 30"
-                assert connector.position() == reads[-1][-1].offset
-            assert all(len(r) <= 10 for r in reads)
-            offsets = [int(m.offset) for r in reads for m in r]
-            assert offsets == list(range(2, 31))  # each once, in order
-        finally:
-            connector.close()
-    finally:
-        publisher.close()
+    with _past_the_first(nats_server, 30) as (_publisher, connector):
+        assert connector.read(1, 5.0)[0].offset == 1  # the consumer is made
+        sub = connector._sub
+        assert sub is not None
+        request = json.dumps({"batch": 25, "no_wait": True}).encode()
+        connector._run(sub._nc.publish(sub._nms, request, sub._deliver))
+        deadline = time.monotonic() + 10
+        while sub._sub._pending_queue.qsize() < 25:  # the server's reply queued
+            assert time.monotonic() < deadline, "the 25 messages never arrived"
+            time.sleep(0.01)
+        first = connector.read(10, 5.0)
+        # The fetch got the queued 25 (and nats-py asks the server for more):
+        # what this test is about happened.
+        assert len(first) + len(connector._carry) >= 25
+        reads = [first]
+        while sum(map(len, reads)) < 29:
+            reads.append(connector.read(10, 5.0))
+            assert reads[-1], "a read came back empty before message 30"
+            assert connector.position() == reads[-1][-1].offset
+        assert all(len(r) <= 10 for r in reads)
+        offsets = [int(m.offset) for r in reads for m in r]
+        assert offsets == list(range(2, 31))  # each once, in order
 
 
 def test_a_fetch_that_runs_out_of_time_on_an_idle_stream_is_no_outage(
@@ -153,40 +164,28 @@ def test_a_fetch_that_runs_out_of_time_on_an_idle_stream_is_no_outage(
     returns nothing, and the consumer is neither rebuilt nor counted as an
     outage. The fetch is stubbed to raise that error, as the race is not
     reproducible on demand."""
-    from estuary.data.streams.nats import NatsConnector
+    with _past_the_first(nats_server, 1) as (publisher, connector):
+        assert connector.read(1, 5.0)[0].offset == 1  # the consumer is made
+        sub = connector._sub
+        assert sub is not None
+        fetched: list[int] = []
 
-    subject = new_target()
-    publisher = open_publisher(f"{nats_server.url}/{subject}")
-    try:
-        publisher.publish([row(0)])
-        connector = NatsConnector(_spec(nats_server, subject=subject))
-        connector.open(StartPosition.earliest())
-        try:
-            assert connector.read(1, 5.0)[0].offset == 1  # the consumer is made
-            sub = connector._sub
-            assert sub is not None
-            fetched: list[int] = []
+        async def out_of_time(batch: int, timeout: float) -> list[object]:
+            fetched.append(batch)
+            raise TimeoutError  # what asyncio.TimeoutError is
 
-            async def out_of_time(batch: int, timeout: float) -> list[object]:
-                fetched.append(batch)
-                raise TimeoutError  # what asyncio.TimeoutError is
+        subscribed: list[object] = []
 
-            subscribed: list[object] = []
+        async def subscribe(config: object) -> object:
+            subscribed.append(config)
+            raise AssertionError("the consumer was rebuilt")
 
-            async def subscribe(config: object) -> object:
-                subscribed.append(config)
-                raise AssertionError("the consumer was rebuilt")
-
-            monkeypatch.setattr(sub, "fetch", out_of_time)
-            monkeypatch.setattr(connector, "_subscribe", subscribe)
-            for _ in range(3):
-                assert connector.read(10, 0.2) == []
-            assert len(fetched) >= 3 and subscribed == [] and connector._sub is sub
-            assert connector._outage.failures == 0 and connector._outage.since is None
-            monkeypatch.undo()
-            publisher.publish([row(1)])
-            assert [m.offset for m in connector.read(10, 5.0)] == [2]
-        finally:
-            connector.close()
-    finally:
-        publisher.close()
+        monkeypatch.setattr(sub, "fetch", out_of_time)
+        monkeypatch.setattr(connector, "_subscribe", subscribe)
+        for _ in range(3):
+            assert connector.read(10, 0.2) == []
+        assert len(fetched) >= 3 and subscribed == [] and connector._sub is sub
+        assert connector._outage.failures == 0 and connector._outage.since is None
+        monkeypatch.undo()
+        publisher.publish([row(1)])
+        assert [m.offset for m in connector.read(10, 5.0)] == [2]
