@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from simulate import pool, read_real, validate
 
-from estuary.plan.costs import COSTS_VERSION, Costs
+from estuary.plan.costs import ADDED_IN_6, COSTS_VERSION, Costs
 
 # The figures `calibration._layout_costs` times with several processes at once.
 MULTI_PROCESS = (
@@ -59,6 +59,8 @@ def load_run(path: Path, chain: float) -> tuple[Costs, list[Costs] | None]:
     def costs_of(raw: dict[str, Any]) -> Costs:
         raw = dict(raw)
         raw.setdefault("chain_utilisation", chain)
+        for name in ADDED_IN_6:
+            raw.setdefault(name, 1.0)  # before version 6: the law without them
         raw["version"] = COSTS_VERSION
         return Costs.from_dict(raw, source=str(path))
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import types
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,7 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(probes, "ps_layout_rounds", fake_ps)
     monkeypatch.setattr(probes, "dense_layout", fake_dense)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     rng = np.random.default_rng(0)
     unique = [{"a": np.unique(rng.integers(0, 99, 20))} for _ in range(40)]
     got = calibration._layout_costs(
@@ -120,14 +122,71 @@ def test_probes_time_the_runs_steady_layout(monkeypatch: pytest.MonkeyPatch) -> 
     assert seen["ps"] == [40, 40, 40]  # 1x1 and 1x2, each every stream; the 2x2 chain
     assert seen["layouts"] == [11, 12, 22]
     assert len(seen["ids"]) == 2 and seen["ids"][-1] == 1  # full, one id a table
-    assert seen["dense"] == [10] * 6
-    assert seen["dense_rows"] == [512] * 6  # DDP's cost at the runs' batch size
+    assert seen["dense"] == [10] * 9  # 1, 2 and 3 (the cores + 1) processes a round
+    assert seen["dense_rows"] == [512] * 9  # DDP's cost at the runs' batch size
     assert got["ps_s_per_request"] == pytest.approx(0.001)
     assert got["ps_s_per_id"] == pytest.approx(1e-5)
     assert got["allreduce_s_per_step"] == pytest.approx(0.0021)
     assert calibration._ps_warmup(50, 40) == 50
     # The client's requests are timed between dense steps; that step's CPU is not theirs.
     assert got["rpc_s_per_request"] == pytest.approx(0.0002)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 4, 16])
+def test_the_ddp_groups_wall_over_their_cpu(monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
+    """``ddp_stretch``: the 2-process DDP group's wall per step over its CPU;
+    ``ddp_stretch_oversubscribed``: a group of cores + 1 processes' wall over the
+    2-process CPU shared perfectly over the cores; each the median of the rounds
+    (one round's hiccup moves neither) and never below 1. The group of cores + 1
+    is timed only on 2-8 cores; on one core the 2-process group is itself
+    oversubscribed, so neither figure is taken. The probes are stand-ins."""
+    from estuary.config.tables import TableSpec
+    from estuary.plan import calibration, probes
+
+    groups: list[int] = []
+    slow = iter([3.0, 1.0, 1.0])  # the 2-process group's first round: a hiccup
+
+    def fake_ps(
+        tables: Any, streams: list[Any], features: Any, trainers: int, shards: int, **kw: int
+    ) -> list[list[probes.LayoutTiming]]:
+        return [
+            [
+                probes.LayoutTiming(trainers, shards, 0.02, 0.006, 0.003, kw["steps"])
+                for _ in streams
+            ]
+            for _ in range(kw["rounds"])
+        ]
+
+    def fake_dense(job: Any, trainers: int, batch_rows: int, **kw: int) -> probes.LayoutTiming:
+        groups.append(trainers)
+        if trainers == 1:
+            return probes.LayoutTiming(1, 0, 0.010, 0.010, 0.0, kw["steps"])
+        if trainers == 2:  # 12 ms of CPU a step, 14.4 ms of wall: 1.2
+            return probes.LayoutTiming(2, 0, 0.0144 * next(slow), 0.012, 0.0, kw["steps"])
+        # cores + 1 processes: 1.25 x what (cores + 1) / cores x 12 ms would take
+        return probes.LayoutTiming(trainers, 0, 1.25 * 0.012 * trainers / cores, 0.013, 0.0, 3)
+
+    class Job:
+        def table_spec(self, name: str) -> TableSpec:
+            return TableSpec(dim=4)
+
+    monkeypatch.setattr(probes, "ps_layout_rounds", fake_ps)
+    monkeypatch.setattr(probes, "dense_layout", fake_dense)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    rng = np.random.default_rng(0)
+    unique = [{"a": np.unique(rng.integers(0, 99, 20))} for _ in range(8)]
+    got = calibration._layout_costs(Job(), unique, 512, steps=3, warmup=2, rounds=3, ps_rounds=1)
+    if cores == 1:
+        assert got["ddp_stretch"] == got["ddp_stretch_oversubscribed"] == 1.0
+        assert groups == [1, 2] * 3
+        return
+    assert got["ddp_stretch"] == pytest.approx(1.2)
+    if cores <= calibration.OVERSUBSCRIBED_MAX_CORES:
+        assert groups == [1, 2, cores + 1] * 3
+        assert got["ddp_stretch_oversubscribed"] == pytest.approx(1.25)
+    else:
+        assert groups == [1, 2] * 3
+        assert got["ddp_stretch_oversubscribed"] == 1.0
 
 
 def test_chain_utilisation_is_the_chains_cpu_over_its_wall_and_cores(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,9 +77,33 @@ def test_a_costs_file_from_before_the_chain_figure_is_refused(tmp_path: Path, co
     data = costs.to_dict() | {"version": 4}
     path = tmp_path / "c.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="version: expected 5, got 4"):
+    with pytest.raises(ConfigError, match=r"version: expected 6 \(or 5\), got 4"):
         load_costs(path)
     data.pop("chain_utilisation")
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="chain_utilisation: missing"):
         load_costs(path)
+
+
+def test_a_version_5_costs_file_loads_with_the_law_before_the_ddp_stretch(
+    tmp_path: Path, costs: Costs
+) -> None:
+    """A file from before the DDP group's stretch (version 5) loads with both
+    figures at 1.0, the law it was saved under; a version-6 file needs both, and
+    neither may be below 1."""
+    data = costs.to_dict() | {"version": 5}
+    for name in ("ddp_stretch", "ddp_stretch_oversubscribed"):
+        data.pop(name)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    old = load_costs(path)
+    assert old.ddp_stretch == old.ddp_stretch_oversubscribed == 1.0 and old.version == 5
+    path.write_text(json.dumps(data | {"version": 6}))
+    with pytest.raises(ConfigError, match="ddp_stretch: missing"):
+        load_costs(path)
+    path.write_text(json.dumps(costs.to_dict() | {"ddp_stretch_oversubscribed": 0.9}))
+    with pytest.raises(ConfigError, match=r"ddp_stretch_oversubscribed.*>= 1, got 0.9"):
+        load_costs(path)
+    saved = replace(costs, ddp_stretch=1.2, ddp_stretch_oversubscribed=1.35)
+    path.write_text(json.dumps(saved.to_dict()))
+    assert load_costs(path) == saved

@@ -192,3 +192,38 @@ def test_the_request_chain_fills_only_its_measured_share_of_the_cores() -> None:
     assert predict(
         replace(base, chain_utilisation=0.5), one, cores=2.0, colocated=True
     ).step_s == pytest.approx(predict(base, one, cores=2.0, colocated=True).step_s)
+
+
+def test_a_colocated_ddp_groups_dense_step_stretches_by_its_measured_wall() -> None:
+    """Trainers sharing the calibrated machine: each one's dense step (with the
+    all-reduce) lasts ``ddp_stretch`` times its CPU (the ranks wait on each
+    other), ``ddp_stretch_oversubscribed`` times with more trainers than cores.
+    10 ms of dense CPU and 0.5 ms of client requests a trainer a step, 2 cores."""
+    base = simple_costs(rpc_s_per_request=0.00025)  # 2 requests: 0.5 ms a step
+    stretched = replace(base, ddp_stretch=1.2, ddp_stretch_oversubscribed=1.3)
+    two, three = (Layout(w, 1, batch_rows=1024, preloaded=True) for w in (2, 3))
+    # Each trainer on its own core: 10 ms x 1.2 + 0.5 ms, 2 ms more than the old law.
+    assert predict(stretched, two, cores=2.0, colocated=True).step_s == pytest.approx(
+        predict(base, two, cores=2.0, colocated=True).step_s + 0.002
+    )
+    # 3 on 2 cores: 1.5 x (10 ms x 1.3 + 0.5 ms), 1.5 x 3 ms = 4.5 ms more.
+    old = predict(base, three, cores=2.0, colocated=True)
+    assert old.step_s == pytest.approx(1.5 * 0.0105 + 3 * 0.001024)
+    new = predict(stretched, three, cores=2.0, colocated=True)
+    assert new.step_s == pytest.approx(old.step_s + 0.0045)
+    assert new.rows_per_s < old.rows_per_s
+    # predict_shared (the bench's validation) carries it.
+    assert predict_shared(stretched, three, cores_1=1.0, cores_n=2.0).step_s == pytest.approx(
+        new.step_s
+    )
+    # Not colocated (a cluster: each trainer its own cores), or one trainer
+    # (no DDP group): the calibrated machine's stretch does not apply.
+    for lay in (two, three):
+        assert predict(stretched, lay).step_s == pytest.approx(predict(base, lay).step_s)
+        assert predict(stretched, lay, cores=2.0).step_s == pytest.approx(
+            predict(base, lay, cores=2.0).step_s
+        )
+    one = Layout(1, 1, batch_rows=1024, preloaded=True)
+    assert predict(stretched, one, cores=2.0, colocated=True).step_s == pytest.approx(
+        predict(base, one, cores=2.0, colocated=True).step_s
+    )

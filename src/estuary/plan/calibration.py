@@ -31,7 +31,10 @@ Each component is timed on the job's own data and model (~1-2 min in all):
                  trainer's own sparse work, which a PS layout adds to the client's.
   all-reduce     the dense step alone and in a 2-process DDP group
                  (``probes.dense_layout``) at the batch size: the CPU per step
-                 DDP adds.
+                 DDP adds; and the group's wall per step over its CPU
+                 (``ddp_stretch``), and a group of ``cores + 1`` processes' wall
+                 over the 2-process CPU shared perfectly over the cores
+                 (``ddp_stretch_oversubscribed``).
   chain          2 clients against 2 sync servers in lockstep (the same probe,
                  the full batches): the share of the cores their request chain
                  keeps busy (``chain_utilisation``, ``_chain_utilisation``).
@@ -519,13 +522,27 @@ def _layout_costs(
     # the step, so a small batch measured a layout the runs do not use. The
     # median of the rounds' differences: min-of-2 of each read 1.2, 4.1 and
     # 2.9 ms in three calibrations minutes apart.
-    added = []
+    # The same rounds time the groups' wall per step too: the 2-process group's
+    # over its CPU (`ddp_stretch`), and, where the machine has 2-8 cores, a group
+    # of one process more than the cores (`ddp_stretch_oversubscribed`): on the
+    # 2-core machine 3 processes took 28.8-29.5 ms a step against the 20.5-22.4
+    # their CPU shared perfectly would (4 rounds), and 2 took 16.5-17.6 ms
+    # against 13.6-14.9 ms of CPU (docs/deploy.md, "The DDP group's wall").
+    cores = os.cpu_count() or 1
+    over = cores + 1 if 2 <= cores <= OVERSUBSCRIBED_MAX_CORES else 0
+    added, stretch, stretch_over = [], [], []
     for _ in range(rounds):
         kw = {"steps": steps, "warmup": warmup, "windows": windows}
         one = dense_layout(job, 1, batch_rows, **kw).client_cpu_s
-        two = dense_layout(job, 2, batch_rows, **kw).client_cpu_s
-        added.append(two - one)
+        two = dense_layout(job, 2, batch_rows, **kw)
+        added.append(two.client_cpu_s - one)
+        stretch.append(two.wall_s / two.client_cpu_s)
+        if over:
+            group = dense_layout(job, over, batch_rows, **kw)
+            stretch_over.append(group.wall_s / (two.client_cpu_s * over / cores))
     return {
+        "ddp_stretch": max(statistics.median(stretch), 1.0) if cores >= 2 else 1.0,
+        "ddp_stretch_oversubscribed": max(statistics.median(stretch_over), 1.0) if over else 1.0,
         "rpc_s_per_request": c1_fixed / 2,
         "rpc_s_per_id": c1_id,
         "rpc_sharded_s_per_request": c2_fixed / 4,
@@ -539,6 +556,10 @@ def _layout_costs(
 
 
 CHAIN_CLIENTS = CHAIN_SERVERS = 2
+# The oversubscribed DDP group (cores + 1 processes) is timed on machines of up
+# to this many cores; on more it would start that many processes for a figure
+# only colocated predictions use, and ``ddp_stretch_oversubscribed`` stays 1.0.
+OVERSUBSCRIBED_MAX_CORES = 8
 
 
 def _chain_utilisation(
@@ -666,6 +687,8 @@ def calibrate(job: Any, *, repeats: int = 3, others: dict[str, Costs] | None = N
         collection_s_per_row=collection,
         parallel_efficiency=efficiency,
         chain_utilisation=layout["chain_utilisation"],
+        ddp_stretch=layout["ddp_stretch"],
+        ddp_stretch_oversubscribed=layout["ddp_stretch_oversubscribed"],
         parse_s_per_row=parse,
         hash_s_per_id=hash_per_id,
         lookup_s_per_id=t["lookup_s_per_id"],

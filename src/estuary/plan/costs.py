@@ -22,8 +22,11 @@ from estuary.config.errors import ConfigError
 
 __all__ = ["COSTS_VERSION", "Costs", "load_costs", "save_costs"]
 
-COSTS_VERSION = 5  # 2: PS figures from the multi-process probes; 3: parallel_efficiency;
-# 4: collection_s_per_row; 5: chain_utilisation
+COSTS_VERSION = 6  # 2: PS figures from the multi-process probes; 3: parallel_efficiency;
+# 4: collection_s_per_row; 5: chain_utilisation; 6: ddp_stretch, ddp_stretch_oversubscribed
+
+# Figures a version-5 file lacks; it loads with each at 1.0 (the law before them).
+ADDED_IN_6 = ("ddp_stretch", "ddp_stretch_oversubscribed")
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,17 @@ class Costs:
             reference: the rate law takes the PS copies' CPU from the ``rpc_*`` and
             ``ps_*`` per-id figures, timed with the copies in them).
         cores: logical CPUs of the calibrated machine.
+        ddp_stretch: wall seconds per step of a 2-process DDP group of the
+            dense step on this machine over its CPU seconds per step (>= 1):
+            the ranks wait on each other in the all-reduce (``_layout_costs``).
+            Used only for processes sharing the calibrated machine
+            (``model.predict(colocated=True)``).
+        ddp_stretch_oversubscribed: wall seconds per step of a ``cores + 1``
+            process DDP group over what the cores would take shared perfectly,
+            ``(cores + 1) / cores`` times the 2-process group's CPU per step
+            (>= 1): a rank that waits in the all-reduce for one descheduled
+            leaves its core idle. Colocated only, as ``ddp_stretch``; 1.0 where
+            it was not timed (a machine of one core or more than 8).
         machine: free-form notes (host, load average, versions).
         version: file format version.
     """
@@ -120,6 +134,8 @@ class Costs:
     net_bytes_per_s: float
     net_cpu_s_per_byte: float
     cores: int
+    ddp_stretch: float = 1.0
+    ddp_stretch_oversubscribed: float = 1.0
     machine: dict[str, Any] = field(default_factory=dict)
     version: int = COSTS_VERSION
 
@@ -141,6 +157,9 @@ class Costs:
         for name in ("parallel_efficiency", "chain_utilisation"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ConfigError(f"{path}.{name}", "must be in (0, 1]")
+        for name in ADDED_IN_6:
+            if getattr(self, name) < 1.0:
+                raise ConfigError(f"{path}.{name}", f"must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.unique_exp <= 1.0:
             raise ConfigError(f"{path}.unique_exp", "must be in (0, 1]")
 
@@ -187,12 +206,15 @@ class Costs:
         for key in data:
             if key not in names:
                 raise ConfigError(f"{source}.{key}", "unknown key")
+        version = data.get("version", COSTS_VERSION)
         required = {f.name for f in fields(cls)} - {"machine", "version"}
+        if version == 5:
+            required -= set(ADDED_IN_6)  # a version-5 file: each at 1.0
         for key in sorted(required - set(data)):
             raise ConfigError(f"{source}.{key}", "missing")
-        if data.get("version", COSTS_VERSION) != COSTS_VERSION:
+        if version not in (5, COSTS_VERSION):
             raise ConfigError(
-                f"{source}.version", f"expected {COSTS_VERSION}, got {data['version']}"
+                f"{source}.version", f"expected {COSTS_VERSION} (or 5), got {version}"
             )
         costs = cls(**data)
         costs.validate(source)

@@ -35,7 +35,12 @@ requests' CPU, then all shards' work) at least their CPU over ``cores`` times
 ``chain_utilisation`` (``colocated``: the calibrated machine's own): the share
 of the cores such a chain keeps busy, measured by calibration (its parts wait
 on each other's replies, so it does not fill the cores as independent work
-would). The job's rate is the least of
+would). On the calibrated machine the W > 1 trainers' phase also lasts at
+least each trainer's dense step (with the all-reduce) times ``ddp_stretch``
+(a DDP group's measured wall over its CPU: the ranks wait on each other), times
+``ddp_stretch_oversubscribed`` with more trainers than cores (a rank waiting on
+one descheduled leaves its core idle), plus its client CPU, all times
+``W / cores`` when W exceeds the cores. The job's rate is the least of
 
   trainers   ``W * b / step_s`` (slowed by ``straggler``: every trainer waits for
              the slowest at the all-reduce);
@@ -166,7 +171,7 @@ def predict(
         c.lookup_s_per_id + c.update_s_per_id
     )
     dense_wall = dense_cpu / c.speedup(layout.trainer_cpus)
-    wire_bytes, step, requests_cpu = 0.0, 0.0, 0.0
+    wire_bytes, step, requests_cpu, client_cpu = 0.0, 0.0, 0.0, 0.0
     if s == 0:
         trainer_phase, trainer_cpu = (dense_wall + table_cpu) / eff_w, dense_cpu + table_cpu
         shard_phase = shard_cpu = hottest_cpu = 0.0
@@ -184,6 +189,12 @@ def predict(
         # W trainers' (then the shards') work of one step shares the machine's cores,
         # each core doing eff(k) of its work alone while k processes compute.
         trainer_phase = max(trainer_phase, w * trainer_cpu / (cores * _eff(c, w, cores, colocated)))
+        if w > 1 and colocated:
+            # The DDP group's dense step stretches past its CPU: its ranks wait
+            # on each other in the all-reduce, and with more trainers than cores
+            # a rank waiting on a descheduled one leaves its core idle.
+            ddp = _ddp_phase(c, w * layout.trainer_cpus, cores, dense_wall, client_cpu)
+            trainer_phase = max(trainer_phase, ddp)
         shard_phase = max(shard_phase, shard_cpu / (cores * _eff(c, s, cores, colocated)))
         if s and colocated:
             # The request chain (every trainer's requests, then the shards' work)
@@ -220,6 +231,20 @@ def predict(
     }
     busy = {r: min(rate * cpu[r] / role_cores[r], 1.0) for r in role_cores if role_cores[r] > 0}
     return Prediction(rate, bottleneck, limits, step, cpu, busy)
+
+
+def _ddp_phase(
+    costs: Costs, threads: float, cores: float, dense_wall: float, client_cpu: float
+) -> float:
+    """Wall seconds of colocated trainers' phase, ``threads`` of them in all on
+    ``cores`` cores: each trainer's dense step (with the all-reduce) stretched by
+    the DDP group's measured wall over its CPU (``ddp_stretch``;
+    ``ddp_stretch_oversubscribed`` with more threads than cores), then its client
+    CPU; with more threads than cores each gets ``cores / threads`` of one."""
+    over = max(1.0, threads / cores)
+    stretch = costs.ddp_stretch if threads <= cores else costs.ddp_stretch_oversubscribed
+    k = min(threads, cores)
+    return over * (dense_wall * stretch + client_cpu) / costs.concurrent_efficiency(k)
 
 
 def _eff(costs: Costs, processes: int, cores: float, colocated: bool) -> float:
