@@ -10,8 +10,10 @@
    bandwidth, the PS requests' client and server CPU and DDP's all-reduce timed
    in their multi-process layout, and the work per CPU second of the dense step
    with every core computing at once against one process alone:
-   ``parallel_efficiency``; and the share of the cores a sync request chain of
-   2 clients and 2 servers keeps busy: ``chain_utilisation``). By default
+   ``parallel_efficiency``; the share of the cores a sync request chain of
+   2 clients and 2 servers keeps busy: ``chain_utilisation``; and a DDP
+   group's wall per step over its CPU, at 2 processes and at one more than the
+   cores: ``ddp_stretch``, ``ddp_stretch_oversubscribed``). By default
    *paired*: one calibration at the start of each round, just before its real
    runs, since this machine's speed drifts over minutes and a calibration holds
    for its own; the trace and sizing below use each figure's median over them.
@@ -38,7 +40,9 @@
    least of their rounds instead of the median (``calibrate(others=...)``: the
    same timings; the design until 2026-12-04 but for the two-thread speed-up
    and the PS probes' dense CPU): ``validation_error_least_rounds``,
-   ``bias_least_rounds``.
+   ``bias_least_rounds``. Every run also judges its calibrations with the DDP
+   group's stretches at 1.0 (the law before them):
+   ``validation_error_without_ddp_stretch``, ``bias_without_ddp_stretch``.
 3. Trace: ``--jobs`` jobs on ``--nodes`` nodes (32 cores, 256 GiB each; network
    100 us, 10 Gbit/s): Poisson arrivals, heavy-tailed sizes, user specs that
    over- and under-provision, node failures, stragglers, hot shards, growing
@@ -217,6 +221,12 @@ def worst_error(validation: list[dict[str, Any]]) -> float:
     return max(v["relative_error"] for v in validation)
 
 
+def without_ddp_stretch(costs: Costs) -> Costs:
+    """``costs`` with the DDP group's stretches at 1.0: the law before them (costs
+    version 5), judged on the same runs."""
+    return replace(costs, ddp_stretch=1.0, ddp_stretch_oversubscribed=1.0)
+
+
 def bias(validation: list[dict[str, Any]]) -> dict[str, float]:
     """Each config's median over its rounds of predicted over measured rows/s
     (> 1: over-predicted): the law's and the calibration's lean, which one
@@ -306,6 +316,7 @@ def main() -> None:
         save_costs(costs, args.save_costs)
     validation = validate(paired or costs, real)
     by_least = validate(least_rounds, real) if least_rounds else []
+    unstretched = validate([without_ddp_stretch(c) for c in paired or [costs]], real)
     print(f"{'config':>6} {'measured':>10} {'predicted':>10} {'error':>6}")
     for v in validation:
         print(
@@ -389,6 +400,10 @@ def main() -> None:
         "validation_error_least_rounds": worst_error(by_least) if by_least else None,
         "bias_least_rounds": bias(by_least) if by_least else None,
         "validation_least_rounds": by_least,
+        # The same runs and calibrations with the law before the DDP group's
+        # stretches (each at 1.0).
+        "validation_error_without_ddp_stretch": worst_error(unstretched),
+        "bias_without_ddp_stretch": bias(unstretched),
         "policies": summaries,
         "ratios": ratios,
         "estuary_reversed_actions": results["estuary"].reversed_actions,
@@ -415,6 +430,11 @@ def main() -> None:
             f"{result['validation_error_least_rounds']:.3f}, bias "
             f"{_rounded(result['bias_least_rounds'])}"
         )
+    print(
+        "without the DDP group's stretches (reported): "
+        f"{result['validation_error_without_ddp_stretch']:.3f}, bias "
+        f"{_rounded(result['bias_without_ddp_stretch'])}"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 

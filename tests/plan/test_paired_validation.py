@@ -234,6 +234,25 @@ def test_bias_is_each_configs_median_ratio_over_its_rounds() -> None:
     assert sim.bias(validation) == {"1x0": pytest.approx(1.1)}
 
 
+def test_the_law_without_the_ddp_stretch_is_judged_on_the_same_runs() -> None:
+    """``without_ddp_stretch`` sets both stretches to 1.0 and nothing else: a
+    stretched calibration predicts 3x1 slower than without, 1x0 the same."""
+    sim = _simulate()
+    stretched = [replace(c, ddp_stretch=1.2, ddp_stretch_oversubscribed=1.3) for c in SLOW]
+    plain = [sim.without_ddp_stretch(c) for c in stretched]
+    assert plain == SLOW
+    real = _real(((1, 0), (3, 1)))
+    with_it, without = sim.validate(stretched, real), sim.validate(plain, real)
+    assert with_it[0]["predicted_rounds"] == pytest.approx(without[0]["predicted_rounds"])
+    # Slower where the 3 trainers' phase on 2 cores binds (round 0, a whole core
+    # each); never faster (rounds 1-2: a process got half and 0.8 of a core,
+    # and the step alone at that share binds instead).
+    slower, plain_3x1 = with_it[1]["predicted_rounds"], without[1]["predicted_rounds"]
+    assert slower[0] < plain_3x1[0]
+    assert all(a <= b + 1e-9 for a, b in zip(slower, plain_3x1, strict=True))
+    assert without[1]["relative_error"] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_a_paired_validation_needs_one_calibration_per_round() -> None:
     sim = _simulate()
     with pytest.raises(ValueError, match="config 1x0: 3 rounds but 2 calibrations"):
