@@ -465,7 +465,12 @@ def _layout_costs(
     interleaved rounds of each (each the median of ``windows`` windows in the
     same processes): the median over rounds of the CPU per step DDP adds (the
     gradients' all-reduce, its hooks and buffer broadcasts, gloo's threads
-    working beside the backward), each round's pair timed back to back.
+    working beside the backward), each round's pair timed back to back. The
+    same rounds give the 2-process group's wall per step over its CPU
+    (``ddp_stretch``) and, on 2-8 cores, a ``cores + 1`` process group's wall
+    over the 2-process CPU shared perfectly over the cores
+    (``ddp_stretch_oversubscribed``), each the median of the rounds, at least 1
+    (1.0 where not timed).
     """
     from estuary.plan.probes import dense_layout, ps_layout_rounds
     from estuary.ps.types import HostedTable
@@ -536,10 +541,11 @@ def _layout_costs(
         one = dense_layout(job, 1, batch_rows, **kw).client_cpu_s
         two = dense_layout(job, 2, batch_rows, **kw)
         added.append(two.client_cpu_s - one)
-        stretch.append(two.wall_s / two.client_cpu_s)
+        two_cpu = max(two.client_cpu_s, 1e-9)
+        stretch.append(two.wall_s / two_cpu)
         if over:
             group = dense_layout(job, over, batch_rows, **kw)
-            stretch_over.append(group.wall_s / (two.client_cpu_s * over / cores))
+            stretch_over.append(group.wall_s / (two_cpu * over / cores))
     return {
         "ddp_stretch": max(statistics.median(stretch), 1.0) if cores >= 2 else 1.0,
         "ddp_stretch_oversubscribed": max(statistics.median(stretch_over), 1.0) if over else 1.0,

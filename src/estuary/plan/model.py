@@ -193,7 +193,7 @@ def predict(
             # The DDP group's dense step stretches past its CPU: its ranks wait
             # on each other in the all-reduce, and with more trainers than cores
             # a rank waiting on a descheduled one leaves its core idle.
-            ddp = _ddp_phase(c, w * layout.trainer_cpus, cores, dense_wall, client_cpu)
+            ddp = _ddp_phase(c, w, cores, dense_wall, client_cpu)
             trainer_phase = max(trainer_phase, ddp)
         shard_phase = max(shard_phase, shard_cpu / (cores * _eff(c, s, cores, colocated)))
         if s and colocated:
@@ -234,17 +234,17 @@ def predict(
 
 
 def _ddp_phase(
-    costs: Costs, threads: float, cores: float, dense_wall: float, client_cpu: float
+    costs: Costs, trainers: int, cores: float, dense_wall: float, client_cpu: float
 ) -> float:
-    """Wall seconds of colocated trainers' phase, ``threads`` of them in all on
-    ``cores`` cores: each trainer's dense step (with the all-reduce) stretched by
-    the DDP group's measured wall over its CPU (``ddp_stretch``;
-    ``ddp_stretch_oversubscribed`` with more threads than cores), then its client
-    CPU; with more threads than cores each gets ``cores / threads`` of one."""
-    over = max(1.0, threads / cores)
-    stretch = costs.ddp_stretch if threads <= cores else costs.ddp_stretch_oversubscribed
-    k = min(threads, cores)
-    return over * (dense_wall * stretch + client_cpu) / costs.concurrent_efficiency(k)
+    """Wall seconds of ``trainers`` colocated trainers' phase on ``cores`` cores:
+    each one's dense step (with the all-reduce) stretched by the DDP group's
+    measured wall over its CPU (``ddp_stretch``; ``ddp_stretch_oversubscribed``
+    with more trainers than cores: both timed with one thread a process), then
+    its client CPU; with more trainers than cores each gets ``cores / trainers``
+    of one."""
+    over = max(1.0, trainers / cores)
+    stretch = costs.ddp_stretch if trainers <= cores else costs.ddp_stretch_oversubscribed
+    return over * (dense_wall * stretch + client_cpu) / _eff(costs, trainers, cores, True)
 
 
 def _eff(costs: Costs, processes: int, cores: float, colocated: bool) -> float:
