@@ -64,7 +64,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -697,12 +697,7 @@ def calibrate(job: Any, *, repeats: int = 3, others: dict[str, Costs] | None = N
         ddp_stretch_oversubscribed=layout["ddp_stretch_oversubscribed"],
         parse_s_per_row=parse,
         hash_s_per_id=hash_per_id,
-        lookup_s_per_id=t["lookup_s_per_id"],
-        lookup_s_per_call=t["lookup_s_per_step"] / f,
-        update_s_per_id=t["update_s_per_id"],
-        update_s_per_call=t["update_s_per_step"] / f,
-        dense_s_per_row=t["dense_s_per_row"],
-        dense_s_per_step=t["dense_s_per_step"],
+        **_loop_costs(t, f),
         dense_speedup_2=t["dense_speedup_2"],
         bytes_per_row=bytes_per_row,
         row_bytes=row_bytes,
@@ -738,14 +733,28 @@ def _least_rounds(costs: Costs, loop: dict[str, float], collection_least: float)
     entries (``_trainer_costs``) and the collection's from ``collection_least``;
     every other figure as it is."""
     least = {k[len(LEAST_ROUNDS) :]: v for k, v in loop.items() if k.startswith(LEAST_ROUNDS)}
-    f = costs.sparse_features
     return replace(
-        costs,
-        lookup_s_per_id=least["lookup_s_per_id"],
-        lookup_s_per_call=least["lookup_s_per_step"] / f,
-        update_s_per_id=least["update_s_per_id"],
-        update_s_per_call=least["update_s_per_step"] / f,
-        dense_s_per_row=least["dense_s_per_row"],
-        dense_s_per_step=least["dense_s_per_step"],
-        collection_s_per_row=collection_least,
+        costs, **_loop_costs(least, costs.sparse_features), collection_s_per_row=collection_least
+    )
+
+
+class _LoopCosts(TypedDict):
+    lookup_s_per_id: float
+    lookup_s_per_call: float
+    update_s_per_id: float
+    update_s_per_call: float
+    dense_s_per_row: float
+    dense_s_per_step: float
+
+
+def _loop_costs(loop: dict[str, float], features: int) -> _LoopCosts:
+    """The ``Costs`` fields of ``_trainer_costs``' training-loop figures (the
+    tables' per-step figures split over the ``features`` tables' calls)."""
+    return _LoopCosts(
+        lookup_s_per_id=loop["lookup_s_per_id"],
+        lookup_s_per_call=loop["lookup_s_per_step"] / features,
+        update_s_per_id=loop["update_s_per_id"],
+        update_s_per_call=loop["update_s_per_step"] / features,
+        dense_s_per_row=loop["dense_s_per_row"],
+        dense_s_per_step=loop["dense_s_per_step"],
     )
