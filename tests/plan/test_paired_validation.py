@@ -234,6 +234,29 @@ def test_bias_is_each_configs_median_ratio_over_its_rounds() -> None:
     assert sim.bias(validation) == {"1x0": pytest.approx(1.1)}
 
 
+def test_the_error_after_each_rounds_count_takes_the_median_of_those_rounds() -> None:
+    """One calibration predicts every round of 1x0 at p; the rounds measure p,
+    1.3 p and 0.9 p: after 1 round 0, after 2 |p - 1.15 p| / 1.15 p, after 3 0."""
+    sim = _simulate()
+    p = _rate(SLOW[0], 1, 0)
+    rounds = [{"rows_per_s": p * f, "cores_1": 1.0, "cores_n": 2.0} for f in (1.0, 1.3, 0.9)]
+    real = [{"trainers": 1, "ps_shards": 0, "batch_rows": 1024, "rows_per_s": p, "rounds": rounds}]
+    assert sim.error_by_rounds(SLOW[0], real) == pytest.approx([0.0, 0.15 / 1.15, 0.0])
+    assert sim.error_by_rounds(SLOW[0], real)[-1] == sim.worst_error(sim.validate(SLOW[0], real))
+
+
+def test_a_paired_runs_error_by_rounds_predicts_round_i_from_calibration_i() -> None:
+    """Paired: each round measured at its own calibration's prediction, so every
+    count of rounds reads 0; the calibrations reversed read the drift from the
+    first round on, and the last entry is the run's ``validation_error``."""
+    sim = _simulate()
+    real = _real(((1, 0), (2, 1)))
+    assert sim.error_by_rounds(SLOW, real) == pytest.approx([0.0] * 3, abs=1e-12)
+    reversed_ = sim.error_by_rounds(SLOW[::-1], real)
+    assert len(reversed_) == 3 and reversed_[0] > 0.1
+    assert reversed_[-1] == sim.worst_error(sim.validate(SLOW[::-1], real))
+
+
 def test_the_law_without_the_ddp_stretch_is_judged_on_the_same_runs() -> None:
     """``without_ddp_stretch`` sets both stretches to 1.0 and nothing else: a
     stretched calibration predicts 3x1 slower than without, 1x0 the same."""
