@@ -91,7 +91,7 @@ def test_a_merge_right_after_a_split_is_dropped_by_the_hysteresis() -> None:
     assert hold.allow(merge, 8)
 
 
-def test_shards_may_change_only_with_a_budget_a_max_and_the_socket_plane(tmp_path: Any) -> None:
+def test_shards_may_change_only_with_a_budget_and_a_max_on_either_plane(tmp_path: Any) -> None:
     from estuary.config import load_job
     from estuary.runtime.ray.scaling import elastic_shards, spare_shard_cpus
 
@@ -107,6 +107,8 @@ def test_shards_may_change_only_with_a_budget_a_max_and_the_socket_plane(tmp_pat
     ]
     job = load_job(path, on)
     assert elastic_shards(job) and spare_shard_cpus(job) == 1.0  # 2 more shards x 0.5
+    actor = load_job(path, [*on, "runtime.ray.data_plane=actor"])
+    assert elastic_shards(actor) and spare_shard_cpus(actor) == 1.0
     for off in ("runtime.roles.ps.max=1", "runtime.scaling.enabled=false"):
         job = load_job(path, [*on, off])
         assert not elastic_shards(job) and spare_shard_cpus(job) == 0.0, off
@@ -114,9 +116,9 @@ def test_shards_may_change_only_with_a_budget_a_max_and_the_socket_plane(tmp_pat
 
 def test_a_shard_range_the_manager_cannot_use_fails_at_load(tmp_path: Any) -> None:
     """With the scaling manager on, a PS range (max above min) without a PS
-    memory budget, or on the actor data plane, is an error at load naming
-    ``runtime.roles.ps.max`` and what is missing, not a range silently kept
-    at its count; without the manager, the same range loads (renderers read it)."""
+    memory budget is an error at load naming ``runtime.roles.ps.max`` and what
+    is missing, not a range silently kept at its count (on either data plane);
+    without the manager, the same range loads (renderers read it)."""
     import pytest
 
     from estuary.config import ConfigError, load_job
@@ -127,8 +129,10 @@ def test_a_shard_range_the_manager_cannot_use_fails_at_load(tmp_path: Any) -> No
     on = ["runtime.backend=ray", "runtime.roles.ps.max=3", "runtime.scaling.enabled=true"]
     with pytest.raises(ConfigError, match=r"runtime\.roles\.ps\.max.*roles\.ps\.memory_mb"):
         load_job(path, on)
-    with pytest.raises(ConfigError, match=r"runtime\.roles\.ps\.max.*data_plane: socket.*'actor'"):
-        load_job(path, [*on, "runtime.ray.ps.memory_mb=64", "runtime.ray.data_plane=actor"])
+    with pytest.raises(ConfigError, match=r"runtime\.roles\.ps\.max.*roles\.ps\.memory_mb"):
+        load_job(path, [*on, "runtime.ray.data_plane=actor"])
+    actor = load_job(path, [*on, "runtime.ray.ps.memory_mb=64", "runtime.ray.data_plane=actor"])
+    assert actor.runtime.ray.data_plane == "actor"
     assert load_job(path, [*on, "runtime.ray.ps.memory_mb=64"]).runtime.scaling.enabled
     assert (
         load_job(path, [*on[:2], "runtime.scaling.enabled=false"]).runtime.ray.ps.memory_mb is None
@@ -138,7 +142,7 @@ def test_a_shard_range_the_manager_cannot_use_fails_at_load(tmp_path: Any) -> No
 def test_a_job_built_in_code_with_an_unusable_range_keeps_its_shards(tmp_path: Any) -> None:
     """A job built in code skips load's validation: the same rule
     (``RuntimeSpec.shard_range_needs``) keeps ``elastic_shards`` off and names
-    what is missing, a PS memory budget first, then the socket data plane."""
+    what is missing: a PS memory budget (the data plane does not matter)."""
     from dataclasses import replace
 
     from estuary.config import load_job
@@ -154,13 +158,13 @@ def test_a_job_built_in_code_with_an_unusable_range_keeps_its_shards(tmp_path: A
         return replace(job, runtime=replace(job.runtime, ray=replace(job.runtime.ray, **ray)))
 
     no_budget = built(ps=replace(job.runtime.ray.ps, memory_mb=None))
-    actor = built(data_plane="actor")
     assert "runtime.roles.ps.memory_mb" in (no_budget.runtime.shard_range_needs() or "")
-    assert "data_plane: socket (got 'actor')" in (actor.runtime.shard_range_needs() or "")
-    for unusable in (no_budget, actor):
-        assert not elastic_shards(unusable) and spare_shard_cpus(unusable) == 0.0
+    assert not elastic_shards(no_budget) and spare_shard_cpus(no_budget) == 0.0
+    actor = built(data_plane="actor")
+    assert actor.runtime.shard_range_needs() is None and elastic_shards(actor)
     neither = built(ps=replace(job.runtime.ray.ps, memory_mb=None), data_plane="actor")
     assert "runtime.roles.ps.memory_mb" in (neither.runtime.shard_range_needs() or "")
+    assert not elastic_shards(neither)
 
 
 def test_the_manager_warns_of_an_unusable_range_even_when_it_does_not_run(

@@ -482,12 +482,10 @@ class RuntimeSpec:
 
     def shard_range_needs(self, path: str = "runtime") -> str | None:
         """What the scaling manager lacks to add and retire PS shards, named by the
-        key that sets it: a PS memory budget, then the socket data plane; ``None``
-        when it has both."""
+        key that sets it: a PS memory budget (either data plane works); ``None``
+        when it has one."""
         if self.ray.ps.memory_mb is None:
             return f"a PS memory budget ({path}.roles.ps.memory_mb)"
-        if self.ray.data_plane != "socket":
-            return f"{path}.ray.data_plane: socket (got {self.ray.data_plane!r})"
         return None
 
     def resolved_roles(self) -> dict[str, RolePlan]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import fields
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection
@@ -53,6 +53,34 @@ _ERRORS: dict[str, type[PSError]] = {
 }
 _STATS_FIELDS = {f.name for f in fields(TableStats)}
 T = TypeVar("T")
+
+
+def member_identity(member: Mapping[str, Any]) -> Hashable:
+    """Which server a slot map's ``members`` entry (``estuary.ps.migration``)
+    names: its Ray actor (``actor`` and ``namespace``: the actor data plane) when
+    it has one, else its address (a JSON header turns a (host, port) tuple into
+    a list)."""
+    actor = member.get("actor")
+    if actor:
+        return ("actor", member.get("namespace"), str(actor))
+    address = member["address"]
+    if isinstance(address, list | tuple):
+        return (str(address[0]), int(address[1]))
+    return str(address)
+
+
+def connect_member(member: Mapping[str, Any], timeout_s: float) -> PSClient:
+    """A socket client of the server a ``members`` entry names (its address and
+    key): how a ``ShardedPSClient`` reaches a server that joined the job."""
+    if member.get("actor"):
+        raise PSError(
+            f"server {member['actor']!r} joined as a Ray actor (the actor data plane); "
+            "this client reaches servers over sockets"
+        )
+    address = member["address"]
+    if isinstance(address, list):
+        address = (str(address[0]), int(address[1]))
+    return PSClient(address, bytes.fromhex(member["authkey"]), timeout_s=timeout_s)
 
 
 class PSClient:
@@ -170,6 +198,27 @@ class PSClient:
         """The key this client authenticates with (handed to the job's other
         clients when a server joins, ``estuary.ps.migration``)."""
         return self._authkey
+
+    def member(self) -> dict[str, Any]:
+        """This server as a slot map's ``members`` name it after a split or merge
+        (``estuary.ps.migration``): its address and key (hex), so any client of
+        the job can connect (``ShardedPSClient.adopt``).
+
+        Raises:
+            PSError: the client has no key to hand on.
+        """
+        if not self._authkey:
+            raise PSError(
+                f"split/merge: the client of {self.address!r} has no socket address and key "
+                "to hand to the job's other clients"
+            )
+        return {"address": self.address, "authkey": self._authkey.hex()}
+
+    @property
+    def identity(self) -> Hashable:
+        """Which server this is, as ``member_identity`` reads a ``members``
+        entry: its address."""
+        return member_identity({"address": self.address})
 
     def hello(self) -> Header:
         """Server facts: ``tables`` (name -> dim), ``world_size``, ``staleness``.

@@ -242,15 +242,10 @@ def _check_joining(job: dict[str, Any], new: dict[str, Any]) -> None:
 
 
 def member(client: PSClient) -> dict[str, Any]:
-    """A server as the map's ``members`` name it: address and key (hex), so any
-    client of the job can connect. Raises ``PSError`` for a client without a key
-    (one over Ray actor calls, ``ActorPSClient``: socket clients cannot use it)."""
-    if not client.authkey:
-        raise PSError(
-            f"split/merge: the client of {client.address!r} has no socket address and key "
-            "to hand to the job's other clients; coordinate with socket clients (PSClient)"
-        )
-    return {"address": client.address, "authkey": client.authkey.hex()}
+    """A server as the map's ``members`` name it (``PSClient.member``: address
+    and key hex; over Ray actor calls its actor's name too), so any client of
+    the job can reach it. Raises ``PSError`` for a client that cannot say."""
+    return client.member()
 
 
 def _copy(

@@ -59,6 +59,8 @@ from estuary.ps.client import (
     PSClient,
     RemoteTable,
     checked_grads,
+    connect_member,
+    member_identity,
     owned_tables,
     push_next_steps,
 )
@@ -148,14 +150,25 @@ class ShardedPSClient:
             mod P == p``). Every request carries the map's version; a lookup the
             servers refuse as stale (a migration moved slots,
             ``estuary.ps.migration``) fetches their map and goes again.
+        connect: how to reach a server that joined the job (a split), from its
+            entry in the map's ``members`` and the timeout: ``connect_member``
+            (a socket client) unless given (the Ray actor data plane:
+            ``estuary.runtime.ray.plane.connect_actor``).
 
     Closing it closes the clients.
     """
 
-    def __init__(self, clients: Sequence[PSClient], slot_map: SlotMap | None = None) -> None:
+    def __init__(
+        self,
+        clients: Sequence[PSClient],
+        slot_map: SlotMap | None = None,
+        *,
+        connect: Callable[[Mapping[str, Any], float], PSClient] = connect_member,
+    ) -> None:
         if not clients:
             raise ValueError("ShardedPSClient needs at least one server client")
         self.clients = list(clients)
+        self.connect = connect
         self.slot_map = SlotMap.even(len(self.clients)) if slot_map is None else slot_map
         self._pool = ThreadPoolExecutor(len(self.clients), thread_name_prefix="estuary-ps-shard")
         self._workers = len(self.clients)
@@ -211,9 +224,10 @@ class ShardedPSClient:
         known: Sequence[PSClient] = (),
     ) -> list[PSClient]:
         """Route by ``slot_map`` from now on; ``members`` (``address``, ``authkey``
-        hex, in server order; ``None``: unchanged): the job's servers after a
-        split or merge (``estuary.ps.migration``). A server that joined is
-        connected (``known``: clients of it at hand) and every table handed out
+        hex, on the actor plane ``actor`` and ``namespace`` too, in server order;
+        ``None``: unchanged): the job's servers after a split or merge
+        (``estuary.ps.migration``). A server that joined is connected
+        (``known``: clients of it at hand; else ``connect``) and every table handed out
         gets its part there, at the table's step; a retired one is dropped from
         every request. Returns the clients dropped (the caller closes them)."""
         with self._adopt_lock:
@@ -228,13 +242,12 @@ class ShardedPSClient:
     def _set_members(
         self, members: Sequence[Mapping[str, Any]], known: Sequence[PSClient]
     ) -> list[PSClient]:
-        by_address = {_address(c.address): c for c in [*known, *self.clients]}
+        by_identity = {c.identity: c for c in [*known, *self.clients]}
         timeout_s = self.clients[0].timeout_s
         new: list[PSClient] = []
         for m in members:
-            address = _address(m["address"])
-            found = by_address.get(address)
-            new.append(found or PSClient(address, bytes.fromhex(m["authkey"]), timeout_s=timeout_s))
+            found = by_identity.get(member_identity(m))
+            new.append(found or self.connect(m, timeout_s))
         if [id(c) for c in new] == [id(c) for c in self.clients]:
             return []
         index = {id(c): p for p, c in enumerate(self.clients)}
@@ -733,11 +746,6 @@ def restore_routing(tables: Iterable[object], saved: Mapping[str, Any] | None) -
                 client.set_routing(slot_map)
             return True
     return False
-
-
-def _address(address: Any) -> Address:
-    # A JSON header turns a (host, port) tuple into a list.
-    return (str(address[0]), int(address[1])) if isinstance(address, list | tuple) else str(address)
 
 
 def _merge(parts: list[State], name: str) -> State:

@@ -113,10 +113,13 @@ def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient | Shard
     )
     client: PSClient | ShardedPSClient
     if launch.server_actors:
-        from estuary.runtime.ray.plane import ActorPSClient
+        from estuary.runtime.ray.plane import ActorPSClient, connect_actor
 
         actors = [ActorPSClient(a, timeout_s=launch.ps_timeout_s) for a in launch.server_actors]
-        client = actors[0] if len(actors) == 1 else ShardedPSClient(actors)
+        if len(actors) == 1 and not launch.sharded_ps:
+            client = actors[0]
+        else:  # a sharded client follows a split or merge (servers named by their actors)
+            client = ShardedPSClient(actors, connect=connect_actor)
     else:
         client = connect_servers(
             launch.addresses,

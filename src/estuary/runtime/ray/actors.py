@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import threading
+import uuid
 from typing import Any
 
 import ray
@@ -22,7 +23,7 @@ from estuary.runtime.ray.delivery import take_part
 from estuary.runtime.worker import WorkerLaunch, run_trainer
 from estuary.train import FitResult, TrainingStopped
 
-__all__ = ["ServerActor", "StopFlag", "TrainerActor"]
+__all__ = ["ServerActor", "StopFlag", "TrainerActor", "server_name"]
 
 
 class StopFlag:
@@ -31,6 +32,12 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.value = 0
+
+
+def server_name() -> str:
+    """A fresh name for a ``ServerActor``: on the actor data plane the job's
+    clients find a server that joined by it (``estuary.runtime.ray.plane``)."""
+    return f"estuary-ps-{uuid.uuid4().hex}"
 
 
 # Many threads: with the actor data plane, a lookup waiting at the staleness
@@ -55,6 +62,18 @@ class ServerActor:
     def endpoint(self) -> tuple[Address, int]:
         """(where trainers connect, this process's pid)."""
         return self.server.address, os.getpid()
+
+    def member(self) -> dict[str, Any]:
+        """This server as a slot map's ``members`` name it on the actor data
+        plane (``ActorPSClient.member``): address, no key, this actor's name and
+        namespace (an unnamed actor: no name, so no other client could find it)."""
+        context = ray.get_runtime_context()
+        return {
+            "address": self.server.address,
+            "authkey": "",
+            "actor": context.get_actor_name() or "",
+            "namespace": context.namespace,
+        }
 
     def call(self, header: dict[str, Any], arrays: dict[str, Any]) -> tuple[Any, Any]:
         """One request of the actor data plane (``ActorPSClient``)."""

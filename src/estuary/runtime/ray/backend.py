@@ -16,7 +16,7 @@ from estuary.config import JobSpec
 from estuary.config.spec import data_delivery
 from estuary.runtime.failure import policy_for
 from estuary.runtime.launcher import act, default_backend, ps_server_config
-from estuary.runtime.ray.actors import ServerActor, TrainerActor, kill_all
+from estuary.runtime.ray.actors import ServerActor, TrainerActor, kill_all, server_name
 from estuary.runtime.ray.cluster import Placement, PlacementError, connect, place, role_asks
 from estuary.runtime.ray.delivery import RayPartRoutes
 from estuary.runtime.ray.embedding_workers import EmbeddingWorkerActor
@@ -139,7 +139,7 @@ class RayRuntime:
                 scheduling_strategy=(
                     placement.strategy("ps", p) if p < runtime.ps_shards else "DEFAULT"
                 ),
-                name=None,
+                name=server_name(),  # the actor plane's clients find a joined one by name
             ).remote(config, keys[p])
             for p in range(count)
         ]

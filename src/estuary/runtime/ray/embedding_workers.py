@@ -86,10 +86,13 @@ class EmbeddingWorkerActor:
     ) -> None:
         client: PSClient | ShardedPSClient
         if server_actors:
-            from estuary.runtime.ray.plane import ActorPSClient
+            from estuary.runtime.ray.plane import ActorPSClient, connect_actor
 
             clients = [ActorPSClient(a, timeout_s=timeout_s) for a in server_actors]
-            client = clients[0] if len(clients) == 1 else ShardedPSClient(clients)
+            if len(clients) == 1 and not sharded:
+                client = clients[0]
+            else:
+                client = ShardedPSClient(clients, connect=connect_actor)
         else:
             client = connect_servers(
                 addresses,

@@ -7,21 +7,27 @@ same requests (``RemoteTable``, ``ShardedPSClient`` and everything above them
 are unchanged), served by the same ``ParameterServer.handle``. Which plane is
 faster is measured by ``bench/ps_plane.py`` (docs/results.md); the socket plane
 is the default.
+
+Splits and merges (``estuary.ps.migration``) hand every client of the job the
+servers it has now as the slot map's ``members``; on this plane an entry names
+the server's Ray actor (``ServerActor.member``: its name and namespace; the
+runtime names every server actor), and ``connect_actor`` finds a joined one by
+that name (``ray.get_actor``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from estuary.ps.client import PSClient
+from estuary.ps.client import PSClient, member_identity
 from estuary.ps.protocol import Arrays, Header
-from estuary.ps.types import PSConnectionError, PSTimeoutError
+from estuary.ps.types import PSConnectionError, PSError, PSTimeoutError
 
-__all__ = ["ActorPSClient"]
+__all__ = ["ActorPSClient", "connect_actor"]
 
 
 class ActorPSClient(PSClient):
@@ -30,11 +36,16 @@ class ActorPSClient(PSClient):
     Args:
         actor: the server's actor handle.
         timeout_s: longest wait for any reply.
+        member: the server's ``members`` entry (``ServerActor.member``), if at
+            hand; else asked of the actor the first time it is needed.
     """
 
-    def __init__(self, actor: Any, *, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, actor: Any, *, timeout_s: float = 600.0, member: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(f"ray actor {actor}", b"", timeout_s=timeout_s)
         self.actor = actor
+        self._member = None if member is None else dict(member)
 
     def _send(
         self,
@@ -43,16 +54,57 @@ class ActorPSClient(PSClient):
         arrays: Mapping[str, Any] | None,
     ) -> tuple[Header, Arrays]:
         ref = self.actor.call.remote({"op": op, **(fields or {})}, dict(arrays or {}))
+        return self._get(ref, op)
+
+    def _get(self, ref: Any, op: str) -> Any:
         try:
             # Blocking wait: the server's reply (may include a staleness wait).
-            header, out = ray.get(ref, timeout=self.timeout_s)
+            return ray.get(ref, timeout=self.timeout_s)
         except GetTimeoutError as exc:
             raise PSTimeoutError(
                 f"parameter server actor: no reply to {op!r} within {self.timeout_s:g} s"
             ) from exc
         except RayActorError as exc:
             raise PSConnectionError(f"parameter server actor died during {op!r}: {exc}") from exc
-        return header, out
+
+    def member(self) -> dict[str, Any]:
+        """The server's ``members`` entry: its address, its actor's name and
+        namespace (``ServerActor.member``; an empty key: reached by actor calls).
+
+        Raises:
+            PSError: the actor has no name (started without one: no other
+                client could find it).
+        """
+        if self._member is None:
+            self._member = dict(self._get(self.actor.member.remote(), "member"))
+        if not self._member.get("actor"):
+            raise PSError(
+                f"split/merge: the server actor at {self._member.get('address')!r} has no "
+                "name, so the job's other clients cannot find it; start it with a name"
+            )
+        return dict(self._member)
+
+    @property
+    def identity(self) -> Hashable:
+        """Which server this is: its actor (name and namespace)."""
+        return member_identity(self.member())
 
     def close(self) -> None:
         """Nothing to close (Ray owns the channel)."""
+
+
+def connect_actor(member: Mapping[str, Any], timeout_s: float) -> PSClient:
+    """An ``ActorPSClient`` of the server a ``members`` entry names (its actor's
+    name and namespace): how a client on the actor plane reaches a server that
+    joined the job (``ShardedPSClient(connect=connect_actor)``)."""
+    name = member.get("actor")
+    if not name:
+        raise PSError(
+            f"server at {member.get('address')!r} joined without an actor name; "
+            "a client on the actor data plane cannot reach it"
+        )
+    try:
+        actor = ray.get_actor(str(name), namespace=member.get("namespace"))
+    except ValueError as exc:  # no actor of that name (any more)
+        raise PSConnectionError(f"parameter server actor {name!r} not found: {exc}") from exc
+    return ActorPSClient(actor, timeout_s=timeout_s, member=member)

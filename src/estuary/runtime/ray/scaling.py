@@ -27,9 +27,9 @@ and rebalances a hot shard by moving its hottest slots to the coldest shard
                   hot shard's load share, the largest shard's memory)
 
 Trainers (and embedding workers) learn of a split or merge from the servers:
-the map's ``members`` carry every server's socket address and key, and each
-client adopts them when its next lookup is refused as stale. Splits and merges
-need the socket data plane (``runtime.ray.data_plane: socket``).
+the map's ``members`` name every server (its socket address and key; on the
+actor data plane its actor's name, ``estuary.runtime.ray.plane``), and each
+client adopts them when its next lookup is refused as stale.
 
 On with ``runtime.scaling.enabled`` and either a PS memory budget (the memory
 knob; row caps need ``eviction.capacity_rows``) or two or more PS shards (the
@@ -55,8 +55,8 @@ from estuary.ps import PSClient, ServerConfig
 from estuary.ps.migration import Migration
 from estuary.ps.sharded import ROUTING_METADATA, ShardedPSClient
 from estuary.ps.types import PSError
-from estuary.runtime.ray.actors import ServerActor, kill_all
-from estuary.runtime.ray.plane import ActorPSClient
+from estuary.runtime.ray.actors import ServerActor, kill_all, server_name
+from estuary.runtime.ray.plane import ActorPSClient, connect_actor
 from estuary.runtime.scaling.controller import Controller
 from estuary.runtime.scaling.metrics import ShardMetrics, Snapshot
 from estuary.runtime.scaling.policy import Bounds, Decision, EstuaryPolicy
@@ -82,22 +82,32 @@ logger = logging.getLogger(__name__)
 class ServerSpawner:
     """Starts one more PS shard for a split: a ``ServerActor`` with ``config``
     (the job's tables and world size), its own resource ask (``resources``:
-    ``runtime.ray.ps``; outside the job's placement group) and a fresh key.
+    ``runtime.ray.ps``; outside the job's placement group), a fresh key and a
+    fresh name.
 
-    Returns ``(actor, socket client of it)``."""
+    Returns ``(actor, client of it)``: a socket client, or on the actor data
+    plane (``plane``) an ``ActorPSClient``."""
 
     config: ServerConfig
     resources: RoleResources = field(default_factory=RoleResources)
     timeout_s: float = 60.0
     client_timeout_s: float = 600.0
+    plane: str = "socket"
 
     def __call__(self) -> tuple[Any, PSClient]:
         key = os.urandom(32)
-        options: dict[str, Any] = {"num_cpus": self.resources.cpus, "num_gpus": self.resources.gpus}
+        options: dict[str, Any] = {
+            "num_cpus": self.resources.cpus,
+            "num_gpus": self.resources.gpus,
+            "name": server_name(),
+        }
         if self.resources.memory_mb is not None:
             options["memory"] = float(self.resources.memory_mb * 2**20)
         actor = ServerActor.options(**options).remote(self.config, key)  # type: ignore[attr-defined]
         try:
+            if self.plane == "actor":
+                member = ray.get(actor.member.remote(), timeout=self.timeout_s)
+                return actor, ActorPSClient(actor, timeout_s=self.client_timeout_s, member=member)
             address, _ = ray.get(actor.endpoint.remote(), timeout=self.timeout_s)
         except BaseException:
             kill_all([actor])
@@ -132,9 +142,10 @@ class RayShards:
         servers: the ``ServerActor`` handles, in server order.
         budget_bytes: each shard's memory budget (``None``: none).
         client: a client of the servers for migrations (default: one over the
-            actor data plane, ``ActorPSClient``). Splits and merges need one
-            over sockets (``PSClient``s): the new map names every server's
-            socket address for the trainers.
+            actor data plane, ``ActorPSClient``). Splits and merges use it to
+            name the job's servers for the trainers: socket clients
+            (``PSClient``s) on the socket plane, ``ActorPSClient``s of named
+            actors with ``connect_actor`` on the actor plane.
         spawn: starts a server for a split (``ServerSpawner``); ``None``: the
             shard count does not change (``ps_shards`` is not applied).
 
@@ -159,7 +170,9 @@ class RayShards:
         self._t = 0.0
         self.client: ShardedPSClient | None = client
         if self.client is None and len(self.servers) > 1:
-            self.client = ShardedPSClient([ActorPSClient(s) for s in self.servers])
+            self.client = ShardedPSClient(
+                [ActorPSClient(s) for s in self.servers], connect=connect_actor
+            )
         if self.client is not None:
             self.client.refresh_routing()
             slots = self.client.slot_map.slots
@@ -223,8 +236,13 @@ class RayShards:
             return "no server spawner: the shard count is fixed"
         if self._no_spawn is not None:
             return self._no_spawn
-        if self.client is None or any(not c.authkey for c in self.client.clients):
-            return "splits and merges need socket clients of the servers (data_plane: socket)"
+        if self.client is None:
+            return "no client of the servers to move slots with"
+        try:  # every server must be one the trainers can reach (named, keyed)
+            for conn in self.client.clients:
+                conn.member()
+        except PSError as exc:
+            return str(exc)
         return None
 
     def _split(self) -> str | None:
@@ -381,8 +399,8 @@ class PSScaling:
 
 def elastic_shards(job: JobSpec) -> bool:
     """Whether the manager may add and retire PS shards: ``runtime.scaling.enabled``
-    with a PS memory budget, ``runtime.roles.ps.max`` above ``min`` and the
-    socket data plane."""
+    with a PS memory budget and ``runtime.roles.ps.max`` above ``min`` (either
+    data plane)."""
     role = job.runtime.resolved_roles()["ps"]
     return (
         job.runtime.scaling.enabled
@@ -431,8 +449,10 @@ def ps_scaling_manager(
     """A started manager over ``servers`` when ``runtime.scaling.enabled`` and
     the PS role has a memory budget or there are two or more shards; else
     ``None``. With ``elastic_shards(job)`` it adds shards (up to
-    ``runtime.roles.ps.max``) and merges them (down to ``min``) over socket
-    clients of ``endpoints`` and ``keys``, starting new servers with ``config``."""
+    ``runtime.roles.ps.max``) and merges them (down to ``min``), starting new
+    servers with ``config``: over socket clients of ``endpoints`` and ``keys``,
+    or on the actor data plane over actor calls (the servers must be named:
+    ``server_name``)."""
     spec, budget = job.runtime.scaling, job.runtime.ray.ps.memory_mb
     if not spec.enabled:
         return None
@@ -452,10 +472,16 @@ def ps_scaling_manager(
     spawn: ServerSpawner | None = None
     if elastic_shards(job) and config is not None:
         bounds = Bounds(min_shards=max(1, role.min), max_shards=role.max)
-        client = ShardedPSClient(
-            [PSClient(e, k, timeout_s=timeout_s) for e, k in zip(endpoints, keys, strict=True)]
-        )
-        spawn = ServerSpawner(config, job.runtime.ray.ps, client_timeout_s=timeout_s)
+        plane = job.runtime.ray.data_plane
+        if plane == "actor":
+            client = ShardedPSClient(
+                [ActorPSClient(s, timeout_s=timeout_s) for s in servers], connect=connect_actor
+            )
+        else:
+            client = ShardedPSClient(
+                [PSClient(e, k, timeout_s=timeout_s) for e, k in zip(endpoints, keys, strict=True)]
+            )
+        spawn = ServerSpawner(config, job.runtime.ray.ps, client_timeout_s=timeout_s, plane=plane)
     shards = RayShards(
         servers, None if budget is None else budget * 2**20, client=client, spawn=spawn
     )
