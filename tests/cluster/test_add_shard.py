@@ -10,7 +10,11 @@ alike), every trained id lives on exactly one server, and the state loads into
 two fresh servers as it was (a resume after the split).
 
 Merge: two servers, one retired into the other between two steps; the retired
-actor is stopped once the trainer moved on; every row trained once."""
+actor is stopped once the trainer moved on; every row trained once.
+
+Both on either data plane: socket clients (the map names each server's address
+and key) or Ray actor calls (the map names each server's actor; the trainer
+finds a joined one by its name)."""
 
 from __future__ import annotations
 
@@ -30,7 +34,9 @@ from estuary.config.spec import RoleResources
 from estuary.embedding import EmbeddingTable
 from estuary.ps import HostedTable, PSClient, ServerConfig
 from estuary.ps.sharded import ROUTING_METADATA, ShardedPSClient
-from estuary.runtime.ray.actors import ServerActor, kill_all
+from estuary.ps.types import PSError
+from estuary.runtime.ray.actors import ServerActor, kill_all, server_name
+from estuary.runtime.ray.plane import ActorPSClient, connect_actor
 from estuary.runtime.ray.scaling import RayShards, ServerSpawner
 from estuary.runtime.scaling import Bounds, Controller, Decision, EstuaryPolicy
 from estuary.train import load_checkpoint
@@ -57,24 +63,33 @@ def growing_batches() -> list[np.ndarray]:
 
 def start_servers(ray: Any, config: ServerConfig, count: int) -> tuple[list[Any], list[PSClient]]:
     keys = [os.urandom(32) for _ in range(count)]
-    servers = [ServerActor.remote(config, k) for k in keys]  # type: ignore[attr-defined]
+    servers = [
+        ServerActor.options(name=server_name()).remote(config, k)  # type: ignore[attr-defined]
+        for k in keys
+    ]
     endpoints = ray.get([s.endpoint.remote() for s in servers], timeout=60)
     return servers, [PSClient(e[0], k, timeout_s=60) for e, k in zip(endpoints, keys, strict=True)]
 
 
+def client_of(plane: str, servers: list[Any], conns: list[PSClient]) -> ShardedPSClient:
+    """A sharded client of the servers on ``plane``: socket clients (fresh ones
+    of ``conns``' addresses) or actor calls (finding joined servers by name)."""
+    if plane == "actor":
+        return ShardedPSClient(
+            [ActorPSClient(s, timeout_s=60) for s in servers], connect=connect_actor
+        )
+    return ShardedPSClient([PSClient(c.address, c.authkey, timeout_s=60) for c in conns])
+
+
+@pytest.mark.parametrize("plane", ["socket", "actor"])
 def test_a_shard_is_added_before_the_budget_every_row_once(
-    ray_instance: Any, tmp_path: Path
+    ray_instance: Any, tmp_path: Path, plane: str
 ) -> None:
     config = ServerConfig({"t": HostedTable(SPEC, SEED)}, world_size=1, staleness=0)
     config = replace(config, wait_timeout_s=30.0)
     servers, conns = start_servers(ray_instance, config, 1)
-    spawn = ServerSpawner(config, RoleResources(cpus=0.5), client_timeout_s=60)
-    shards = RayShards(
-        servers,
-        BUDGET,
-        client=ShardedPSClient([PSClient(conns[0].address, conns[0].authkey)]),
-        spawn=spawn,
-    )
+    spawn = ServerSpawner(config, RoleResources(cpus=0.5), client_timeout_s=60, plane=plane)
+    shards = RayShards(servers, BUDGET, client=client_of(plane, servers, conns), spawn=spawn)
     clock = StepClock()
     scaling = ScalingSpec(enabled=True, interval_s=1.0, memory_horizon_s=4.0)
     controller = Controller(
@@ -86,7 +101,7 @@ def test_a_shard_is_added_before_the_budget_every_row_once(
         out=tmp_path,
         name="scaling_ps",
     )
-    trainer = ShardedPSClient(conns)  # one server: sharded, so it can follow a split
+    trainer = client_of(plane, servers, conns)  # one server: sharded, so it can follow a split
     batches = growing_batches()
     at: queue.Queue[int] = queue.Queue()
     go: queue.Queue[None] = queue.Queue()
@@ -126,6 +141,9 @@ def test_a_shard_is_added_before_the_budget_every_row_once(
         controller.step()  # the effect
         controller.close()
         assert shards.client is not None and shards.client.servers == 2
+        assert trainer.servers == 2
+        joined = trainer.clients[1]  # how the trainer reached the new server
+        assert isinstance(joined, ActorPSClient) == (plane == "actor")
         final = trainer.table("t")
         state = final.state_dict(mark_clean=False)
         split_ids = [p.state_dict(mark_clean=False)["ids"] for p in final.parts]
@@ -189,15 +207,17 @@ def assert_same_rows(state: dict[str, np.ndarray], local: EmbeddingTable) -> Non
         np.testing.assert_array_equal(state[key][got_order], want[key][want_order], err_msg=key)
 
 
-def test_a_merge_retires_a_shard_between_steps_every_row_once(ray_instance: Any) -> None:
+@pytest.mark.parametrize("plane", ["socket", "actor"])
+def test_a_merge_retires_a_shard_between_steps_every_row_once(
+    ray_instance: Any, plane: str
+) -> None:
     config = ServerConfig({"t": HostedTable(SPEC, SEED)}, world_size=1, staleness=0)
     servers, conns = start_servers(ray_instance, config, 2)
-    spawn = ServerSpawner(config, RoleResources(cpus=0.5), client_timeout_s=60)
-    coordinator = ShardedPSClient([PSClient(c.address, c.authkey) for c in conns])
-    shards = RayShards(servers, BUDGET, client=coordinator, spawn=spawn)
+    spawn = ServerSpawner(config, RoleResources(cpus=0.5), client_timeout_s=60, plane=plane)
+    shards = RayShards(servers, BUDGET, client=client_of(plane, servers, conns), spawn=spawn)
     batches = growing_batches()[:20]
     try:
-        trainer = ShardedPSClient(conns)
+        trainer = client_of(plane, servers, conns)
         table = trainer.table("t")
         for step, ids in enumerate(batches, start=1):
             table.apply_gradients(ids, table.lookup(ids, train=True) * 0.5 + 0.1)
@@ -255,6 +275,67 @@ def test_a_resume_starts_the_shards_the_checkpoint_had(ray_instance: Any, tmp_pa
     assert_same_tables(tmp_path / "ray", tmp_path / "local")
 
 
+def write_growing_job(folder: Path, rows: int) -> Path:
+    """``write_job``'s job (one epoch) on ``rows`` rows whose ``s1`` and ``s3``
+    ids are new in every row: the tables grow all through the run."""
+    import yaml
+
+    from ..distributed.conftest import job_dict
+
+    rng = np.random.default_rng(0)
+    lines = ["label,d1,d2,s1,s2,s3"]
+    for i in range(rows):
+        label, d1, d2 = int(rng.random() < 0.3), int(rng.integers(0, 10)), int(rng.integers(0, 5))
+        lines.append(f"{label},{d1},{d2},a{i},b{rng.integers(0, 20)},c{i}")
+    (folder / "train.csv").write_text("\n".join(lines) + "\n")
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(job_dict(epochs=1)))
+    return path
+
+
+@pytest.mark.parametrize("plane", ["socket", "actor"])
+def test_estuary_train_on_ray_adds_a_shard_mid_run_on_either_plane(
+    ray_instance: Any, tmp_path: Path, plane: str
+) -> None:
+    """End to end: ``estuary train`` on Ray with one PS shard, a 1 MB PS memory
+    budget (one shard would pass it: ~1.1 MB by the end) and room for a second.
+    The manager adds it mid-run, between two steps while the trainer runs; the
+    trainers follow over their data plane (on the actor plane they find the new
+    server actor by its name). No shard passes the budget, the checkpoint
+    records two shards, and the trained tables are the local runtime's."""
+    from estuary.cli import main
+
+    from .test_ray_runtime import assert_same_tables, sets
+
+    job_path = write_growing_job(tmp_path, 12_000)
+    elastic = [
+        "runtime.backend=ray",
+        "runtime.roles.ps.min=1",
+        "runtime.roles.ps.max=2",
+        "runtime.ray.ps.memory_mb=1",
+        "runtime.scaling.enabled=true",
+        "runtime.scaling.interval_s=0.2",
+        f"runtime.ray.data_plane={plane}",
+    ]
+    out = tmp_path / "ray"
+    assert (
+        main(["train", str(job_path), "--no-progress", "--output", str(out), *sets(*elastic)]) == 0
+    )
+    local = tmp_path / "local"
+    assert main(["train", str(job_path), "--no-progress", "--output", str(local)]) == 0
+
+    timeline = json.loads((out / "scaling_ps.json").read_text())
+    splits = [d for d in timeline["decisions"] if d["knob"] == "ps_shards"]
+    assert len(splits) == 1 and splits[0]["applied"] and splits[0]["new"] == 2, splits
+    final = load_checkpoint(out / "checkpoints")
+    fence = splits[0]["migration"]["fence"]
+    assert 0 < max(fence.values()) < final.manifest["step"], (fence, final.manifest["step"])
+    assert final.manifest["metadata"][ROUTING_METADATA]["servers"] == 2
+    peak = max(s["memory_bytes"] for snap in timeline["snapshots"] for s in snap["shards"])
+    assert peak <= 2**20, peak
+    assert_same_tables(out, local)
+
+
 def test_a_shard_the_cluster_has_no_room_for_is_not_applied_and_splits_stop(
     ray_instance: Any,
 ) -> None:
@@ -276,3 +357,25 @@ def test_a_shard_the_cluster_has_no_room_for_is_not_applied_and_splits_stop(
     finally:
         shards.close()
         kill_all(servers)
+
+
+def test_on_the_actor_plane_an_unnamed_server_refuses_a_split_and_nothing_changes(
+    ray_instance: Any,
+) -> None:
+    """A server actor started without a name cannot be found by the job's other
+    clients after a split: the decision is refused naming why, before anything
+    starts or moves."""
+    config = ServerConfig({"t": HostedTable(SPEC, SEED)}, world_size=1, staleness=0)
+    unnamed = ServerActor.remote(config, os.urandom(32))  # type: ignore[attr-defined]
+    client = ShardedPSClient([ActorPSClient(unnamed, timeout_s=60)], connect=connect_actor)
+    with pytest.raises(PSError, match="has no name"):
+        client.clients[0].member()
+    spawn = ServerSpawner(config, RoleResources(cpus=0.5), client_timeout_s=60, plane="actor")
+    shards = RayShards([unnamed], BUDGET, client=client, spawn=spawn)
+    try:
+        why_not = shards.apply(Decision("ps_shards", 1, 2, "test: split", {"shard": 0.0}))
+        assert why_not is not None and "has no name" in why_not, why_not
+        assert shards.servers == [unnamed] and not shards.started
+    finally:
+        shards.close()
+        kill_all([unnamed])
