@@ -3,12 +3,15 @@ server actors, a trainer whose ids mostly land on shard 0, and the scaling
 controller. The policy finds shard 0 hot, the actuator moves its hottest slots
 to shard 1 while the trainer runs, the timeline logs the migration (rows,
 pause) and its effect (shard 0's load share falls), and the trained table is
-bit for bit the one a single local table trains: every row trained once."""
+bit for bit the one a single local table trains: every row trained once. A
+shard whose load is all in one slot gets a finer slot map first, then a move;
+one hot id alone is reported."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +28,7 @@ from estuary.ps.sharded import ShardedPSClient, server_share
 from estuary.ps.slots import SlotMap
 from estuary.runtime.ray.actors import ServerActor, kill_all
 from estuary.runtime.ray.scaling import RayShards
-from estuary.runtime.scaling import Bounds, Controller, EstuaryPolicy
+from estuary.runtime.scaling import Bounds, Controller, Decision, EstuaryPolicy
 
 pytestmark = pytest.mark.ray
 SPEC = TableSpec(
@@ -140,3 +143,139 @@ def test_a_hot_shard_is_rebalanced_live_and_every_row_trained_once(
     np.testing.assert_array_equal(state["ids"][got_order], want["ids"][want_order])
     for key in [k for k in want if k == "weights" or k.startswith("opt.")]:
         np.testing.assert_array_equal(state[key][got_order], want[key][want_order], err_msg=key)
+
+
+def one_slot_batches(steps: int) -> list[np.ndarray]:
+    """Per batch, 200 ids all in slot 0 of the even 2-server map (shard 0) and 20
+    spread over shard 1: no slot move can even the pair until the map is finer."""
+    pool = np.arange(0, 3_000_000, dtype=np.int64)
+    even = SlotMap.even(2)
+    slot = even.slot_of(pool)
+    hot, cold = pool[slot == 0], pool[even.owners[slot] == 1][:20_000]
+    rng = np.random.default_rng(1)
+    return [
+        np.concatenate([rng.choice(hot, 200, replace=False), rng.choice(cold, 20, replace=False)])
+        for _ in range(steps)
+    ]
+
+
+def test_a_hot_slot_is_refined_then_split_across_shards_every_row_once(
+    ray_instance: Any, tmp_path: Path
+) -> None:
+    """Shard 0's load all in one slot: the first interval refines the slot map
+    (every slot split into 16, no row moves, the trainer runs on), the next
+    moves part of that slot's ids to shard 1; the trained table is bit for bit
+    one local table's."""
+    per, steps = 30, 90
+    tables = {"t": server_share(HostedTable(SPEC, SEED), 2)}
+    config = ServerConfig(tables, world_size=1, staleness=0, wait_timeout_s=30.0)
+    keys = [os.urandom(32) for _ in range(2)]
+    servers = [ServerActor.remote(config, k) for k in keys]  # type: ignore[attr-defined]
+    try:
+        endpoints = ray_instance.get([s.endpoint.remote() for s in servers], timeout=60)
+        trainer = ShardedPSClient(
+            [PSClient(e[0], k, timeout_s=60) for e, k in zip(endpoints, keys, strict=True)]
+        )
+        shards = RayShards(servers, None)
+        clock = StepClock()
+        scaling = ScalingSpec(enabled=True, interval_s=1.0, hot_ratio=1.3, hold_intervals=0)
+        controller = Controller(
+            EstuaryPolicy(scaling, Bounds()),
+            shards.sample,
+            shards,
+            interval_s=1.0,
+            hold_intervals=0,
+            clock=clock,
+            out=tmp_path,
+            name="scaling_ps",
+        )
+        batches = one_slot_batches(steps)
+        at: queue.Queue[int] = queue.Queue()
+        go: queue.Queue[None] = queue.Queue()
+        errors: list[BaseException] = []
+
+        def train() -> None:
+            try:
+                table = trainer.table("t")
+                for step, ids in enumerate(batches, start=1):
+                    rows = table.lookup(ids, train=True)
+                    table.apply_gradients(ids, rows * 0.5 + 0.1)
+                    if step % per == 0:
+                        at.put(step)
+                        go.get(timeout=120)  # the controller's interval, between two steps
+                table.wait_applied()
+            except BaseException as exc:
+                errors.append(exc)
+                at.put(-1)
+
+        controller.step()  # interval 0: nothing trained yet
+        thread = threading.Thread(target=train)
+        thread.start()
+        while (step := at.get(timeout=120)) > 0:
+            clock.now = step / per
+            controller.step()  # 1: refine; 2: move; 3: the move's effect
+            go.put(None)
+            if step == steps:
+                break
+        thread.join(120)
+        assert not errors, errors
+        controller.close()
+        state = trainer.table("t").state_dict(mark_clean=False)
+        slot_map = trainer.slot_map
+        trainer.close()
+    finally:
+        kill_all(servers)
+
+    timeline = json.loads((tmp_path / "scaling_ps.json").read_text())
+    applied = [d for d in timeline["decisions"] if d["knob"] == "hot_shard:0" and d["applied"]]
+    assert len(applied) == 2, timeline["decisions"]
+    refine, move = (d["migration"] for d in applied)
+    assert refine["kind"] == "refine" and refine["factor"] == 16 and refine["rows"] == 0
+    assert refine["hot_slot"] == 0 and refine["hot_slot_share"] > 0.99
+    assert refine["slot_count"] == 16 * 2048 and refine["pause_ms"] > 0
+    assert "kind" not in move and move["to"] == 1 and move["rows"] > 0
+    assert move["slot_count"] == 16 * 2048 and move["version"] == 2
+    assert applied[1]["effect"]["load_share_before"] > 0.85
+    assert applied[1]["effect"]["load_share_after"] < 0.65, applied[1]["effect"]
+    assert slot_map.slots == 16 * 2048 and timeline["reversed_actions"] == 0
+
+    local = EmbeddingTable(replace(SPEC), seed=SEED, name="t")
+    for ids in batches:
+        local.apply_gradients(ids, local.lookup(ids, train=True) * 0.5 + 0.1)
+    want = local.state_dict()
+    got_order, want_order = np.argsort(state["ids"]), np.argsort(want["ids"])
+    np.testing.assert_array_equal(state["ids"][got_order], want["ids"][want_order])
+    for key in [k for k in want if k == "weights" or k.startswith("opt.")]:
+        np.testing.assert_array_equal(state[key][got_order], want[key][want_order], err_msg=key)
+
+
+def test_a_single_hot_id_is_refined_once_then_reported(ray_instance: Any) -> None:
+    """One id carrying all of a shard's load: the map is refined to its finest
+    (no row moves), the id still cannot be split, and the next decision says so."""
+    tables = {"t": server_share(HostedTable(SPEC, SEED), 2)}
+    config = ServerConfig(tables, world_size=1, staleness=0, wait_timeout_s=30.0)
+    keys = [os.urandom(32) for _ in range(2)]
+    servers = [ServerActor.remote(config, k) for k in keys]  # type: ignore[attr-defined]
+    hot_id = np.flatnonzero(SlotMap.even(2).server_of(np.arange(100)) == 0)[:1].astype(np.int64)
+    try:
+        endpoints = ray_instance.get([s.endpoint.remote() for s in servers], timeout=60)
+        trainer = ShardedPSClient(
+            [PSClient(e[0], k, timeout_s=60) for e, k in zip(endpoints, keys, strict=True)]
+        )
+        table = trainer.table("t")
+        shards = RayShards(servers, None)
+        hot = Decision("hot_shard:0", 1.0, 0.5, "test: one hot id")
+        answers = []
+        for t in (1.0, 2.0):
+            for _ in range(5):
+                table.apply_gradients(hot_id, table.lookup(hot_id, train=True) + 0.1)
+            table.wait_applied()
+            shards.sample(t)
+            answers.append(shards.apply(hot))
+        trainer.close()
+    finally:
+        kill_all(servers)
+    assert answers[0] is None and shards.migrations[0]["kind"] == "refine"
+    assert shards.migrations[0]["rows"] == 0 and shards.migrations[0]["slot_count"] == 16 * 2048
+    assert answers[1] is not None and "at its finest (32768 slots; a single hot id)" in answers[1]
+    assert "carries 100% of its load" in answers[1]

@@ -19,9 +19,11 @@ from estuary.embedding import EmbeddingTable
 from estuary.embedding.delta import PENDING_COUNTS, PENDING_IDS
 from estuary.embedding.hashing import SERVER_SALT, shard_of
 from estuary.ps import HostedTable, PSClient, ServerConfig, serving
+from estuary.ps.migration import migrate
 from estuary.ps.routing import RoutingGate, StaleRoutingError
 from estuary.ps.sharded import ShardedPSClient, server_share
 from estuary.ps.slots import OWNERS_KEY, SlotMap
+from estuary.ps.types import PSError
 
 from .conftest import DIM, SPEC
 
@@ -61,10 +63,13 @@ def rank_batches(rank: int) -> list[np.ndarray]:
     return [rng.integers(-50, 400, size=48).astype(np.int64) for _ in range(STEPS)]
 
 
-def run(migrate_after: int | None, world_size: int = 2) -> tuple[dict[str, Any], list[Any]]:
+def run(
+    migrate_after: int | None, world_size: int = 2, refine: int = 1
+) -> tuple[dict[str, Any], list[Any]]:
     """``world_size`` ranks (threads, each its own client) train STEPS sync steps on
     2 servers; a coordinator client moves half of server 0's slots to server 1
-    once rank 0 has pushed step ``migrate_after``, while the ranks go on.
+    once rank 0 has pushed step ``migrate_after``, while the ranks go on
+    (``refine`` F >= 2: it first splits every slot into F, ``refine_slots``).
     Returns the final states (ids sorted) and the migrations."""
     with cluster(2, clients=world_size + 1, world_size=world_size) as clients:
         coordinator, ranks = clients[0], clients[1:]
@@ -91,6 +96,8 @@ def run(migrate_after: int | None, world_size: int = 2) -> tuple[dict[str, Any],
         def migrate() -> None:
             try:
                 reached.wait(60)
+                if refine > 1:
+                    migrations.append(coordinator.refine_slots(refine))
                 slots = coordinator.slot_map.owned(0)[::2]
                 migrations.append(coordinator.migrate(slots, to=1))
                 switched.set()
@@ -171,6 +178,41 @@ def test_a_migration_mid_run_ends_with_the_same_tables_bit_for_bit() -> None:
     for p, held in enumerate(moved["owners"]):
         for ids in held.values():
             assert (slot_map.server_of(ids) == p).all()
+
+
+def test_a_refined_map_keeps_every_id_on_its_server_and_its_slots_move_mid_run() -> None:
+    """``refine_slots`` mid-run: slot s of S becomes s, s + S, s + 2S, s + 3S
+    with s's owner (no row moves), then half of server 0's finer slots move;
+    the tables end bit for bit as without either."""
+    ids = np.random.default_rng(1).integers(-(2**62), 2**62, size=5000).astype(np.int64)
+    even = SlotMap.even(2)
+    fine = even.refined(4)
+    assert fine.slots == 4 * even.slots and fine.version == 1
+    np.testing.assert_array_equal(fine.slot_of(ids) % even.slots, even.slot_of(ids))
+    np.testing.assert_array_equal(fine.server_of(ids), even.server_of(ids))
+    with pytest.raises(ValueError, match="factor >= 2"):
+        even.refined(1)
+
+    plain, _ = run(migrate_after=None)
+    moved, (refinement, migration) = run(migrate_after=4, refine=4)
+    assert refinement.slots == 0 and refinement.rows == 0 and refinement.sources == ()
+    assert refinement.slot_count == 4 * even.slots and refinement.version == 1
+    assert 4 <= refinement.fence["t"] < STEPS
+    assert migration.rows > 0 and migration.version == 2
+    assert migration.slot_count == 4 * even.slots
+    for name in ("t", "u"):
+        for key in plain[name]:
+            np.testing.assert_array_equal(plain[name][key], moved[name][key], err_msg=key)
+    slot_map = moved["map"]
+    assert slot_map.slots == 4 * even.slots and slot_map.version == 2
+    for p, held in enumerate(moved["owners"]):
+        for held_ids in held.values():
+            assert (slot_map.server_of(held_ids) == p).all()
+
+
+def test_a_refinement_moves_no_slot() -> None:
+    with cluster(2) as (client,), pytest.raises(PSError, match="a refinement moves no slot"):
+        migrate(client, [0], 1, refine=2)
 
 
 def test_a_migration_carries_every_field_a_row_keeps() -> None:

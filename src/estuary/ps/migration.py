@@ -48,6 +48,11 @@ address and key, in order) to every server, the retired one included; each
 client adopts them when its next lookup is refused as stale
 (``ShardedPSClient.adopt``).
 
+A refinement (``refine``, ``ShardedPSClient.refine_slots``) moves no slot: the
+same fence, then ``set_routing`` with the map over F x S slots
+(``SlotMap.refined``; every id keeps its server), so a hot slot's ids can move
+apart in a later migration.
+
 Not covered: a sketch admission counter keeps counting moved ids on the old
 server (a sketch cannot forget single ids), so they start pending afresh on
 the new one.
@@ -91,7 +96,8 @@ class Migration:
     server that left (a merge; the caller stops it, see ``ShardedPSClient.retire_server``);
     ``freed_bytes``: table memory the sources gave back by compacting after the
     drop (``ServerConfig.compact_below``), ``compact_ms`` the time they spent
-    on it (part of ``move_ms``)."""
+    on it (part of ``move_ms``). ``slot_count``: S of the map after it (a
+    refinement multiplies it)."""
 
     slots: int
     sources: tuple[int, ...]
@@ -108,6 +114,7 @@ class Migration:
     retired: int | None = None
     freed_bytes: int = 0
     compact_ms: float = 0.0
+    slot_count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -134,6 +141,7 @@ def migrate(
     *,
     joining: PSClient | None = None,
     retire: int | None = None,
+    refine: int = 1,
 ) -> Migration:
     """Move ``slots`` (of ``client.slot_map``) to server ``to`` between two steps
     (see the module docstring). Trainers keep running; their requests wait at
@@ -143,7 +151,9 @@ def migrate(
     joins it as server ``to`` (== ``client.servers``): a split. ``retire``: a
     server that owns no slot once these moved, and leaves the job: a merge.
     Either way the new map names the job's servers (``members``) and every
-    client adopts them when it fetches the map."""
+    client adopts them when it fetches the map. ``refine`` F >= 2: no slot
+    moves (``slots`` empty, ``to`` unused); the new map has F x S slots, every
+    id on its server (``SlotMap.refined``)."""
     client.refresh_routing()
     old = client.slot_map
     conns = list(client.clients)
@@ -157,8 +167,13 @@ def migrate(
     if retire is not None and not (0 <= retire < running and retire != to):
         raise PSError(f"migrate: cannot retire server {retire} into server {to} of {running}")
     picked = np.unique(np.asarray(slots, np.int64))
-    picked = picked[old.owners[picked] != to]
-    new = old.moved(picked, to, servers=len(conns) if joining is not None else running)
+    if refine > 1:
+        if picked.size or joining is not None or retire is not None:
+            raise PSError("migrate: a refinement moves no slot and changes no server")
+        new = old.refined(refine)
+    else:
+        picked = picked[old.owners[picked] != to]
+        new = old.moved(picked, to, servers=len(conns) if joining is not None else running)
     if retire is not None:
         try:
             new = new.retired(retire)
@@ -227,6 +242,7 @@ def migrate(
         retired=retire,
         freed_bytes=freed,
         compact_ms=compact_ms,
+        slot_count=new.slots,
     )
 
 

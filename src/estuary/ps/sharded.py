@@ -325,6 +325,14 @@ class ShardedPSClient:
 
         return migrate(self, slots, to)
 
+    def refine_slots(self, factor: int = 2) -> Migration:
+        """Split every slot into ``factor`` (``SlotMap.refined``) between two
+        steps while trainers run: no row moves, every id keeps its server, and
+        a hot slot's ids can move apart later (``migrate``)."""
+        from estuary.ps.migration import migrate
+
+        return migrate(self, np.empty(0, np.int64), 0, refine=factor)
+
     def add_server(
         self, client: PSClient, slots: Sequence[int] | Int64Array | None = None
     ) -> Migration:

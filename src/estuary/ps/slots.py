@@ -2,7 +2,7 @@
 
 ::
 
-    slot   = splitmix64(id ^ SERVER_SALT) mod S        S fixed for the run
+    slot   = splitmix64(id ^ SERVER_SALT) mod S        S: owners' size
     server = owners[slot]                              owners: int64 (S,)
 
 The even map of P servers has ``S = P x SLOTS_PER_SERVER`` and ``owners[s] =
@@ -11,6 +11,12 @@ so it routes every id exactly as plain ``hash mod P`` did (version 0: what a run
 without migrations uses). A migration (``estuary.ps.migration``) hands some
 slots to another server and bumps ``version``; every client and server holds
 the same map between steps.
+
+A map may be refined (``refined``, ``estuary.ps.migration``): S grows F-fold
+and slot s splits into s, s + S, ..., s + (F - 1) S, all owned by s's owner.
+As ``(h mod FS) mod S == h mod S``, every id keeps its server: no row moves,
+but a hot slot's ids spread over F slots that can then move apart (the
+hot-shard rebalance). S stays at most ``MAX_SLOTS_PER_SERVER`` x P.
 
 A non-even map is recorded in table states under ``routing.owners`` and
 ``routing.version``, ``routing.servers`` so a resumed run with as many servers
@@ -29,6 +35,7 @@ from estuary.embedding.hashing import SERVER_SALT, as_ids, route_owned, shard_of
 from estuary.embedding.types import Int64Array
 
 __all__ = [
+    "MAX_SLOTS_PER_SERVER",
     "OWNERS_KEY",
     "ROUTING_PREFIX",
     "SERVERS_KEY",
@@ -38,6 +45,7 @@ __all__ = [
 ]
 
 SLOTS_PER_SERVER = 1024
+MAX_SLOTS_PER_SERVER = 16 * SLOTS_PER_SERVER  # refined maps stop here (owners: 128 KiB a server)
 OWNERS_KEY = "routing.owners"
 VERSION_KEY = "routing.version"
 SERVERS_KEY = "routing.servers"
@@ -118,6 +126,14 @@ class SlotMap:
         owners = self.owners.copy()
         owners[picked] = to
         return SlotMap(owners, self.servers if servers is None else servers, self.version + 1)
+
+    def refined(self, factor: int) -> SlotMap:
+        """The next version over ``factor`` x S slots: slot s becomes s, s + S, ...,
+        s + (factor - 1) S, each with s's owner, so every id stays on its server
+        (see the module docstring)."""
+        if factor < 2:
+            raise ValueError(f"slot map: a refinement needs a factor >= 2, got {factor}")
+        return SlotMap(np.tile(self.owners, factor), self.servers, self.version + 1)
 
     def retired(self, server: int) -> SlotMap:
         """The same version without ``server`` (which must own no slot): the

@@ -22,6 +22,9 @@ and rebalances a hot shard by moving its hottest slots to the coldest shard
                          (all servers applied the step after the fence)
           hot shard   -> per-slot loads of the hot shard (slot_loads op)
                          -> plan_moves -> ShardedPSClient.migrate(slots, coldest)
+                         -> no slot fits (one carries more than half the gap):
+                            ShardedPSClient.refine_slots (every slot split in
+                            up to 16, no row moves); the next interval moves
         timeline: scaling_ps.json (each migration: slots, rows, pause_ms; a
                   split or merge: the shards' memory after; its effect: the
                   hot shard's load share, the largest shard's memory)
@@ -54,13 +57,14 @@ from estuary.config.spec import RoleResources
 from estuary.ps import PSClient, ServerConfig
 from estuary.ps.migration import Migration
 from estuary.ps.sharded import ROUTING_METADATA, ShardedPSClient
+from estuary.ps.slots import MAX_SLOTS_PER_SERVER, SlotMap
 from estuary.ps.types import PSError
 from estuary.runtime.ray.actors import ServerActor, kill_all, server_name
 from estuary.runtime.ray.plane import ActorPSClient, connect_actor
 from estuary.runtime.scaling.controller import Controller
 from estuary.runtime.scaling.metrics import ShardMetrics, Snapshot
 from estuary.runtime.scaling.policy import Bounds, Decision, EstuaryPolicy
-from estuary.runtime.scaling.rebalance import plan_moves
+from estuary.runtime.scaling.rebalance import Moves, plan_moves
 from estuary.train.checkpoint_chain import CheckpointError, read_manifest, resolve_checkpoint
 
 __all__ = [
@@ -355,14 +359,11 @@ class RayShards:
         loads = np.zeros(slot_map.slots, np.int64)
         for p in range(len(self.servers)):  # every server's counts since the last move
             _, arrays = self._conn(p).call("slot_loads")
-            if "loads" in arrays:
+            if "loads" in arrays and arrays["loads"].size == slot_map.slots:
                 loads += arrays["loads"]
         moves = plan_moves(loads, slot_map.owners, hot, cold)
         if moves.slots.size == 0:
-            return (
-                f"no slot of shard {hot} fits the move to shard {cold}: one slot carries "
-                "more than the move that evens them (a single hot id)"
-            )
+            return self._refine(loads, slot_map, hot, cold, moves)
         migration = self.client.migrate(moves.slots, cold)
         self.last_detail = {
             "migration": {
@@ -379,6 +380,52 @@ class RayShards:
             migration.rows,
             hot,
             cold,
+            migration.pause_ms,
+        )
+        return None
+
+    def _refine(
+        self, loads: np.ndarray, slot_map: SlotMap, hot: int, cold: int, moves: Moves
+    ) -> str | None:
+        """No slot of the hot shard fits the move (one slot carries more than
+        half the gap): split every slot into up to 16 (``refine_slots``, up to
+        ``MAX_SLOTS_PER_SERVER`` a server) so the next interval can move part
+        of that slot's ids; with the map at its finest, say why nothing moved."""
+        assert self.client is not None
+        owned = np.flatnonzero(slot_map.owners == hot)
+        top = int(owned[np.argmax(loads[owned])]) if owned.size else -1
+        share = float(loads[top]) / moves.hot_load if top >= 0 and moves.hot_load > 0 else 0.0
+        room = MAX_SLOTS_PER_SERVER * slot_map.servers // slot_map.slots
+        factor = 1 << min(4, max(0, room.bit_length() - 1))  # a power of two, at most 16
+        if factor < 2:
+            return (
+                f"no slot of shard {hot} fits the move to shard {cold}: slot {top} carries "
+                f"{share:.0%} of its load, more than the move that evens them, and the "
+                f"slot map is at its finest ({slot_map.slots} slots; a single hot id)"
+            )
+        migration = self.client.refine_slots(factor)
+        slots = migration.slot_count
+        self.client.each(lambda p: self._conn(p).call("slot_loads", {"count": slots}))
+        self.last_detail = {
+            "migration": {
+                **migration.as_dict(),
+                "kind": "refine",
+                "factor": factor,
+                "hot_slot": top,
+                "hot_slot_share": round(share, 4),
+                "hot_load": moves.hot_load,
+                "cold_load": moves.cold_load,
+            }
+        }
+        self.migrations.append(self.last_detail["migration"])
+        logger.info(
+            "scaling: PS shard %d's slot %d carries %.0f%% of its load: slot map refined "
+            "%d -> %d slots (no row moved); pause %.1f ms",
+            hot,
+            top,
+            100 * share,
+            slot_map.slots,
+            slots,
             migration.pause_ms,
         )
         return None

@@ -39,7 +39,9 @@ return ``Decision``s; the controller applies them (``estuary.runtime.scaling.con
   its slots), else cap its rows so it stays at ``memory_target``. With shards
   that may be added, two shards forecast together below ``merge_below`` of one
   budget, the smaller no hotter than the mean, are merged (``min_shards``).
-- hot shard: a shard with ``hot_ratio`` x the mean load is reported.
+- hot shard: a shard with ``hot_ratio`` x the mean load (on Ray its hottest
+  slots move to the coldest shard, or the slot map is refined first:
+  ``estuary.runtime.ray.scaling``; elsewhere it is reported).
 
 A knob is decided again only after a whole interval at its current value, with
 every executor up (an interval that held a change or an executor's start-up
@@ -121,7 +123,7 @@ class Decision:
     Knobs: ``executors``, ``executor_threads``, ``executor_memory`` (each
     executor's memory ask, MiB), ``shard_rows:P`` (row cap of
     shard P), ``shard_memory:P`` (memory budget of shard P), ``hot_shard:P``
-    (report only: ``new`` is the mean load), ``ps_shards`` (the PS shard count:
+    (``new`` is the mean load; applied on Ray), ``ps_shards`` (the PS shard count:
     up one is a split, the shard in ``metrics["shard"]`` triggered it; down one
     a merge of ``metrics["retire"]`` into ``metrics["into"]``).
     """

@@ -8,8 +8,11 @@ coldest one, from the ids looked up per slot (``estuary.ps.routing``).
     slots of h, hottest first: take s while moved + l[s] <= target
     (at least one loaded slot stays on h; slots with no load do not move)
 
-A single slot hotter than the target (one id taking most of the load) cannot
-be split by moving slots: nothing moves and the decision says why.
+A slot hotter than the target cannot move without overshooting: when no slot
+fits, nothing moves here, and the Ray actuator refines the slot map (every
+slot split into up to 16, ``SlotMap.refined``; no row moves) so the next
+interval can move part of that slot's ids. One id alone cannot be split: with
+the map at its finest the decision says why nothing moved.
 """
 
 from __future__ import annotations
