@@ -398,10 +398,11 @@ class RayShards:
         room = MAX_SLOTS_PER_SERVER * slot_map.servers // slot_map.slots
         factor = 1 << min(4, max(0, room.bit_length() - 1))  # a power of two, at most 16
         if factor < 2:
+            gap = (moves.hot_load - moves.cold_load) / 2
             return (
-                f"no slot of shard {hot} fits the move to shard {cold}: slot {top} carries "
-                f"{share:.0%} of its load, more than the move that evens them, and the "
-                f"slot map is at its finest ({slot_map.slots} slots; a single hot id)"
+                f"no slot of shard {hot} fits the move to shard {cold} (half their gap: "
+                f"{gap:g} ids): slot {top} carries {share:.0%} of its load, and the slot map "
+                f"is at its finest ({slot_map.slots} slots), so its ids cannot be split further"
             )
         migration = self.client.refine_slots(factor)
         slots = migration.slot_count
