@@ -272,6 +272,8 @@ def test_a_single_hot_id_is_refined_once_then_reported(ray_instance: Any) -> Non
             table.wait_applied()
             shards.sample(t)
             answers.append(shards.apply(hot))
+        shards.sample(3.0)  # no lookup since: nothing to plan from, nothing refined
+        answers.append(shards.apply(hot))
         trainer.close()
     finally:
         kill_all(servers)
@@ -279,3 +281,5 @@ def test_a_single_hot_id_is_refined_once_then_reported(ray_instance: Any) -> Non
     assert shards.migrations[0]["rows"] == 0 and shards.migrations[0]["slot_count"] == 16 * 2048
     assert answers[1] is not None and "at its finest (32768 slots)" in answers[1]
     assert "carries 100% of its load" in answers[1]
+    assert answers[2] is not None and "no lookups counted on shard 0" in answers[2]
+    assert len(shards.migrations) == 1

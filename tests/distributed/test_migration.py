@@ -192,6 +192,11 @@ def test_a_refined_map_keeps_every_id_on_its_server_and_its_slots_move_mid_run()
     np.testing.assert_array_equal(fine.server_of(ids), even.server_of(ids))
     with pytest.raises(ValueError, match="factor >= 2"):
         even.refined(1)
+    assert even.refined(16).slots == 16 * even.slots  # the finest: 16 x 1,024 a server
+    with pytest.raises(ValueError, match="passes the most a map of 2 server"):
+        even.refined(32)
+    with pytest.raises(ValueError, match="passes the most"):
+        even.refined(16).refined(2)
 
     plain, _ = run(migrate_after=None)
     moved, (refinement, migration) = run(migrate_after=4, refine=4)

@@ -170,7 +170,10 @@ def migrate(
     if refine > 1:
         if picked.size or joining is not None or retire is not None:
             raise PSError("migrate: a refinement moves no slot and changes no server")
-        new = old.refined(refine)
+        try:
+            new = old.refined(refine)
+        except ValueError as exc:
+            raise PSError(f"migrate: {exc}") from exc
     else:
         picked = picked[old.owners[picked] != to]
         new = old.moved(picked, to, servers=len(conns) if joining is not None else running)

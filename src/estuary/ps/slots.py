@@ -133,6 +133,11 @@ class SlotMap:
         (see the module docstring)."""
         if factor < 2:
             raise ValueError(f"slot map: a refinement needs a factor >= 2, got {factor}")
+        if self.slots * factor > MAX_SLOTS_PER_SERVER * self.servers:
+            raise ValueError(
+                f"slot map: {self.slots} x {factor} slots passes the most a map of "
+                f"{self.servers} server(s) may have ({MAX_SLOTS_PER_SERVER} a server)"
+            )
         return SlotMap(np.tile(self.owners, factor), self.servers, self.version + 1)
 
     def retired(self, server: int) -> SlotMap:

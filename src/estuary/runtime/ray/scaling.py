@@ -362,6 +362,8 @@ class RayShards:
             if "loads" in arrays and arrays["loads"].size == slot_map.slots:
                 loads += arrays["loads"]
         moves = plan_moves(loads, slot_map.owners, hot, cold)
+        if moves.hot_load <= 0:
+            return f"no lookups counted on shard {hot} since the last move: nothing to plan from"
         if moves.slots.size == 0:
             return self._refine(loads, slot_map, hot, cold, moves)
         migration = self.client.migrate(moves.slots, cold)
