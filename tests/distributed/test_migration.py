@@ -215,6 +215,22 @@ def test_a_refined_map_keeps_every_id_on_its_server_and_its_slots_move_mid_run()
             assert (slot_map.server_of(held_ids) == p).all()
 
 
+def test_slot_loads_being_counted_follow_a_new_slot_count() -> None:
+    """A restored or refined map changes S: the counters restart over it (the
+    hot-shard rebalance reads loads of the map's own size); not counting stays
+    off."""
+    gate = RoutingGate()
+    gate.set_map(SlotMap.even(2).refined(16).owners, 2, 1)
+    assert gate.take_loads() is None
+    gate.count_slots(2048)
+    gate.note(np.arange(100, dtype=np.int64))
+    gate.set_map(SlotMap.even(2).refined(16).owners, 2, 2)
+    loads = gate.take_loads()
+    assert loads is not None and loads.size == 16 * 2048 and loads.sum() == 0
+    gate.note(np.arange(100, dtype=np.int64))
+    assert gate.take_loads().sum() == 100  # type: ignore[union-attr]
+
+
 def test_a_refinement_moves_no_slot() -> None:
     with cluster(2) as (client,), pytest.raises(PSError, match="a refinement moves no slot"):
         migrate(client, [0], 1, refine=2)

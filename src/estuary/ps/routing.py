@@ -167,13 +167,17 @@ class RoutingGate:
     ) -> None:
         """Adopt slot map ``version`` (owners int64 (S,)); ``members``: the job's
         servers in order (``address``, ``authkey`` hex), set when a split or
-        merge changed them (kept otherwise)."""
+        merge changed them (kept otherwise). Slot loads being counted restart
+        at zero over the new S when S changed (a refined or restored map)."""
         with self._cond:
             self.owners = np.asarray(owners, np.int64).copy()
             self.servers = servers
             self.version = version
             if members is not None:
                 self.members = members
+        with self._loads_lock:  # counting: over the new map's slots from now on
+            if self._loads is not None and self._loads.size != self.owners.size:
+                self._loads = np.zeros(self.owners.size, np.int64)
 
     def start_at(self, steps: Mapping[str, int]) -> None:
         """A server joining mid-run: steps up to ``steps[t]`` count as looked up

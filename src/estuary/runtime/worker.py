@@ -113,9 +113,9 @@ def worker_session(rank: int, launch: WorkerLaunch) -> Iterator[PSClient | Shard
     )
     client: PSClient | ShardedPSClient
     if launch.server_actors:
-        from estuary.runtime.ray.plane import ActorPSClient, connect_actor
+        from estuary.runtime.ray.plane import actor_clients, connect_actor
 
-        actors = [ActorPSClient(a, timeout_s=launch.ps_timeout_s) for a in launch.server_actors]
+        actors = actor_clients(launch.server_actors, timeout_s=launch.ps_timeout_s)
         if len(actors) == 1 and not launch.sharded_ps:
             client = actors[0]
         else:  # a sharded client follows a split or merge (servers named by their actors)

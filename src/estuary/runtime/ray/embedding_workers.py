@@ -86,9 +86,9 @@ class EmbeddingWorkerActor:
     ) -> None:
         client: PSClient | ShardedPSClient
         if server_actors:
-            from estuary.runtime.ray.plane import ActorPSClient, connect_actor
+            from estuary.runtime.ray.plane import actor_clients, connect_actor
 
-            clients = [ActorPSClient(a, timeout_s=timeout_s) for a in server_actors]
+            clients = actor_clients(server_actors, timeout_s=timeout_s)
             if len(clients) == 1 and not sharded:
                 client = clients[0]
             else:

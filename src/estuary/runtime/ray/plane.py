@@ -17,7 +17,7 @@ that name (``ray.get_actor``).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -27,7 +27,7 @@ from estuary.ps.client import PSClient, member_identity
 from estuary.ps.protocol import Arrays, Header
 from estuary.ps.types import PSConnectionError, PSError, PSTimeoutError
 
-__all__ = ["ActorPSClient", "connect_actor"]
+__all__ = ["ActorPSClient", "actor_clients", "connect_actor"]
 
 
 class ActorPSClient(PSClient):
@@ -37,7 +37,8 @@ class ActorPSClient(PSClient):
         actor: the server's actor handle.
         timeout_s: longest wait for any reply.
         member: the server's ``members`` entry (``ServerActor.member``), if at
-            hand; else asked of the actor the first time it is needed.
+            hand (``actor_clients`` fetches them up front, while every server
+            is alive); else asked of the actor the first time it is needed.
     """
 
     def __init__(
@@ -45,7 +46,7 @@ class ActorPSClient(PSClient):
     ) -> None:
         super().__init__(f"ray actor {actor}", b"", timeout_s=timeout_s)
         self.actor = actor
-        self._member = None if member is None else dict(member)
+        self._member = None if member is None else _with_namespace(member)
 
     def _send(
         self,
@@ -76,7 +77,7 @@ class ActorPSClient(PSClient):
                 client could find it).
         """
         if self._member is None:
-            self._member = dict(self._get(self.actor.member.remote(), "member"))
+            self._member = _with_namespace(self._get(self.actor.member.remote(), "member"))
         if not self._member.get("actor"):
             raise PSError(
                 f"split/merge: the server actor at {self._member.get('address')!r} has no "
@@ -86,11 +87,43 @@ class ActorPSClient(PSClient):
 
     @property
     def identity(self) -> Hashable:
-        """Which server this is: its actor (name and namespace)."""
-        return member_identity(self.member())
+        """Which server this is: its actor (name and namespace). A client whose
+        entry was never fetched and whose actor is gone (a retired server,
+        stopped) is no server of the job: it matches no ``members`` entry."""
+        try:
+            return member_identity(self.member())
+        except PSConnectionError:
+            return ("gone", id(self))
 
     def close(self) -> None:
         """Nothing to close (Ray owns the channel)."""
+
+
+def _with_namespace(member: Mapping[str, Any]) -> dict[str, Any]:
+    # No namespace: the caller's, as ray.get_actor reads it (so identities match).
+    out = dict(member)
+    if out.get("actor") and not out.get("namespace"):
+        out["namespace"] = ray.get_runtime_context().namespace
+    return out
+
+
+def actor_clients(actors: Sequence[Any], *, timeout_s: float = 600.0) -> list[ActorPSClient]:
+    """One ``ActorPSClient`` per server actor, each with its ``members`` entry
+    fetched now, while every server is up (a later split or merge then
+    matches them without a call to an actor that may be gone)."""
+    refs = [a.member.remote() for a in actors]
+    try:
+        members = ray.get(refs, timeout=timeout_s)
+    except GetTimeoutError as exc:
+        raise PSTimeoutError(
+            f"parameter server actors: no member entry within {timeout_s:g} s"
+        ) from exc
+    except RayActorError as exc:
+        raise PSConnectionError(f"parameter server actor died before it answered: {exc}") from exc
+    return [
+        ActorPSClient(a, timeout_s=timeout_s, member=m)
+        for a, m in zip(actors, members, strict=True)
+    ]
 
 
 def connect_actor(member: Mapping[str, Any], timeout_s: float) -> PSClient:
@@ -103,8 +136,9 @@ def connect_actor(member: Mapping[str, Any], timeout_s: float) -> PSClient:
             f"server at {member.get('address')!r} joined without an actor name; "
             "a client on the actor data plane cannot reach it"
         )
+    member = _with_namespace(member)
     try:
-        actor = ray.get_actor(str(name), namespace=member.get("namespace"))
+        actor = ray.get_actor(str(name), namespace=member["namespace"])
     except ValueError as exc:  # no actor of that name (any more)
         raise PSConnectionError(f"parameter server actor {name!r} not found: {exc}") from exc
     return ActorPSClient(actor, timeout_s=timeout_s, member=member)

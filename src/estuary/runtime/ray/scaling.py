@@ -60,7 +60,7 @@ from estuary.ps.sharded import ROUTING_METADATA, ShardedPSClient
 from estuary.ps.slots import MAX_SLOTS_PER_SERVER, SlotMap
 from estuary.ps.types import PSError
 from estuary.runtime.ray.actors import ServerActor, kill_all, server_name
-from estuary.runtime.ray.plane import ActorPSClient, connect_actor
+from estuary.runtime.ray.plane import ActorPSClient, actor_clients, connect_actor
 from estuary.runtime.scaling.controller import Controller
 from estuary.runtime.scaling.metrics import ShardMetrics, Snapshot
 from estuary.runtime.scaling.policy import Bounds, Decision, EstuaryPolicy
@@ -174,9 +174,7 @@ class RayShards:
         self._t = 0.0
         self.client: ShardedPSClient | None = client
         if self.client is None and len(self.servers) > 1:
-            self.client = ShardedPSClient(
-                [ActorPSClient(s) for s in self.servers], connect=connect_actor
-            )
+            self.client = ShardedPSClient(actor_clients(self.servers), connect=connect_actor)
         if self.client is not None:
             self.client.refresh_routing()
             slots = self.client.slot_map.slots
@@ -525,7 +523,7 @@ def ps_scaling_manager(
         plane = job.runtime.ray.data_plane
         if plane == "actor":
             client = ShardedPSClient(
-                [ActorPSClient(s, timeout_s=timeout_s) for s in servers], connect=connect_actor
+                actor_clients(servers, timeout_s=timeout_s), connect=connect_actor
             )
         else:
             client = ShardedPSClient(
