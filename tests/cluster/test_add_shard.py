@@ -349,6 +349,50 @@ def test_estuary_train_on_ray_adds_a_shard_mid_run_on_either_plane(
     assert_same_tables(out, local)
 
 
+@pytest.mark.parametrize("plane", ["socket", "actor"])
+def test_estuary_train_on_ray_merges_shards_with_embedding_workers_on_either_plane(
+    ray_instance: Any, tmp_path: Path, plane: str
+) -> None:
+    """End to end: two trainers whose embedding workers look up (the trainers'
+    own clients stay idle but for checkpoints every 10 steps and evaluation),
+    two small PS shards merged into one early in the run. The retired server is
+    stopped once every rank moved on; the trainers' idle clients then drop it
+    when they next reach the servers instead of failing on it. The checkpoint
+    records one shard and the tables are the local runtime's."""
+    from estuary.cli import main
+
+    from ..distributed.conftest import write_job
+    from .test_ray_runtime import assert_same_tables, sets
+
+    job_path = write_job(tmp_path, rows=3000)
+    two = ["runtime.trainers=2", "runtime.ps_shards=2"]
+    elastic = [
+        "runtime.backend=ray",
+        "runtime.roles.ps.min=1",
+        "runtime.roles.ps.max=2",
+        "runtime.ray.ps.memory_mb=1",
+        "runtime.scaling.enabled=true",
+        "runtime.scaling.interval_s=0.15",
+        "runtime.scaling.merge_below=0.9",
+        "runtime.embedding_workers=true",
+        "output.checkpoint_every_steps=10",
+        f"runtime.ray.data_plane={plane}",
+    ]
+    out, local = tmp_path / "ray", tmp_path / "local"
+    run = ["train", str(job_path), "--no-progress", "--output"]
+    assert main([*run, str(out), *sets(*two, *elastic)]) == 0
+    assert main([*run, str(local), *sets(*two)]) == 0
+
+    timeline = json.loads((out / "scaling_ps.json").read_text())
+    merges = [d for d in timeline["decisions"] if d["knob"] == "ps_shards"]
+    assert len(merges) == 1 and merges[0]["applied"] and merges[0]["new"] == 1, merges
+    assert merges[0]["migration"]["kind"] == "merge"
+    final = load_checkpoint(out / "checkpoints")
+    assert max(merges[0]["migration"]["fence"].values()) < final.manifest["step"]
+    assert final.manifest["metadata"][ROUTING_METADATA]["servers"] == 1
+    assert_same_tables(out, local)
+
+
 def test_a_shard_the_cluster_has_no_room_for_is_not_applied_and_splits_stop(
     ray_instance: Any,
 ) -> None:

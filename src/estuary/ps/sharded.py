@@ -193,6 +193,21 @@ class ShardedPSClient:
                 raise error
         return [f.result() for f in futures]
 
+    def each_live(self, fn: Callable[[int], T]) -> list[T]:
+        """``each`` over the job's servers as they are now: should a server be
+        gone because a merge retired it while this client was idle (a trainer
+        whose embedding worker looks up, an evaluator), the client fetches the
+        map, which drops it, and ``fn`` runs again (it must be safe to repeat).
+        A server gone without a new map (a crash) raises as ``each`` does."""
+        for attempt in range(STALE_RETRIES + 1):
+            try:
+                return self.each(fn)
+            except PSConnectionError:
+                before = self.slot_map.version
+                if attempt == STALE_RETRIES or self.refresh_routing().version == before:
+                    raise
+        raise AssertionError("unreachable")
+
     def refresh_routing(self) -> SlotMap:
         """Fetch the servers' slot map (the first that answers: they hold the
         same one between steps; a retired server answers too until stopped)
@@ -301,13 +316,18 @@ class ShardedPSClient:
         for attempt in range(STALE_RETRIES + 1):
             clients = list(self.clients)
             held: list[PSClient] = []
+            gone: PSConnectionError | None = None
             try:
-                for client in clients:
-                    client.call("hold_routing")
-                    held.append(client)
-                # A map changed since this client last routed (a split added a
-                # server that holds rows now): adopt it and hold again.
-                if self._routing()[0]["version"] == self.slot_map.version:
+                try:
+                    for client in clients:
+                        client.call("hold_routing")
+                        held.append(client)
+                    # A map changed since this client last routed (a split added a
+                    # server that holds rows now): adopt it and hold again.
+                    current = self._routing()[0]["version"] == self.slot_map.version
+                except PSConnectionError as exc:  # a server gone: a merge's, or a crash
+                    gone, current = exc, False
+                if current:
                     yield
                     return
             finally:
@@ -315,8 +335,11 @@ class ShardedPSClient:
                     with contextlib.suppress(PSError):
                         client.call("release_routing")
             if attempt == STALE_RETRIES:
-                raise PSError("the slot map kept changing while a capture waited to hold it")
+                raise gone or PSError("the slot map kept changing while a capture waited")
+            before = self.slot_map.version
             self.refresh_routing()
+            if gone is not None and self.slot_map.version == before:
+                raise gone  # not retired by a merge this client missed: a failure
 
     def migrate(self, slots: Sequence[int] | Int64Array, to: int) -> Migration:
         """Move ``slots`` to server ``to`` between two steps while trainers run
@@ -521,14 +544,16 @@ class ShardedPSClient:
         tables = self._own(stores, "stats_many")
         if not tables:
             return []
-        per_server = self.each(lambda p: self.clients[p].stats_many([t.parts[p] for t in tables]))
+        per_server = self.each_live(
+            lambda p: self.clients[p].stats_many([t.parts[p] for t in tables])
+        )
         return [sum(stats, TableStats()) for stats in zip(*per_server, strict=True)]
 
     def server_stats(self) -> dict[str, dict[str, int]]:
         """Per table, the servers' step figures combined: ``applied`` (the minimum),
         ``duplicates`` and ``waits`` (sums), ``pending_steps`` and ``max_behind``
         (maxima)."""
-        per_server = self.each(lambda p: self.clients[p].server_stats())
+        per_server = self.each_live(lambda p: self.clients[p].server_stats())
         out: dict[str, dict[str, int]] = {}
         for name in per_server[0]:
             figures = [s[name] for s in per_server]
@@ -641,7 +666,7 @@ class ShardedTable:
         """Block until ``step`` (default: the last pushed) is applied on every server;
         returns the smallest last-applied step."""
         target = self.pushed if step is None else step
-        return min(self.client.each(lambda p: self.parts[p].wait_applied(target)))
+        return min(self.client.each_live(lambda p: self.parts[p].wait_applied(target)))
 
     def stats(self) -> TableStats:
         """The servers' counters, summed."""
@@ -710,7 +735,7 @@ class ShardedTable:
 
     def set_admission_counting(self, enabled: bool) -> None:
         """As ``RemoteTable.set_admission_counting``, on every server."""
-        self.client.each(lambda p: self.parts[p].set_admission_counting(enabled))
+        self.client.each_live(lambda p: self.parts[p].set_admission_counting(enabled))
 
 
 ROUTING_METADATA = "ps_routing"
