@@ -436,3 +436,36 @@ def test_on_the_actor_plane_an_unnamed_server_refuses_a_split_and_nothing_change
     finally:
         shards.close()
         kill_all([unnamed])
+
+
+def test_a_shard_counting_admissions_gets_its_min_count_raised_live(ray_instance: Any) -> None:
+    """``shard_admission:P`` on Ray: the server's tables admit only ids seen the
+    new number of times from then on, and the next sample reads it back; a
+    shard whose tables admit every id says there is nothing to raise."""
+    from estuary.config.spec import AdmissionSpec
+
+    counting = replace(SPEC, admission=AdmissionSpec(min_count=2, counter="exact"))
+    config = ServerConfig({"t": HostedTable(counting, SEED)}, world_size=1, staleness=0)
+    plain_config = ServerConfig({"t": HostedTable(SPEC, SEED)}, world_size=1, staleness=0)
+    servers, conns = start_servers(ray_instance, config, 1)
+    plain, _ = start_servers(ray_instance, plain_config, 1)
+    try:
+        shards = RayShards(servers, BUDGET)
+        assert shards.sample(1.0).shards[0].admission_min_count == 2
+        assert shards.apply(Decision("shard_admission:0", 2, 4, "test")) is None
+        assert shards.last_detail == {"admission_min_count": {"t": 4}}
+        assert shards.sample(2.0).shards[0].admission_min_count == 4
+        table = ShardedPSClient(conns).table("t")
+        ids = np.array([11], np.int64)
+        for seen in range(1, 5):
+            table.apply_gradients(ids, table.lookup(ids, train=True) * 0 + 0.1)
+            table.wait_applied()
+            assert (table.stats().rows == 1) == (seen == 4), seen
+        at_most = shards.apply(Decision("shard_admission:0", 1 << 16, 1 << 17, "test"))
+        assert at_most is not None and "count no higher" in at_most
+        none = RayShards(plain, BUDGET)
+        assert none.sample(1.0).shards[0].admission_min_count is None
+        why = none.apply(Decision("shard_admission:0", 1, 2, "test"))
+        assert why is not None and "counts admissions" in why
+    finally:
+        kill_all([*servers, *plain])

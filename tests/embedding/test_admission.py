@@ -145,3 +145,30 @@ def test_admission_counting_off_keeps_unadmitted_ids_on_the_unknown_row() -> Non
     table.set_admission_counting(True)
     table.lookup(once, train=True)
     assert len(table) == 2
+
+
+@pytest.mark.parametrize("counter", ["exact", "sketch"])
+def test_a_raised_min_count_admits_only_ids_seen_that_often_from_then_on(counter: str) -> None:
+    """``raise_admission`` (the scaling manager's memory rule): never lowered,
+    at most what the counter counts to (a 2-bit sketch: 4); a table admitting
+    every id has nothing to raise."""
+    spec = TableSpec(dim=2, admission=AdmissionSpec(min_count=2, counter=counter))
+    table = EmbeddingTable(spec, seed=0, name="t")
+    assert table.admission_min_count == 2
+    assert table.raise_admission(1) == 2  # never lowered
+    want = 3 if counter == "exact" else 2  # a min_count-2 sketch has 1-bit counters: 2 at most
+    assert table.raise_admission(3) == want and table.admission_min_count == want
+    ids = np.array([7], np.int64)
+    for _ in range(want - 1):
+        table.lookup(ids, train=True)
+        assert len(table) == 0
+    table.lookup(ids, train=True)
+    assert len(table) == 1
+    plain = EmbeddingTable(TableSpec(dim=2), seed=0, name="p")
+    assert plain.admission_min_count is None and plain.raise_admission(4) is None
+
+
+def test_a_sketch_counts_a_raised_min_count_only_as_far_as_its_counters_go() -> None:
+    spec = TableSpec(dim=2, admission=AdmissionSpec(min_count=3, counter="sketch"))
+    table = EmbeddingTable(spec, seed=0, name="t")
+    assert table.raise_admission(100) == 4  # 2-bit counters

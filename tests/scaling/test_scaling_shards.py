@@ -51,6 +51,25 @@ def test_at_max_shards_or_without_bounds_the_rows_are_capped() -> None:
         assert [d.knob for d in decisions] == ["shard_rows:0"]
 
 
+def test_with_the_row_cap_a_shard_counting_admissions_has_its_min_count_doubled() -> None:
+    """At max shards a shard forecast over budget is capped; when its tables
+    count sightings (``admission.min_count`` 3) the rule is doubled too, and
+    before the cap (a split is still possible) it is left alone."""
+    from dataclasses import replace
+
+    history = [
+        replace(h, shards=tuple(replace(m, admission_min_count=3) for m in h.shards))
+        for h in growing(1)
+    ]
+    decisions = EstuaryPolicy(SPEC, Bounds(max_shards=1)).decide(history)
+    d = decisions[0]
+    assert (d.knob, d.old, d.new) == ("shard_admission:0", 3, 6)
+    assert [d.knob for d in decisions] == ["shard_admission:0", "shard_rows:0"]
+    assert "admit only ids seen 6 times" in decisions[0].trigger
+    split = EstuaryPolicy(SPEC, Bounds(max_shards=2)).decide(history)
+    assert [d.knob for d in split] == ["ps_shards"]
+
+
 def test_no_shard_decision_in_the_interval_after_the_count_changed() -> None:
     history = [*growing(1), snap(6.0, (6000, 500_000, 10.0), (4000, 200_000, 10.0))]
     assert EstuaryPolicy(SPEC, Bounds(max_shards=3)).decide(history) == []

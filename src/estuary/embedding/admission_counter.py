@@ -6,12 +6,15 @@ kept and decided is the counter's own (``admission.AdmissionFilter``: exact;
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 
 import numpy as np
 
 from estuary.config.spec import AdmissionSpec
 from estuary.embedding.hashing import as_ids
 from estuary.embedding.types import Int64Array
+
+MAX_MIN_COUNT = 1 << 16  # an exact counter's ceiling for a raised min_count
 
 
 class AdmissionCounter(ABC):
@@ -25,6 +28,21 @@ class AdmissionCounter(ABC):
     def admits_all(self) -> bool:
         """True when every id is admitted at first sight (nothing to count)."""
         return self.spec.min_count <= 1 and self.spec.probability >= 1.0
+
+    @property
+    def max_min_count(self) -> int:
+        """The highest ``min_count`` this counter can decide (it counts that far)."""
+        return MAX_MIN_COUNT
+
+    def raise_min_count(self, min_count: int) -> int:
+        """Admit only ids seen ``min_count`` times from now on (the scaling
+        manager's memory rule): never lowered, at most ``max_min_count``;
+        returns the rule's ``min_count`` now. Ids already pending keep their
+        counts."""
+        new = min(max(self.spec.min_count, min_count), self.max_min_count)
+        if new != self.spec.min_count:
+            self.spec = replace(self.spec, min_count=new)
+        return new
 
     def observe(self, ids: Int64Array) -> Int64Array:
         """Count one sighting of each of ``ids`` (N,) and decide.

@@ -204,6 +204,12 @@ class SketchAdmissionFilter(AdmissionCounter):
         self.counting = True
 
     @property
+    def max_min_count(self) -> int:
+        """The highest ``min_count`` its ``bits``-bit counters decide (they
+        count to ``2**bits - 1`` past the first sighting)."""
+        return 1 << self.bits
+
+    @property
     def aged(self) -> int:
         """Rotations so far (each forgets the sightings of two generations ago)."""
         return int(self._meta[1])

@@ -472,6 +472,25 @@ class EmbeddingShard:
         with self._lock:
             self._admission.counting = enabled
 
+    @property
+    def admission_min_count(self) -> int | None:
+        """The admission rule's ``min_count`` now; ``None``: every id is
+        admitted at first sight (no counter to tighten)."""
+        return (
+            None
+            if self._single_pass or self._admission.admits_all
+            else (self._admission.spec.min_count)
+        )
+
+    def raise_admission(self, min_count: int) -> int | None:
+        """Admit only ids seen ``min_count`` times from now on (never lowered,
+        at most what the counter counts to; the scaling manager's memory rule);
+        returns the rule's ``min_count`` now, ``None`` without a counter."""
+        with self._lock:
+            if self.admission_min_count is None:
+                return None
+            return self._admission.raise_min_count(min_count)
+
     # -- eviction ------------------------------------------------------------
 
     def sweep(self) -> int:

@@ -155,6 +155,19 @@ class EmbeddingTable:
         for shard in self.shards:
             shard.set_admission_counting(enabled)
 
+    @property
+    def admission_min_count(self) -> int | None:
+        """The admission rule's ``min_count`` (its shards' least); ``None``:
+        every id admitted at first sight."""
+        counts = [c for c in (s.admission_min_count for s in self.shards) if c is not None]
+        return min(counts) if counts else None
+
+    def raise_admission(self, min_count: int) -> int | None:
+        """See ``EmbeddingShard.raise_admission``; returns the least ``min_count``
+        over the shards now (``None``: no counter)."""
+        counts = [c for c in (s.raise_admission(min_count) for s in self.shards) if c is not None]
+        return min(counts) if counts else None
+
     def sweep(self) -> int:
         """Apply the TTL now on every shard; returns rows evicted."""
         return sum(shard.sweep() for shard in self.shards)

@@ -79,10 +79,11 @@ class ServerActor:
         """One request of the actor data plane (``ActorPSClient``)."""
         return self.server.handle(header, arrays)
 
-    def table_stats(self) -> dict[str, tuple[int, int, int, int | None, int]]:
+    def table_stats(self) -> dict[str, tuple[int, int, int, int | None, int, int | None]]:
         """Per hosted table: (rows, memory bytes, ids looked up, row cap or
-        ``None``, rows its arrays hold before they grow), for the scaling
-        manager (``estuary.runtime.ray.scaling``)."""
+        ``None``, rows its arrays hold before they grow, admission
+        ``min_count`` or ``None``), for the scaling manager
+        (``estuary.runtime.ray.scaling``)."""
         out = {}
         for name, table in self.server.tables.items():
             stats = table.stats()
@@ -92,8 +93,17 @@ class ServerActor:
                 stats.lookups,
                 table.capacity_rows,
                 table.allocated_rows,
+                table.admission_min_count,
             )
         return out
+
+    def raise_admission(self, min_count: int) -> dict[str, int | None]:
+        """Raise every hosted table's admission ``min_count`` to ``min_count``
+        (``EmbeddingTable.raise_admission``); per table its ``min_count`` now
+        (``None``: the table admits every id, nothing to raise)."""
+        return {
+            name: table.raise_admission(min_count) for name, table in self.server.tables.items()
+        }
 
     def cap_rows(self, rows: int) -> int:
         """Cap this shard's rows at ``rows`` over its tables, each its share by

@@ -197,6 +197,7 @@ class RayShards:
         for p, tables in enumerate(stats):
             lookups = sum(v[2] for v in tables.values())
             caps = [v[3] for v in tables.values()]
+            counting = [v[5] for v in tables.values() if v[5] is not None]
             load = (lookups - self._lookups[p]) / dt if dt > 0 else 0.0
             shards.append(
                 ShardMetrics(
@@ -207,6 +208,7 @@ class RayShards:
                     budget_bytes=self.budget_bytes,
                     capacity_rows=None if None in caps else sum(c or 0 for c in caps),
                     allocated_rows=sum(v[4] for v in tables.values()),
+                    admission_min_count=min(counting) if counting else None,
                 )
             )
             self._lookups[p] = lookups
@@ -223,6 +225,21 @@ class RayShards:
                 ray.get(self.servers[int(shard)].cap_rows.remote(int(decision.new)))
             except RayTaskError as exc:  # e.g. a table without eviction.capacity_rows
                 return f"row cap refused: {_last_line(exc)}"
+            return None
+        if kind == "shard_admission":
+            now = ray.get(
+                self.servers[int(shard)].raise_admission.remote(int(decision.new)),
+                timeout=STATS_TIMEOUT_S,
+            )
+            counting = [c for c in now.values() if c is not None]
+            if not counting:
+                return f"no table of shard {shard} counts admissions: nothing to raise"
+            if max(counting) <= decision.old:
+                return (
+                    f"shard {shard}'s admission counters count no higher: min_count stays "
+                    f"{max(counting)} (a sketch counter's bits are fixed by the job's min_count)"
+                )
+            self.last_detail = {"admission_min_count": now}
             return None
         if kind == "hot_shard":
             return self._rebalance(int(shard))

@@ -36,6 +36,8 @@ class ShardMetrics:
         capacity_rows: its row cap now; ``None``: none.
         allocated_rows: rows its arrays hold before they grow (rows moved or
             evicted away leave room that new rows reuse); ``None``: not known.
+        admission_min_count: the least admission ``min_count`` of its tables
+            that count sightings; ``None``: every table admits every id.
     """
 
     shard: int
@@ -45,6 +47,7 @@ class ShardMetrics:
     budget_bytes: int | None = None
     capacity_rows: int | None = None
     allocated_rows: int | None = None
+    admission_min_count: int | None = None
 
 
 @dataclass(frozen=True)

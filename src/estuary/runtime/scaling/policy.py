@@ -39,6 +39,9 @@ return ``Decision``s; the controller applies them (``estuary.runtime.scaling.con
   its slots), else cap its rows so it stays at ``memory_target``. With shards
   that may be added, two shards forecast together below ``merge_below`` of one
   budget, the smaller no hotter than the mean, are merged (``min_shards``).
+  With the row cap, a shard whose tables count sightings for admission
+  (``admission.min_count`` above 1) has it doubled (``shard_admission:P``):
+  fewer new ids earn a row, so the capped rows stay with ids that recur.
 - hot shard: a shard with ``hot_ratio`` x the mean load (on Ray its hottest
   slots move to the coldest shard, or the slot map is refined first:
   ``estuary.runtime.ray.scaling``; elsewhere it is reported).
@@ -122,7 +125,8 @@ class Decision:
 
     Knobs: ``executors``, ``executor_threads``, ``executor_memory`` (each
     executor's memory ask, MiB), ``shard_rows:P`` (row cap of
-    shard P), ``shard_memory:P`` (memory budget of shard P), ``hot_shard:P``
+    shard P), ``shard_admission:P`` (the least admission ``min_count`` of
+    shard P's tables), ``shard_memory:P`` (memory budget of shard P), ``hot_shard:P``
     (``new`` is the mean load; applied on Ray), ``ps_shards`` (the PS shard count:
     up one is a split, the shard in ``metrics["shard"]`` triggered it; down one
     a merge of ``metrics["retire"]`` into ``metrics["into"]``).
@@ -449,6 +453,18 @@ class EstuaryPolicy:
         out: list[Decision] = []
         for shard, metrics in over:
             assert shard.budget_bytes is not None
+            admission = shard.admission_min_count
+            if admission is not None:
+                # Fewer new ids earn a row: the capped rows stay with ids that recur.
+                trigger = (
+                    f"memory forecast crosses the budget within {spec.memory_horizon_s:g} s: "
+                    f"admit only ids seen {2 * admission} times"
+                )
+                out.append(
+                    Decision(
+                        f"shard_admission:{shard.shard}", admission, 2 * admission, trigger, metrics
+                    )
+                )
             per_row = shard.memory_bytes / shard.rows
             cap = int(spec.memory_target * shard.budget_bytes / (per_row * ROW_SLACK))
             if shard.capacity_rows is not None and cap >= shard.capacity_rows:
