@@ -51,6 +51,35 @@ class StepClock:
         return self.now
 
 
+def start_two_servers(ray: Any) -> tuple[list[Any], ShardedPSClient]:
+    """Two PS server actors sharing table ``t`` and a trainer's client of them."""
+    tables = {"t": server_share(HostedTable(SPEC, SEED), 2)}
+    config = ServerConfig(tables, world_size=1, staleness=0, wait_timeout_s=30.0)
+    keys = [os.urandom(32) for _ in range(2)]
+    servers = [ServerActor.remote(config, k) for k in keys]  # type: ignore[attr-defined]
+    try:
+        endpoints = ray.get([s.endpoint.remote() for s in servers], timeout=60)
+    except BaseException:
+        kill_all(servers)
+        raise
+    trainer = ShardedPSClient(
+        [PSClient(e[0], k, timeout_s=60) for e, k in zip(endpoints, keys, strict=True)]
+    )
+    return servers, trainer
+
+
+def assert_trained_once(state: dict[str, np.ndarray], batches: list[np.ndarray]) -> None:
+    """Every row trained once: ``state`` is one local table trained on ``batches``."""
+    local = EmbeddingTable(replace(SPEC), seed=SEED, name="t")
+    for ids in batches:
+        local.apply_gradients(ids, local.lookup(ids, train=True) * 0.5 + 0.1)
+    want = local.state_dict()
+    got_order, want_order = np.argsort(state["ids"]), np.argsort(want["ids"])
+    np.testing.assert_array_equal(state["ids"][got_order], want["ids"][want_order])
+    for key in [k for k in want if k == "weights" or k.startswith("opt.")]:
+        np.testing.assert_array_equal(state[key][got_order], want[key][want_order], err_msg=key)
+
+
 def skewed_batches() -> list[np.ndarray]:
     """85% of each batch's ids on shard 0 of the even map, spread over its slots."""
     pool = np.arange(0, 20_000, dtype=np.int64)
@@ -66,15 +95,8 @@ def skewed_batches() -> list[np.ndarray]:
 def test_a_hot_shard_is_rebalanced_live_and_every_row_trained_once(
     ray_instance: Any, tmp_path: Path
 ) -> None:
-    tables = {"t": server_share(HostedTable(SPEC, SEED), 2)}
-    config = ServerConfig(tables, world_size=1, staleness=0, wait_timeout_s=30.0)
-    keys = [os.urandom(32) for _ in range(2)]
-    servers = [ServerActor.remote(config, k) for k in keys]  # type: ignore[attr-defined]
+    servers, trainer = start_two_servers(ray_instance)
     try:
-        endpoints = ray_instance.get([s.endpoint.remote() for s in servers], timeout=60)
-        trainer = ShardedPSClient(
-            [PSClient(e[0], k, timeout_s=60) for e, k in zip(endpoints, keys, strict=True)]
-        )
         shards = RayShards(servers, None)
         clock = StepClock()
         scaling = ScalingSpec(enabled=True, interval_s=1.0, hot_ratio=1.3)
@@ -135,14 +157,7 @@ def test_a_hot_shard_is_rebalanced_live_and_every_row_trained_once(
     assert timeline["reversed_actions"] == 0
 
     # Every row trained once: the same table as one local table trained alike.
-    local = EmbeddingTable(replace(SPEC), seed=SEED, name="t")
-    for ids in batches:
-        local.apply_gradients(ids, local.lookup(ids, train=True) * 0.5 + 0.1)
-    want = local.state_dict()
-    got_order, want_order = np.argsort(state["ids"]), np.argsort(want["ids"])
-    np.testing.assert_array_equal(state["ids"][got_order], want["ids"][want_order])
-    for key in [k for k in want if k == "weights" or k.startswith("opt.")]:
-        np.testing.assert_array_equal(state[key][got_order], want[key][want_order], err_msg=key)
+    assert_trained_once(state, batches)
 
 
 def one_slot_batches(steps: int) -> list[np.ndarray]:
@@ -167,15 +182,8 @@ def test_a_hot_slot_is_refined_then_split_across_shards_every_row_once(
     moves part of that slot's ids to shard 1; the trained table is bit for bit
     one local table's."""
     per, steps = 30, 90
-    tables = {"t": server_share(HostedTable(SPEC, SEED), 2)}
-    config = ServerConfig(tables, world_size=1, staleness=0, wait_timeout_s=30.0)
-    keys = [os.urandom(32) for _ in range(2)]
-    servers = [ServerActor.remote(config, k) for k in keys]  # type: ignore[attr-defined]
+    servers, trainer = start_two_servers(ray_instance)
     try:
-        endpoints = ray_instance.get([s.endpoint.remote() for s in servers], timeout=60)
-        trainer = ShardedPSClient(
-            [PSClient(e[0], k, timeout_s=60) for e, k in zip(endpoints, keys, strict=True)]
-        )
         shards = RayShards(servers, None)
         clock = StepClock()
         scaling = ScalingSpec(enabled=True, interval_s=1.0, hot_ratio=1.3, hold_intervals=0)
@@ -239,29 +247,15 @@ def test_a_hot_slot_is_refined_then_split_across_shards_every_row_once(
     assert applied[1]["effect"]["load_share_after"] < 0.65, applied[1]["effect"]
     assert slot_map.slots == 16 * 2048 and timeline["reversed_actions"] == 0
 
-    local = EmbeddingTable(replace(SPEC), seed=SEED, name="t")
-    for ids in batches:
-        local.apply_gradients(ids, local.lookup(ids, train=True) * 0.5 + 0.1)
-    want = local.state_dict()
-    got_order, want_order = np.argsort(state["ids"]), np.argsort(want["ids"])
-    np.testing.assert_array_equal(state["ids"][got_order], want["ids"][want_order])
-    for key in [k for k in want if k == "weights" or k.startswith("opt.")]:
-        np.testing.assert_array_equal(state[key][got_order], want[key][want_order], err_msg=key)
+    assert_trained_once(state, batches)
 
 
 def test_a_single_hot_id_is_refined_once_then_reported(ray_instance: Any) -> None:
     """One id carrying all of a shard's load: the map is refined to its finest
     (no row moves), the id still cannot be split, and the next decision says so."""
-    tables = {"t": server_share(HostedTable(SPEC, SEED), 2)}
-    config = ServerConfig(tables, world_size=1, staleness=0, wait_timeout_s=30.0)
-    keys = [os.urandom(32) for _ in range(2)]
-    servers = [ServerActor.remote(config, k) for k in keys]  # type: ignore[attr-defined]
     hot_id = np.flatnonzero(SlotMap.even(2).server_of(np.arange(100)) == 0)[:1].astype(np.int64)
+    servers, trainer = start_two_servers(ray_instance)
     try:
-        endpoints = ray_instance.get([s.endpoint.remote() for s in servers], timeout=60)
-        trainer = ShardedPSClient(
-            [PSClient(e[0], k, timeout_s=60) for e, k in zip(endpoints, keys, strict=True)]
-        )
         table = trainer.table("t")
         shards = RayShards(servers, None)
         hot = Decision("hot_shard:0", 1.0, 0.5, "test: one hot id")

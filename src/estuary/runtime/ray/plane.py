@@ -58,15 +58,7 @@ class ActorPSClient(PSClient):
         return self._get(ref, op)
 
     def _get(self, ref: Any, op: str) -> Any:
-        try:
-            # Blocking wait: the server's reply (may include a staleness wait).
-            return ray.get(ref, timeout=self.timeout_s)
-        except GetTimeoutError as exc:
-            raise PSTimeoutError(
-                f"parameter server actor: no reply to {op!r} within {self.timeout_s:g} s"
-            ) from exc
-        except RayActorError as exc:
-            raise PSConnectionError(f"parameter server actor died during {op!r}: {exc}") from exc
+        return _reply(ref, op, self.timeout_s)
 
     def member(self) -> dict[str, Any]:
         """The server's ``members`` entry: its address, its actor's name and
@@ -99,6 +91,20 @@ class ActorPSClient(PSClient):
         """Nothing to close (Ray owns the channel)."""
 
 
+def _reply(refs: Any, op: str, timeout_s: float) -> Any:
+    """``ray.get(refs)`` with Ray's errors as the PS client's: no reply in time
+    (``PSTimeoutError``), the server actor gone (``PSConnectionError``)."""
+    try:
+        # Blocking wait: the server's reply (may include a staleness wait).
+        return ray.get(refs, timeout=timeout_s)
+    except GetTimeoutError as exc:
+        raise PSTimeoutError(
+            f"parameter server actor: no reply to {op!r} within {timeout_s:g} s"
+        ) from exc
+    except RayActorError as exc:
+        raise PSConnectionError(f"parameter server actor died during {op!r}: {exc}") from exc
+
+
 def _with_namespace(member: Mapping[str, Any]) -> dict[str, Any]:
     # No namespace: the caller's, as ray.get_actor reads it (so identities match).
     out = dict(member)
@@ -111,15 +117,7 @@ def actor_clients(actors: Sequence[Any], *, timeout_s: float = 600.0) -> list[Ac
     """One ``ActorPSClient`` per server actor, each with its ``members`` entry
     fetched now, while every server is up (a later split or merge then
     matches them without a call to an actor that may be gone)."""
-    refs = [a.member.remote() for a in actors]
-    try:
-        members = ray.get(refs, timeout=timeout_s)
-    except GetTimeoutError as exc:
-        raise PSTimeoutError(
-            f"parameter server actors: no member entry within {timeout_s:g} s"
-        ) from exc
-    except RayActorError as exc:
-        raise PSConnectionError(f"parameter server actor died before it answered: {exc}") from exc
+    members = _reply([a.member.remote() for a in actors], "member", timeout_s)
     return [
         ActorPSClient(a, timeout_s=timeout_s, member=m)
         for a, m in zip(actors, members, strict=True)
