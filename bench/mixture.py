@@ -71,7 +71,7 @@ import json
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -130,9 +130,9 @@ def batches_of(
     return out
 
 
-def synthetic(kind: str, seed: int, rows_per_hour: int, hours: int, size: int) -> Data:
+def synthetic_spec(kind: str, seed: int, rows_per_hour: int, hours: int) -> SyntheticSpec:
     half = hours // 2
-    spec = SyntheticSpec(
+    return SyntheticSpec(
         rows_per_hour=rows_per_hour,
         hours=hours,
         start=START,
@@ -152,18 +152,56 @@ def synthetic(kind: str, seed: int, rows_per_hour: int, hours: int, size: int) -
         signal_scale=2.0,
         seed=seed,
     )
+
+
+def hour_rows(spec: SyntheticSpec, hour: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(labels, log1p dense, sparse ids) of one epoch hour."""
+    chunks = list(generate_chunks(spec, hour))
+    labels = np.concatenate([c.labels for c in chunks])
+    dense = np.log1p(np.concatenate([c.dense for c in chunks]).astype(np.float32))
+    sparse = np.concatenate([c.sparse for c in chunks]).astype(np.int64)
+    return labels, dense, sparse
+
+
+def synthetic(kind: str, seed: int, rows_per_hour: int, hours: int, size: int) -> Data:
+    half = hours // 2
+    spec = synthetic_spec(kind, seed, rows_per_hour, hours)
     features = [f"C{j + 1}" for j in range(len(spec.vocab_sizes))]
-    per_hour = []
-    for hour in spec.epoch_hours():
-        chunks = list(generate_chunks(spec, hour))
-        labels = np.concatenate([c.labels for c in chunks])
-        dense = np.log1p(np.concatenate([c.dense for c in chunks]).astype(np.float32))
-        sparse = np.concatenate([c.sparse for c in chunks]).astype(np.int64)
-        per_hour.append((labels, dense, sparse))
+    per_hour = [hour_rows(spec, hour) for hour in spec.epoch_hours()]
     history = [b for h in per_hour[:half] for b in batches_of(*h, features, size, "history/synth")]
     windows = [batches_of(*h, features, size, "stream/synth") for h in per_hour[half:]]
     replay = batches_of(*per_hour[half - 1], features, size, "history/synth")
     return Data(features, 2, history, windows, replay)
+
+
+def traffic_window(
+    kind: str, seed: int, rows_per_hour: int, hours: int, window: int, factor: float
+) -> tuple[Batch, np.ndarray]:
+    """Stream window ``window`` with ``factor`` x its traffic: the same event hour
+    with ``round(factor * rows_per_hour)`` rows. A synthetic row is a hash of
+    (seed, hour, row index), so rows ``0..R-1`` are the no-surge window's own
+    rows and the others are more draws of the same hour. The R own rows are
+    spread evenly among the others in arrival order. Returns the rows and the
+    positions of the R own rows (in their order)."""
+    base = synthetic_spec(kind, seed, rows_per_hour, hours)
+    total = round(factor * rows_per_hour)
+    spec = replace(base, rows_per_hour=total)
+    hour = list(spec.epoch_hours())[hours // 2 + window]
+    labels, dense, sparse = hour_rows(spec, hour)
+    extra = total - rows_per_hour
+    at = np.concatenate(
+        [
+            (np.arange(rows_per_hour) + 0.5) / rows_per_hour,
+            (np.arange(extra) + 0.5) / max(1, extra),
+        ]
+    )
+    order = np.argsort(at, kind="stable")
+    features = [f"C{j + 1}" for j in range(len(spec.vocab_sizes))]
+    rows = Batch.concatenate(
+        batches_of(labels[order], dense[order], sparse[order], features, total, "stream/synth")
+    )
+    own = np.flatnonzero(order < rows_per_hour)
+    return rows, own
 
 
 def avazu(size: int, windows: int = 5) -> Data:
@@ -349,7 +387,12 @@ POLICIES: tuple[Policy, ...] = ("priority", "uniform", "fifo")
 
 
 def surge_run(
-    data: Data, seed: int, args: argparse.Namespace, policy: Policy | None, at: int = 1
+    data: Data,
+    seed: int,
+    args: argparse.Namespace,
+    policy: Policy | None,
+    at: int = 1,
+    traffic: tuple[Batch, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The mixture over the stream through a ``MixedBuffer``, one training step
     (``batch_size`` rows) per tick. Rows arrive at 0.8x the training rate, and
@@ -357,7 +400,13 @@ def surge_run(
     priority buffer). Every row is scored when it arrives (before any training
     on it, dropped or not, under every policy); AUC per window of arrival. Lag:
     ticks from a row's arrival to its step (fifo: the wait in the producer's
-    backlog included), p99 also per window of the step."""
+    backlog included), p99 also per window of the step.
+
+    ``traffic`` (``traffic_window``): a traffic surge instead of a faster
+    replay. Window ``at`` arrives as those rows (12.5x its rows at 10x the
+    training rate, so it lasts as many ticks as without the surge); its AUC is
+    over all of them, and ``surge_window_own_rows_auc`` over the no-surge
+    window's own rows among them."""
     run = build(data, seed, True, args)
     for batch in data.history:
         run.step(batch)
@@ -368,7 +417,7 @@ def surge_run(
         BufferPolicy(
             capacity_bytes=args.surge_buffer_rows * per_row,
             policy=policy or "priority",
-            label_weight=2.0,
+            label_weight=args.surge_label_weight if prio else 2.0,
             half_life_rows=args.surge_buffer_rows,
             importance_from=args.surge_importance if prio else "none",
             order_by_importance=args.surge_order if prio else 0.0,
@@ -394,8 +443,12 @@ def surge_run(
             lags.append(tick - batch.row_ids)
             lag_windows[w].append(lags[-1])
 
+    own_auc = float("nan")
     for w, window in enumerate(data.windows):
         rows = Batch.concatenate(window)
+        own = np.arange(rows.num_rows)
+        if traffic is not None and policy is not None and w == at:
+            rows, own = traffic
         rate = size * 10 if (policy is not None and w == at) else size * 4 // 5
         if w == at:  # the surge window scored by the model as it enters it (0 steps)
             frozen_auc = float(evaluate_predictions(rows.labels, run.engine.predict(rows)).auc)
@@ -420,7 +473,10 @@ def surge_run(
                 backlog.pop(0)
             train_one()
             tick += 1
-        window_aucs.append(float(evaluate_predictions(rows.labels, np.concatenate(probs)).auc))
+        scored = np.concatenate(probs)
+        window_aucs.append(float(evaluate_predictions(rows.labels, scored).auc))
+        if w == at:
+            own_auc = float(evaluate_predictions(rows.labels[own], scored[own]).auc)
     lag = np.concatenate(lags) if lags else np.zeros(1)
     stats = buffer.stats()["sources"]["stream"]
     return {
@@ -435,6 +491,7 @@ def surge_run(
         ],
         "backlog_rows_at_end": sum(b.num_rows for b, _ in backlog),
         "surge_window_frozen_auc": frozen_auc,
+        "surge_window_own_rows_auc": own_auc,
         "buffer_peak_bytes": buffer.peak_bytes,
         "buffer_capacity_bytes": buffer.policy.capacity_bytes,
         "counts": stats,
@@ -446,31 +503,52 @@ def surge(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     burst of new ids), ``--hours`` of data. ``surge_steady`` (beside it, not
     instead): the same surge in stream window ``--surge-steady-at`` (4) of a
     ``--surge-steady-hours`` (12) run of the abrupt scenario, hours after the
-    drift and the burst, with one window after it; its own no-surge runs."""
+    drift and the burst, with one window after it; its own no-surge runs.
+    ``surge_traffic`` (beside them): a traffic surge in the same window as
+    ``surge`` (12.5x the hour's rows at 10x the training rate,
+    ``traffic_window``), against the same no-surge runs."""
     placements = {"surge": (args.hours, 1)}
     if args.surge_steady_at >= 0:
         placements["surge_steady"] = (args.surge_steady_hours, args.surge_steady_at)
     policies = [p for p in POLICIES if p in args.surge_policies.split(",")]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {k: {} for k in placements}
+    if not args.no_surge_traffic:
+        runs["surge_traffic"] = {}
+    factor = 10 * args.batch_size / (args.batch_size * 4 // 5)  # 10x training = 12.5x arrival
     for seed in range(args.seeds):
         for key, (hours, at) in placements.items():
             data = synthetic("abrupt", seed, args.rows_per_hour, hours, args.batch_size)
             runs[key].setdefault("no_surge", []).append(surge_run(data, seed, args, None))
             for policy in policies:
                 runs[key].setdefault(policy, []).append(surge_run(data, seed, args, policy, at))
+            if key != "surge" or args.no_surge_traffic:
+                continue
+            traffic = traffic_window("abrupt", seed, args.rows_per_hour, hours, at, factor)
+            runs["surge_traffic"].setdefault("no_surge", []).append(runs[key]["no_surge"][-1])
+            for policy in policies:
+                runs["surge_traffic"].setdefault(policy, []).append(
+                    surge_run(data, seed, args, policy, at, traffic)
+                )
+    if "surge_traffic" in runs:
+        placements["surge_traffic"] = placements["surge"]
     return {
-        key: surge_figures(runs[key], policies, at, args) for key, (_, at) in placements.items()
+        key: surge_figures(runs[key], policies, at, args, key)
+        for key, (_, at) in placements.items()
     }
 
 
 def surge_figures(
-    runs: dict[str, list[dict[str, Any]]], policies: list[Policy], at: int, args: argparse.Namespace
+    runs: dict[str, list[dict[str, Any]]],
+    policies: list[Policy],
+    at: int,
+    args: argparse.Namespace,
+    key: str = "surge",
 ) -> dict[str, Any]:
     base = float(np.mean([r["mean"] for r in runs["no_surge"]]))
     base_windows = np.mean([r["windows"] for r in runs["no_surge"]], axis=0)
     out: dict[str, Any] = {"no_surge": {"auc": base, "windows": base_windows.round(4).tolist()}}
     print(
-        f"\nsurge (abrupt scenario, 10x in stream window {at}, {args.seeds} seeds): "
+        f"\n{key} (abrupt scenario, 10x in stream window {at}, {args.seeds} seeds): "
         f"no-surge AUC {base:.4f} [{' '.join(f'{a:.4f}' for a in base_windows)}]"
     )
     frozen = float(np.mean([r["surge_window_frozen_auc"] for r in runs[policies[0]]]))
@@ -505,6 +583,9 @@ def surge_figures(
                 [r["lag_p99_ticks_by_window"] for r in rs], axis=0
             ).tolist(),
             "counts_seed0": rs[0]["counts"],
+            "surge_window_own_rows_auc": float(
+                np.mean([r["surge_window_own_rows_auc"] for r in rs])
+            ),
         }
         out[policy] = fig
         print(
@@ -512,12 +593,13 @@ def surge_figures(
             f"lag p50/p99 {fig['lag_p50_ticks']:.0f}/{fig['lag_p99_ticks']:.0f} ticks  "
             f"peak {fig['buffer_peak_bytes']:,} of {fig['buffer_capacity_bytes']:,} B  "
             f"[{' '.join(f'{a:.4f}' for a in fig['windows'])}]  lag p99 by window "
-            f"[{' '.join(f'{a:.0f}' for a in fig['lag_p99_ticks_by_window'])}]"
+            f"[{' '.join(f'{a:.0f}' for a in fig['lag_p99_ticks_by_window'])}]  "
+            f"window {at} on its own rows {fig['surge_window_own_rows_auc']:.4f}"
         )
     return out
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--seeds", type=int, default=3)
@@ -542,12 +624,18 @@ def main() -> None:
     parser.add_argument("--surge-shed", default="sample", choices=("sample", "evict"))
     parser.add_argument("--surge-high-water", type=float, default=0.5)
     parser.add_argument("--surge-min-keep", type=float, default=0.05)
+    parser.add_argument("--surge-label-weight", type=float, default=2.0)
     parser.add_argument("--surge-raw-weights", action="store_true")
     parser.add_argument("--surge-steady-at", type=int, default=4)
     parser.add_argument("--surge-steady-hours", type=int, default=12)
+    parser.add_argument("--no-surge-traffic", action="store_true")
     parser.add_argument("--adapt-lr-scale", type=float, default=2.0)
     parser.add_argument("--stream-embedding-scale", type=float, default=1.0)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     torch.set_num_threads(1)
     report: dict[str, Any] = {"progressive_auc": {}, "forgetting": {}, "windows": {}, "args": {}}
     report["args"] = {k: v for k, v in vars(args).items() if k != "json"}
@@ -588,7 +676,7 @@ def main() -> None:
             print(f"  {v:<12} {m:.4f}  (mixture - it: {means['mixture'] - m:+.4f})  [{wins}]{rep}")
     if not args.no_surge:
         report.update(surge(args))
-    for key in ("surge", "surge_steady"):  # the floors need all three policies
+    for key in ("surge", "surge_steady", "surge_traffic"):  # the floors need all three
         if args.no_surge or key not in report or not set(POLICIES) <= set(report[key]):
             continue
         s = report[key]
