@@ -3,6 +3,7 @@
     python bench/mixture.py [--json PATH] [--seeds 3] [--rows-per-hour 3000]
                             [--hours 8] [--datasets abrupt,gradual,recurring,avazu]
                             [--batch-size 100] [--no-river] [--no-surge]
+                            [--surge-seeds 10] [--no-surge-traffic]
                             [--evidence-rows 200] [--memory-new-ids-frozen]
 
 Each dataset is a **history** followed by a **stream**, cut into event-time
@@ -57,9 +58,16 @@ overflow waits in the producer's backlog (backpressure: its lag grows, shown
 per window). ``surge.surge_window``: the surge window scored by the model as it
 enters it (no step) and the drop that alone implies. ``surge_steady``: the same
 surge in a window hours after the drift (a longer run; beside ``surge``, its
-own no-surge runs). ``--surge-importance``, ``--surge-shed``, ``--surge-order``,
-``--surge-high-water``, ``--surge-min-keep``, ``--surge-raw-weights`` change the
-priority buffer only (what was tried: docs/mixture.md).
+own no-surge runs). ``surge_traffic``: a traffic surge, not a faster replay: the
+same window with 12.5x its rows (more draws of the same hour, the window's own
+rows among them), arriving at 10x the training rate for as many ticks as the
+window lasts without the surge, against ``surge``'s no-surge runs.
+``--surge-seeds`` (10) seeds; each policy's ``priority_minus_it``: priority's
+AUC minus its, paired by seed (mean, sd, seeds priority is ahead).
+``--surge-importance``, ``--surge-shed``, ``--surge-order``,
+``--surge-high-water``, ``--surge-min-keep``, ``--surge-raw-weights``,
+``--surge-label-weight`` change the priority buffer only (what was tried:
+docs/mixture.md).
 """
 
 from __future__ import annotations
@@ -515,7 +523,7 @@ def surge(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if not args.no_surge_traffic:
         runs["surge_traffic"] = {}
     factor = 10 * args.batch_size / (args.batch_size * 4 // 5)  # 10x training = 12.5x arrival
-    for seed in range(args.seeds):
+    for seed in range(args.surge_seeds):
         for key, (hours, at) in placements.items():
             data = synthetic("abrupt", seed, args.rows_per_hour, hours, args.batch_size)
             runs[key].setdefault("no_surge", []).append(surge_run(data, seed, args, None))
@@ -546,9 +554,15 @@ def surge_figures(
 ) -> dict[str, Any]:
     base = float(np.mean([r["mean"] for r in runs["no_surge"]]))
     base_windows = np.mean([r["windows"] for r in runs["no_surge"]], axis=0)
-    out: dict[str, Any] = {"no_surge": {"auc": base, "windows": base_windows.round(4).tolist()}}
+    out: dict[str, Any] = {
+        "no_surge": {
+            "auc": base,
+            "windows": base_windows.round(4).tolist(),
+            "auc_by_seed": [round(r["mean"], 4) for r in runs["no_surge"]],
+        }
+    }
     print(
-        f"\n{key} (abrupt scenario, 10x in stream window {at}, {args.seeds} seeds): "
+        f"\n{key} (abrupt scenario, 10x in stream window {at}, {args.surge_seeds} seeds): "
         f"no-surge AUC {base:.4f} [{' '.join(f'{a:.4f}' for a in base_windows)}]"
     )
     frozen = float(np.mean([r["surge_window_frozen_auc"] for r in runs[policies[0]]]))
@@ -570,6 +584,7 @@ def surge_figures(
         fig = {
             "auc": float(np.mean([r["mean"] for r in rs])),
             "auc_drop": base - float(np.mean([r["mean"] for r in rs])),
+            "auc_by_seed": [round(r["mean"], 4) for r in rs],
             "kept_fraction": float(np.mean([r["kept_fraction"] for r in rs])),
             "lag_p50_ticks": float(np.mean([r["lag_p50_ticks"] for r in rs])),
             "lag_p99_ticks": float(np.mean([r["lag_p99_ticks"] for r in rs])),
@@ -587,6 +602,14 @@ def surge_figures(
                 np.mean([r["surge_window_own_rows_auc"] for r in rs])
             ),
         }
+        if policy != "priority" and "priority" in out:  # paired by seed: the same data
+            diff = np.array(out["priority"]["auc_by_seed"]) - np.array(fig["auc_by_seed"])
+            fig["priority_minus_it"] = {
+                "mean": float(diff.mean()),
+                "sd": float(diff.std(ddof=1)) if diff.size > 1 else float("nan"),
+                "seeds_priority_ahead": int((diff > 0).sum()),
+                "seeds": int(diff.size),
+            }
         out[policy] = fig
         print(
             f"  {policy:<9} auc_drop {fig['auc_drop']:+.4f}  kept {fig['kept_fraction']:.3f}  "
@@ -596,6 +619,12 @@ def surge_figures(
             f"[{' '.join(f'{a:.0f}' for a in fig['lag_p99_ticks_by_window'])}]  "
             f"window {at} on its own rows {fig['surge_window_own_rows_auc']:.4f}"
         )
+        if "priority_minus_it" in fig:
+            d = fig["priority_minus_it"]
+            print(
+                f"            priority - {policy}: {d['mean']:+.4f} (sd {d['sd']:.4f} over seeds; "
+                f"priority ahead in {d['seeds_priority_ahead']} of {d['seeds']})"
+            )
     return out
 
 
@@ -618,6 +647,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--gate-lr-scale", type=float, default=2.0)
     parser.add_argument("--surge-buffer-rows", type=int, default=2000)
     parser.add_argument("--no-surge", action="store_true")
+    parser.add_argument("--surge-seeds", type=int, default=10)
     parser.add_argument("--surge-policies", default=",".join(POLICIES))
     parser.add_argument("--surge-importance", default="none", choices=("none", "loss"))
     parser.add_argument("--surge-order", type=float, default=0.0)
