@@ -12,7 +12,7 @@ from estuary.config.errors import ConfigError
 if TYPE_CHECKING:
     from estuary.config.spec import JobSpec
 
-__all__ = ["MixedBufferSpec", "check_mixed_buffer", "min_row_bytes"]
+__all__ = ["MixedBufferSpec", "check_mixed_buffer", "live_origins", "min_row_bytes"]
 
 # Rows that must fit: the rows waiting for a step and the rows of the next offer.
 STEPS_HELD = 2
@@ -45,6 +45,12 @@ class MixedBufferSpec:
         shed: ``sample`` (sample rows down above the high water) or ``evict``
             (delay before drop: admit every row, evict the lowest-priority rows
             only when over the capacity).
+        live: ``paced`` (every row is read at the pace of training, so a live
+            surge waits in its broker) or ``arrival`` (a reader drains the live
+            sources, ``type: stream``, as their rows arrive and the buffer gets
+            them between steps, so a live surge is shed by the policy; file
+            sources stay paced by training). ``arrival`` needs a live source and
+            ``offer_per_take: 1``.
     """
 
     capacity_bytes: int
@@ -60,6 +66,7 @@ class MixedBufferSpec:
     importance: Literal["none", "loss"] = "none"
     loss_floor: float = 0.05
     shed: Literal["sample", "evict"] = "sample"
+    live: Literal["paced", "arrival"] = "paced"
 
     def validate(self, path: str) -> None:
         if self.capacity_bytes < 1:
@@ -86,6 +93,14 @@ class MixedBufferSpec:
             raise ConfigError(f"{path}.loss_floor", "must be in (0, 1]")
         if self.shed not in ("sample", "evict"):
             raise ConfigError(f"{path}.shed", f"expected sample or evict, got {self.shed!r}")
+        if self.live not in ("paced", "arrival"):
+            raise ConfigError(f"{path}.live", f"expected paced or arrival, got {self.live!r}")
+        if self.live == "arrival" and self.offer_per_take != 1:
+            raise ConfigError(
+                f"{path}.offer_per_take",
+                f"is {self.offer_per_take} with live: arrival, which offers live rows as "
+                "they arrive and file rows at the pace of training; set it to 1",
+            )
 
 
 def min_row_bytes(job: JobSpec) -> int:
@@ -97,14 +112,28 @@ def min_row_bytes(job: JobSpec) -> int:
     return 4 + 4 + 4 * len(schema.dense) + 16 * features
 
 
+def live_origins(job: JobSpec) -> frozenset[str]:
+    """The batch origins (``stream/source``) of ``job``'s live sources (``type:
+    stream``); empty without ``data.dataset``."""
+    dataset = job.data.dataset
+    if dataset is None:
+        return frozenset()
+    return frozenset(
+        f"{name}/{source.name}"
+        for name, stream in dataset.streams.items()
+        for source in stream.sources
+        if source.type == "stream"
+    )
+
+
 def check_mixed_buffer(job: JobSpec) -> None:
     """The job-level checks of ``train.mixed_buffer`` (and ``train.continuous``).
 
     Raises:
         ConfigError: ``train.continuous`` or ``train.mixed_buffer`` set without
             ``data.dataset``, with direct data delivery from data executors,
-            or a capacity that cannot hold
-            two steps of rows (``train.batch_size`` each).
+            ``live: arrival`` without a live source, or a capacity that cannot
+            hold two steps of rows (``train.batch_size`` each).
     """
     if job.train.continuous and job.data.dataset is None:
         raise ConfigError(
@@ -123,6 +152,12 @@ def check_mixed_buffer(job: JobSpec) -> None:
             "direct delivery sends trainers row ids, not rows, through rank 0, and "
             "train.mixed_buffer ranks rows by their content there; set it to rank0 "
             "or auto (rank0 for a mixed buffer)",
+        )
+    if spec.live == "arrival" and not live_origins(job):
+        raise ConfigError(
+            "train.mixed_buffer.live",
+            "is arrival, but data.dataset has no live source (type: stream) to read "
+            "as it arrives; use paced",
         )
     per_row = min_row_bytes(job)
     need = STEPS_HELD * job.train.batch_size * per_row

@@ -28,7 +28,7 @@ import numpy as np
 
 from estuary.config import JobSpec
 from estuary.config.errors import ConfigError
-from estuary.config.mixed_buffer import STEPS_HELD, min_row_bytes
+from estuary.config.mixed_buffer import STEPS_HELD, live_origins, min_row_bytes
 from estuary.data import DataError, DataPart, TabularDataset
 from estuary.data.decode import RowDecoder
 from estuary.data.graph import Driver, Progress
@@ -407,7 +407,9 @@ class GraphFeed:
             )
         if rank != 0:
             return None
-        return BufferedSource(spec, step_rows, self.progress, job.train.seed)
+        return BufferedSource(
+            spec, step_rows, self.progress, job.train.seed, live=live_origins(job)
+        )
 
     def batches(self, epoch: int, skip: int) -> Iterator[Batch]:
         return self.scatter.batches()  # the Driver skips what the progress holds

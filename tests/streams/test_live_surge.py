@@ -1,0 +1,120 @@
+"""A live surge in ``estuary train``: a Redis stream holding more rows than a
+slow trainer takes. With ``train.mixed_buffer.live: arrival`` the buffer sheds
+it by its policy (the history files stay paced); with ``paced`` it waits in
+the broker and nothing is dropped. Every row is trained once or dropped once,
+and every row is scored on arrival."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from estuary.config import job_from_dict
+from estuary.train import Trainer
+from estuary.train.callbacks import Callback, LoopState
+from estuary.train.result import FitResult
+
+from .conftest import Server
+from .test_continuous import HISTORY_HOURS, PER_HOUR, START_MS, continuous_dict, write_history
+
+SURGE_MINUTES, SURGE_PER_MINUTE = 4, 600
+
+
+def push_surge(url: str, key: str, first_minute: int = 0) -> int:
+    """SURGE_PER_MINUTE csv rows in each of SURGE_MINUTES minutes after the
+    history, from ``first_minute`` on."""
+    import redis
+
+    rng = np.random.default_rng(5 + first_minute)
+    client = redis.Redis.from_url(url)
+    pipe = client.pipeline(transaction=False)
+    n = 0
+    for minute in range(first_minute, first_minute + SURGE_MINUTES):
+        at = START_MS + HISTORY_HOURS * 3_600_000 + minute * 60_000
+        for i in range(SURGE_PER_MINUTE):
+            label = int(rng.random() < 0.3)
+            i1, i2, c1, c2 = (int(v) for v in rng.integers(0, 20, 4))
+            pipe.xadd(key, {"data": f"{label},{i1},{i2},{c1:x},{c2:x}"}, id=f"{at + i}-0")
+            n += 1
+    pipe.execute()
+    client.close()
+    return n
+
+
+class SlowSteps(Callback):
+    """A trainer slower than the stream: each step takes ``step_s`` more."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s, self.last, self.steps = step_s, time.monotonic(), 0
+
+    def after_step(self, state: LoopState, rows: int, loss: float) -> None:
+        time.sleep(self.step_s)
+        self.last, self.steps = time.monotonic(), self.steps + 1
+
+
+def fit_until_idle(trainer: Trainer, slow: SlowSteps, idle_s: float = 2.0) -> FitResult:
+    """Fit; once steps came and then none for ``idle_s`` (the reader waits for
+    the stream), stop."""
+
+    def stopper() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (
+            slow.steps == 0 or time.monotonic() - slow.last < idle_s
+        ):
+            time.sleep(0.05)
+        trainer.request_stop("SIGTERM")
+
+    thread = threading.Thread(target=stopper, daemon=True)
+    thread.start()
+    try:
+        return trainer.fit(progress=False)
+    finally:
+        thread.join(timeout=130)
+
+
+@pytest.mark.parametrize("live", ["arrival", "paced"])
+def test_a_live_surge_is_shed_on_arrival_and_waits_when_paced(
+    redis_server: Server, tmp_path: Path, live: str
+) -> None:
+    write_history(tmp_path)
+    key = f"surge-{live}"
+    surge = push_surge(redis_server.url, key)
+    job: dict[str, Any] = continuous_dict(redis_server.url, key)
+    job["data"]["dataset"]["streams"]["live"]["sources"][0]["stream"]["batch_max_messages"] = 500
+    job["train"]["mixed_buffer"] = {"capacity_bytes": 20_000, "policy": "priority", "live": live}
+    job["output"]["checkpoint_every_steps"] = None
+    trainer = Trainer(job_from_dict(job, base_dir=tmp_path), callbacks=[slow := SlowSteps(0.01)])
+    extra = fit_until_idle(trainer, slow).extra
+
+    history = HISTORY_HOURS * PER_HOUR
+    total = history + surge
+    assert extra["stopped"] == "SIGTERM"
+    assert extra["rows_committed"] + extra["rows_dropped"] == total
+    assert extra["duplicate_rows"] == 0
+    assert extra["progressive"]["rows"] == total  # every row scored as it arrived
+    sources = extra["mixed_buffer"]["sources"]
+    assert sources["history/synth"]["offered"] == history
+    assert sources["history/synth"]["sampled_out"] == 0  # files are paced by training
+    assert extra["mixed_buffer"]["peak_bytes"] <= 20_000
+    if live == "arrival":
+        dropped = sources["live/live"]["sampled_out"] + sources["live/live"]["evicted"]
+        assert dropped > surge // 4  # the surge came faster than the steps: shed
+        assert extra["rows_dropped"] == dropped + sources["history/synth"]["evicted"]
+        # A resume reads only what came since: nothing trained or dropped again.
+        more = push_surge(redis_server.url, key, first_minute=SURGE_MINUTES)
+        resumed = Trainer(
+            job_from_dict(job, base_dir=tmp_path), callbacks=[slow := SlowSteps(0.01)]
+        )
+        resumed.load_checkpoint(tmp_path / "out")
+        again = fit_until_idle(resumed, slow).extra
+        assert again["rows_committed"] + again["rows_dropped"] == total + more
+        assert again["duplicate_rows"] == 0
+        assert again["rows_committed"] > extra["rows_committed"]
+    else:
+        assert extra["rows_dropped"] == 0  # the surge waited in Redis
+        assert extra["rows_committed"] == total
