@@ -1,5 +1,5 @@
-"""A live surge in ``estuary train``: a Redis stream holding more rows than a
-slow trainer takes. With ``train.mixed_buffer.live: arrival`` the buffer sheds
+"""A live surge in ``estuary train``: a Redis (or NATS) stream holding more rows
+than a slow trainer takes. With ``train.mixed_buffer.live: arrival`` the buffer sheds
 it by its policy (the history files stay paced); with ``paced`` it waits in
 the broker and nothing is dropped. Every row is trained once or dropped once,
 and every row is scored on arrival."""
@@ -20,7 +20,14 @@ from estuary.train.callbacks import Callback, LoopState
 from estuary.train.result import FitResult
 
 from .conftest import Server
-from .test_continuous import HISTORY_HOURS, PER_HOUR, START_MS, continuous_dict, write_history
+from .test_continuous import (
+    HISTORY_HOURS,
+    PER_HOUR,
+    START_MS,
+    continuous_dict,
+    publish,
+    write_history,
+)
 
 SURGE_MINUTES, SURGE_PER_MINUTE = 4, 600
 
@@ -77,14 +84,24 @@ def fit_until_idle(trainer: Trainer, slow: SlowSteps, idle_s: float = 2.0) -> Fi
         thread.join(timeout=130)
 
 
-@pytest.mark.parametrize("live", ["arrival", "paced"])
+def arrive(server: Server, kind: str, key: str, first_minute: int = 0) -> int:
+    """The surge's rows into ``key``: Redis at set broker times, NATS now."""
+    if kind == "redis":
+        return push_surge(server.url, key, first_minute)
+    return publish(server.url, key, SURGE_MINUTES * SURGE_PER_MINUTE, seed=5 + first_minute)
+
+
+@pytest.mark.parametrize(
+    ("kind", "live"), [("redis", "arrival"), ("redis", "paced"), ("nats", "arrival")]
+)
 def test_a_live_surge_is_shed_on_arrival_and_waits_when_paced(
-    redis_server: Server, tmp_path: Path, live: str
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str, live: str
 ) -> None:
+    server: Server = request.getfixturevalue(f"{kind}_server")
     write_history(tmp_path)
-    key = f"surge-{live}"
-    surge = push_surge(redis_server.url, key)
-    job: dict[str, Any] = continuous_dict(redis_server.url, key)
+    key = f"surge{live}{time.monotonic_ns()}"
+    surge = arrive(server, kind, key)
+    job: dict[str, Any] = continuous_dict(server.url, key, kind)
     job["data"]["dataset"]["streams"]["live"]["sources"][0]["stream"]["batch_max_messages"] = 500
     job["train"]["mixed_buffer"] = {"capacity_bytes": 20_000, "policy": "priority", "live": live}
     job["output"]["checkpoint_every_steps"] = None
@@ -106,7 +123,7 @@ def test_a_live_surge_is_shed_on_arrival_and_waits_when_paced(
         assert dropped > surge // 4  # the surge came faster than the steps: shed
         assert extra["rows_dropped"] == dropped + sources["history/synth"]["evicted"]
         # A resume reads only what came since: nothing trained or dropped again.
-        more = push_surge(redis_server.url, key, first_minute=SURGE_MINUTES)
+        more = arrive(server, kind, key, first_minute=SURGE_MINUTES)
         resumed = Trainer(
             job_from_dict(job, base_dir=tmp_path), callbacks=[slow := SlowSteps(0.01)]
         )
