@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from estuary.config import job_from_dict
+from estuary.config import JobSpec, job_from_dict
 from estuary.train import Trainer
 from estuary.train.callbacks import Callback, LoopState
 from estuary.train.result import FitResult
@@ -84,6 +84,21 @@ def fit_until_idle(trainer: Trainer, slow: SlowSteps, idle_s: float = 2.0) -> Fi
         thread.join(timeout=130)
 
 
+def settle(spec: JobSpec, root: Path, total: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """Resume (no new rows) until every row was trained or dropped. A stop
+    leaves the rows still in the buffer past the stop's step uncounted, and the
+    next run reads them again: never lost, never counted twice."""
+    for _ in range(3):
+        done = extra["rows_committed"] + extra["rows_dropped"]
+        assert extra["duplicate_rows"] == 0 and done <= total
+        if done == total:
+            return extra
+        resumed = Trainer(spec, callbacks=[slow := SlowSteps(0.01)])
+        resumed.load_checkpoint(root / "out")
+        extra = fit_until_idle(resumed, slow).extra
+    raise AssertionError(f"{total - done} rows neither trained nor dropped after 3 resumes")
+
+
 def arrive(server: Server, kind: str, key: str, first_minute: int = 0) -> int:
     """The surge's rows into ``key``: Redis at set broker times, NATS now."""
     if kind == "redis":
@@ -105,15 +120,15 @@ def test_a_live_surge_is_shed_on_arrival_and_waits_when_paced(
     job["data"]["dataset"]["streams"]["live"]["sources"][0]["stream"]["batch_max_messages"] = 500
     job["train"]["mixed_buffer"] = {"capacity_bytes": 20_000, "policy": "priority", "live": live}
     job["output"]["checkpoint_every_steps"] = None
-    trainer = Trainer(job_from_dict(job, base_dir=tmp_path), callbacks=[slow := SlowSteps(0.01)])
+    spec = job_from_dict(job, base_dir=tmp_path)
+    trainer = Trainer(spec, callbacks=[slow := SlowSteps(0.01)])
     extra = fit_until_idle(trainer, slow).extra
 
     history = HISTORY_HOURS * PER_HOUR
     total = history + surge
     assert extra["stopped"] == "SIGTERM"
-    assert extra["rows_committed"] + extra["rows_dropped"] == total
-    assert extra["duplicate_rows"] == 0
-    assert extra["progressive"]["rows"] == total  # every row scored as it arrived
+    settled = settle(spec, tmp_path, total, extra)  # trained + dropped = every row, once
+    assert settled["progressive"]["rows"] == total  # every row scored as it arrived
     sources = extra["mixed_buffer"]["sources"]
     assert sources["history/synth"]["offered"] == history
     assert sources["history/synth"]["sampled_out"] == 0  # files are paced by training
@@ -124,14 +139,51 @@ def test_a_live_surge_is_shed_on_arrival_and_waits_when_paced(
         assert extra["rows_dropped"] == dropped + sources["history/synth"]["evicted"]
         # A resume reads only what came since: nothing trained or dropped again.
         more = arrive(server, kind, key, first_minute=SURGE_MINUTES)
-        resumed = Trainer(
-            job_from_dict(job, base_dir=tmp_path), callbacks=[slow := SlowSteps(0.01)]
-        )
+        resumed = Trainer(spec, callbacks=[slow := SlowSteps(0.01)])
         resumed.load_checkpoint(tmp_path / "out")
-        again = fit_until_idle(resumed, slow).extra
-        assert again["rows_committed"] + again["rows_dropped"] == total + more
-        assert again["duplicate_rows"] == 0
-        assert again["rows_committed"] > extra["rows_committed"]
+        again = settle(spec, tmp_path, total + more, fit_until_idle(resumed, slow).extra)
+        assert again["rows_committed"] > settled["rows_committed"]
     else:
-        assert extra["rows_dropped"] == 0  # the surge waited in Redis
-        assert extra["rows_committed"] == total
+        assert extra["rows_dropped"] == settled["rows_dropped"] == 0  # it waited in the broker
+        assert settled["rows_committed"] == total
+
+
+class StopAt(SlowSteps):
+    """Slow steps, and a stop asked at step ``at`` (mid-surge)."""
+
+    def __init__(self, trainer: Trainer, at: int) -> None:
+        super().__init__(0.01)
+        self.trainer, self.at = trainer, at
+
+    def after_step(self, state: LoopState, rows: int, loss: float) -> None:
+        super().after_step(state, rows, loss)
+        if self.steps == self.at:
+            self.trainer.request_stop("SIGTERM")
+
+
+def readers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "estuary-mixed-reader"]
+
+
+def test_a_stop_mid_surge_ends_the_reader_and_a_resume_reads_the_rest(
+    redis_server: Server, tmp_path: Path
+) -> None:
+    write_history(tmp_path)
+    key = f"midsurge{time.monotonic_ns()}"
+    surge = push_surge(redis_server.url, key)
+    job: dict[str, Any] = continuous_dict(redis_server.url, key)
+    job["train"]["mixed_buffer"] = {"capacity_bytes": 20_000, "live": "arrival"}
+    job["output"]["checkpoint_every_steps"] = None
+    spec = job_from_dict(job, base_dir=tmp_path)
+    before = set(readers())
+    trainer = Trainer(spec)
+    trainer.callbacks.append(StopAt(trainer, at=20))  # the history is 12 steps
+    first = trainer.fit(progress=False).extra
+    assert set(readers()) <= before  # the run's reader ended with it
+    total = HISTORY_HOURS * PER_HOUR + surge
+    done = first["rows_committed"] + first["rows_dropped"]
+    assert first["stopped"] == "SIGTERM" and first["duplicate_rows"] == 0
+    assert 20 * 20 <= done < total  # stopped mid-surge: the rest is still in Redis
+
+    settle(spec, tmp_path, total, first)
+    assert set(readers()) <= before

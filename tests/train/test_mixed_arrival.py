@@ -160,7 +160,10 @@ def test_an_error_of_the_source_is_raised_in_the_trainers_thread() -> None:
         train(buffered, failing(), step_s=0.0)
 
 
-def test_an_early_stop_ends_the_reader_and_closes_the_source() -> None:
+def test_the_feeds_close_ends_the_reader_and_closes_the_source() -> None:
+    """``GraphFeed.close``'s path: the steps' generator is left suspended (the
+    loop stopped mid-run), the reader is told to stop and ends, closing the
+    source in its own thread."""
     closed = threading.Event()
 
     def endless() -> Iterator[Batch]:
@@ -176,14 +179,24 @@ def test_an_early_stop_ends_the_reader_and_closes_the_source() -> None:
     steps = buffered.batches(endless())
     for _ in range(3):
         next(steps)
+    reader = buffered._reader
+    assert reader is not None and reader.is_alive()
+    time.sleep(0.1)  # the queue fills: the reader waits to queue more
+    buffered.stop_reader()
+    buffered.join_reader(5)
+    assert not reader.is_alive()
+    assert closed.is_set()
+
+
+def test_closing_the_steps_ends_the_reader() -> None:
+    buffered, _ = feed()
+    steps = buffered.batches(source(files=0, live=10_000))
+    next(steps)
+    reader = buffered._reader
+    assert reader is not None
     steps.close()
-    assert closed.wait(5)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(
-        t.name == "estuary-mixed-reader" for t in threading.enumerate()
-    ):
-        time.sleep(0.02)
-    assert not any(t.name == "estuary-mixed-reader" for t in threading.enumerate())
+    reader.join(5)
+    assert not reader.is_alive()
 
 
 def dataset_job(live_source: bool, **buffer: Any) -> dict[str, Any]:

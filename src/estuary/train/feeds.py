@@ -464,8 +464,12 @@ class GraphFeed:
         return {"data_delivery": "direct", "rows_fetched_rank0": self.scatter.rows_fetched}
 
     def close(self) -> None:
+        if self.mixed is not None:
+            self.mixed.stop_reader()  # first: it may be waiting to queue a batch
         if self.driver is not None:
-            self.driver.close()
+            self.driver.close()  # ends the batch the reader may be waiting for
+        if self.mixed is not None:
+            self.mixed.join_reader()
 
 
 def stream_batches(

@@ -19,8 +19,9 @@ source's batches (``type: stream``) are queued as soon as they are read, a
 file source's only when the trainer needs rows (so files are never shed for
 being fast); between steps the trainer scores and offers everything queued,
 then takes one step. A live surge is then shed by the policy instead of waiting
-in its broker; at most ``capacity_bytes`` of rows wait in the queue (beyond
-that the reader waits, and the broker holds the rest).
+in its broker; the queue holds at most ``capacity_bytes`` of rows (and one
+batch; beyond that the reader waits, and the broker holds the rest). The
+feed's close stops the reader (``stop_reader``, ``join_reader``).
 
 Trained rows are recorded by the feed after their step (``GraphFeed.commit``);
 rows still in the buffer (or the arrival queue) at a checkpoint are in neither
@@ -189,6 +190,10 @@ class Arrivals:
             self._stopped = True
             self._cond.notify_all()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
 
 class BufferedSource:
     """Steps of ``step_rows`` rows out of a ``MixedBuffer`` (module docstring).
@@ -224,6 +229,8 @@ class BufferedSource:
         self.scorer: Callable[[Batch], np.ndarray] | None = None
         self.on_scored: Callable[[Batch, np.ndarray], None] | None = None
         self.on_dropped: Callable[[np.ndarray], None] | None = None
+        self._arrivals: Arrivals | None = None  # live: arrival, while reading
+        self._reader: threading.Thread | None = None
 
     @property
     def scores_on_arrival(self) -> bool:
@@ -279,8 +286,8 @@ class BufferedSource:
 
     def _on_arrival(self, source: Iterator[Batch]) -> Iterator[Batch]:
         """``live: arrival`` (module docstring): offer what arrived, take a step."""
-        arrivals = Arrivals(self.spec.capacity_bytes, self.live)
-        reader = threading.Thread(
+        arrivals = self._arrivals = Arrivals(self.spec.capacity_bytes, self.live)
+        reader = self._reader = threading.Thread(
             target=arrivals.fill, args=(source,), name="estuary-mixed-reader", daemon=True
         )
         reader.start()
@@ -289,6 +296,8 @@ class BufferedSource:
             while True:
                 short = self.buffer.rows < self.step_rows
                 items = arrivals.take_all(wait=short and not ended)
+                if arrivals.stopped:  # close(): the run is over
+                    return
                 refused: list[object] = []
                 for item in items:
                     if refused:
@@ -316,7 +325,19 @@ class BufferedSource:
                     elif ended:
                         return
         finally:
-            arrivals.stop()  # the reader stops at its next batch (or the feed's close)
+            arrivals.stop()  # when the steps end or this generator is closed
+
+    def stop_reader(self) -> None:
+        """End ``live: arrival``'s reader thread (the feed's close: the run is
+        over, whether or not its steps were drained). The reader stops at its
+        next queueing, or once the driver's close ends the batch it waits for;
+        ``join_reader`` waits for that."""
+        if self._arrivals is not None:
+            self._arrivals.stop()
+
+    def join_reader(self, timeout_s: float = 10.0) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout_s)
 
     def _offer(self, item: _Arrived) -> _Arrived | None:
         """Score ``item`` once (``on_scored``), offer it; the rows the buffer did
