@@ -394,6 +394,14 @@ def river_fm(data: Data, seed: int) -> dict[str, Any]:
 POLICIES: tuple[Policy, ...] = ("priority", "uniform", "fifo")
 
 
+def max_age(args: argparse.Namespace) -> float | None:
+    """The priority buffer's ``max_age_rows``: ``--surge-max-age`` rows, the
+    buffer's rows when negative (the default), no bound when 0."""
+    if args.surge_max_age < 0:
+        return float(args.surge_buffer_rows)
+    return args.surge_max_age or None
+
+
 def surge_run(
     data: Data,
     seed: int,
@@ -433,6 +441,7 @@ def surge_run(
             high_water=args.surge_high_water if prio else 0.5,
             normalize_weights=not args.surge_raw_weights if prio else True,
             min_keep=args.surge_min_keep if prio else 0.05,
+            max_age_rows=max_age(args) if prio else None,
             seed=seed,
         )
     )
@@ -507,41 +516,53 @@ def surge_run(
 
 
 def surge(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """``surge``: 10x in stream window 1 (the hour after the drift, with the
-    burst of new ids), ``--hours`` of data. ``surge_steady`` (beside it, not
-    instead): the same surge in stream window ``--surge-steady-at`` (4) of a
-    ``--surge-steady-hours`` (12) run of the abrupt scenario, hours after the
-    drift and the burst, with one window after it; its own no-surge runs.
-    ``surge_traffic`` (beside them): a traffic surge in the same window as
-    ``surge`` (12.5x the hour's rows at 10x the training rate,
-    ``traffic_window``), against the same no-surge runs."""
-    placements = {"surge": (args.hours, 1)}
-    if args.surge_steady_at >= 0:
-        placements["surge_steady"] = (args.surge_steady_hours, args.surge_steady_at)
+    """For each of ``--surge-scenarios`` (key suffix ``_<scenario>``, none for
+    abrupt): ``surge``, 10x in stream window 1 (the hour after the drift, with
+    the burst of new ids; recurring: concept A's first hour back), ``--hours``
+    of data; ``surge_traffic``, a traffic surge in the same window (12.5x the
+    hour's rows at 10x the training rate, ``traffic_window``) against the same
+    no-surge runs. ``surge_steady`` (abrupt only): the faster replay in stream
+    window ``--surge-steady-at`` (4) of a ``--surge-steady-hours`` (12) run,
+    hours after the drift and the burst, with one window after it; its own
+    no-surge runs."""
+    placements: dict[str, tuple[str, int, int, bool]] = {}  # scenario, hours, at, traffic
+    for scenario in [s for s in args.surge_scenarios.split(",") if s]:
+        if scenario not in SYNTHETIC:
+            raise SystemExit(f"--surge-scenarios: {scenario!r} is not one of {SYNTHETIC}")
+        suffix = "" if scenario == "abrupt" else f"_{scenario}"
+        placements[f"surge{suffix}"] = (scenario, args.hours, 1, False)
+        if not args.no_surge_traffic:
+            placements[f"surge_traffic{suffix}"] = (scenario, args.hours, 1, True)
+        if scenario == "abrupt" and args.surge_steady_at >= 0:
+            placements["surge_steady"] = (
+                scenario,
+                args.surge_steady_hours,
+                args.surge_steady_at,
+                False,
+            )
     policies = [p for p in POLICIES if p in args.surge_policies.split(",")]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {k: {} for k in placements}
-    if not args.no_surge_traffic:
-        runs["surge_traffic"] = {}
     factor = 10 * args.batch_size / (args.batch_size * 4 // 5)  # 10x training = 12.5x arrival
     for seed in range(args.surge_seeds):
-        for key, (hours, at) in placements.items():
-            data = synthetic("abrupt", seed, args.rows_per_hour, hours, args.batch_size)
-            runs[key].setdefault("no_surge", []).append(surge_run(data, seed, args, None))
+        base: dict[tuple[str, int], tuple[Data, dict[str, Any]]] = {}  # no-surge runs
+        for key, (scenario, hours, at, traffic) in placements.items():
+            if (scenario, hours) not in base:
+                data = synthetic(scenario, seed, args.rows_per_hour, hours, args.batch_size)
+                base[scenario, hours] = (data, surge_run(data, seed, args, None))
+            data, no_surge = base[scenario, hours]
+            runs[key].setdefault("no_surge", []).append(no_surge)
+            rows = (
+                traffic_window(scenario, seed, args.rows_per_hour, hours, at, factor)
+                if traffic
+                else None
+            )
             for policy in policies:
-                runs[key].setdefault(policy, []).append(surge_run(data, seed, args, policy, at))
-            if key != "surge" or args.no_surge_traffic:
-                continue
-            traffic = traffic_window("abrupt", seed, args.rows_per_hour, hours, at, factor)
-            runs["surge_traffic"].setdefault("no_surge", []).append(runs[key]["no_surge"][-1])
-            for policy in policies:
-                runs["surge_traffic"].setdefault(policy, []).append(
-                    surge_run(data, seed, args, policy, at, traffic)
+                runs[key].setdefault(policy, []).append(
+                    surge_run(data, seed, args, policy, at, rows)
                 )
-    if "surge_traffic" in runs:
-        placements["surge_traffic"] = placements["surge"]
     return {
-        key: surge_figures(runs[key], policies, at, args, key)
-        for key, (_, at) in placements.items()
+        key: surge_figures(runs[key], policies, at, args, key, scenario)
+        for key, (scenario, _, at, _) in placements.items()
     }
 
 
@@ -551,6 +572,7 @@ def surge_figures(
     at: int,
     args: argparse.Namespace,
     key: str = "surge",
+    scenario: str = "abrupt",
 ) -> dict[str, Any]:
     base = float(np.mean([r["mean"] for r in runs["no_surge"]]))
     base_windows = np.mean([r["windows"] for r in runs["no_surge"]], axis=0)
@@ -562,7 +584,8 @@ def surge_figures(
         }
     }
     print(
-        f"\n{key} (abrupt scenario, 10x in stream window {at}, {args.surge_seeds} seeds): "
+        f"\n{key} ({scenario} scenario, 10x in stream window {at}, "
+        f"{args.surge_seeds} seeds): "
         f"no-surge AUC {base:.4f} [{' '.join(f'{a:.4f}' for a in base_windows)}]"
     )
     frozen = float(np.mean([r["surge_window_frozen_auc"] for r in runs[policies[0]]]))
@@ -648,13 +671,15 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--surge-buffer-rows", type=int, default=2000)
     parser.add_argument("--no-surge", action="store_true")
     parser.add_argument("--surge-seeds", type=int, default=10)
+    parser.add_argument("--surge-scenarios", default=",".join(SYNTHETIC))
     parser.add_argument("--surge-policies", default=",".join(POLICIES))
     parser.add_argument("--surge-importance", default="none", choices=("none", "loss"))
     parser.add_argument("--surge-order", type=float, default=0.0)
     parser.add_argument("--surge-shed", default="sample", choices=("sample", "evict"))
     parser.add_argument("--surge-high-water", type=float, default=0.5)
     parser.add_argument("--surge-min-keep", type=float, default=0.05)
-    parser.add_argument("--surge-label-weight", type=float, default=2.0)
+    parser.add_argument("--surge-label-weight", type=float, default=1.0)
+    parser.add_argument("--surge-max-age", type=float, default=-1.0)  # -1: the buffer's rows
     parser.add_argument("--surge-raw-weights", action="store_true")
     parser.add_argument("--surge-steady-at", type=int, default=4)
     parser.add_argument("--surge-steady-hours", type=int, default=12)
@@ -706,7 +731,7 @@ def main() -> None:
             print(f"  {v:<12} {m:.4f}  (mixture - it: {means['mixture'] - m:+.4f})  [{wins}]{rep}")
     if not args.no_surge:
         report.update(surge(args))
-    for key in ("surge", "surge_steady", "surge_traffic"):  # the floors need all three
+    for key in [k for k in report if k.startswith("surge")]:  # the floors need all three
         if args.no_surge or key not in report or not set(POLICIES) <= set(report[key]):
             continue
         s = report[key]

@@ -221,3 +221,47 @@ def test_bad_loss_and_shed_settings_name_their_field() -> None:
         BufferPolicy(capacity_bytes=1, loss_floor=0)
     with pytest.raises(ValueError, match="shed"):
         BufferPolicy(capacity_bytes=1, shed="drop")  # type: ignore[arg-type]
+
+
+def test_max_age_drops_rows_that_waited_too_long_instead_of_training_them_late() -> None:
+    rng = np.random.default_rng(3)
+    per_row = int(row_bytes(make_batch(rng, 1))[0])
+    policy = BufferPolicy(capacity_bytes=10_000 * per_row, max_age_rows=250)
+    buffer = MixedBuffer(policy)
+    first = make_batch(rng, 100)
+    first = Batch(first.labels, first.dense, first.sparse, np.arange(100, dtype=np.int64))
+    buffer.offer(first, "stream")  # nothing taken: these 100 rows wait
+    later = make_batch(rng, 200, start=100)
+    later = Batch(later.labels, later.dense, later.sparse, np.arange(100, 300, dtype=np.int64))
+    buffer.offer(later, "stream")
+    # rows 0..49 had 250+ rows offered after them: expired at the take
+    batch = buffer.take(400)
+    assert batch is not None and batch.row_ids is not None
+    assert sorted(batch.row_ids.tolist()) == list(range(50, 300))
+    assert sorted(buffer.pop_dropped().tolist()) == list(range(50))
+    c = buffer.counts["stream"]
+    assert c["expired"] == 50 and c["taken"] == 250
+    assert c["kept"] == c["taken"] + c["expired"] + c["evicted"] + buffer.rows
+
+
+def test_a_kept_rows_age_counts_the_rows_sampled_out_after_it_in_its_offer() -> None:
+    """Under pressure most of an offer is sampled out; a kept row near its start
+    has the rest of the offer after it, so it expires before one near its end."""
+    rng = np.random.default_rng(4)
+    per_row = int(row_bytes(make_batch(rng, 1))[0])
+    buffer = MixedBuffer(
+        BufferPolicy(capacity_bytes=200 * per_row, high_water=0.0, max_age_rows=500, seed=1)
+    )
+    surge = make_batch(rng, 1000)
+    surge = Batch(surge.labels, surge.dense, surge.sparse, np.arange(1000, dtype=np.int64))
+    buffer.offer(surge, "stream")  # sampled down: a few rows of each part of the offer kept
+    batch = buffer.take(1000)
+    assert batch is not None and batch.row_ids is not None
+    assert batch.row_ids.min() >= 500  # the kept rows of the first half expired
+    assert (buffer.pop_dropped() < 500).any()
+    assert buffer.counts["stream"]["expired"] > 0
+
+
+def test_max_age_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_age_rows"):
+        BufferPolicy(capacity_bytes=1, max_age_rows=0)

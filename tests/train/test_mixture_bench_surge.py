@@ -67,7 +67,7 @@ def test_traffic_surge_run_scores_every_row_within_the_buffer(
     assert counts["taken"] == 50 * (8 + 10)
     if policy == "fifo":
         assert run["backlog_rows_at_end"] > 4000  # backpressure: the producer holds the rest
-        assert counts["sampled_out"] == counts["evicted"] == 0
+        assert counts["sampled_out"] == counts["evicted"] == counts["expired"] == 0
     else:
         assert run["backlog_rows_at_end"] == 0
-        assert counts["sampled_out"] + counts["evicted"] > 4000
+        assert counts["sampled_out"] + counts["evicted"] + counts["expired"] > 4000

@@ -45,6 +45,8 @@ class MixedBufferSpec:
         shed: ``sample`` (sample rows down above the high water) or ``evict``
             (delay before drop: admit every row, evict the lowest-priority rows
             only when over the capacity).
+        max_age_rows: drop a row still waiting once this many rows were offered
+            after it (``expired``), instead of training it late; ``null``: no bound.
         live: ``paced`` (every row is read at the pace of training, so a live
             surge waits in its broker) or ``arrival`` (a reader drains the live
             sources, ``type: stream``, as their rows arrive and the buffer gets
@@ -66,6 +68,7 @@ class MixedBufferSpec:
     importance: Literal["none", "loss"] = "none"
     loss_floor: float = 0.05
     shed: Literal["sample", "evict"] = "sample"
+    max_age_rows: float | None = None
     live: Literal["paced", "arrival"] = "paced"
 
     def validate(self, path: str) -> None:
@@ -93,6 +96,8 @@ class MixedBufferSpec:
             raise ConfigError(f"{path}.loss_floor", "must be in (0, 1]")
         if self.shed not in ("sample", "evict"):
             raise ConfigError(f"{path}.shed", f"expected sample or evict, got {self.shed!r}")
+        if self.max_age_rows is not None and not self.max_age_rows > 0:
+            raise ConfigError(f"{path}.max_age_rows", "must be > 0 (or null: no bound)")
         if self.live not in ("paced", "arrival"):
             raise ConfigError(f"{path}.live", f"expected paced or arrival, got {self.live!r}")
         if self.live == "arrival" and self.offer_per_take != 1:

@@ -33,7 +33,11 @@ never holds more than ``capacity_bytes``. Policies:
             and returns how many; the caller keeps the rest (backpressure: its
             backlog, and the rows' lag, grow), taken oldest first
 
-Every count is per source: offered, kept, sampled_out, evicted, delayed (rows
+With ``max_age_rows`` a row still waiting once that many rows were offered
+after it is dropped (``expired``) at the next ``take``: a bound on how stale a
+trained row (and its 1 / q weight) can be.
+
+Every count is per source: offered, kept, sampled_out, evicted, expired, delayed (rows
 passed over by a ``take`` that took a younger row, once per such take), taken; ``stats()`` for a
 summary, ``MixedBufferCollector`` for Prometheus.
 """
@@ -56,7 +60,7 @@ __all__ = ["BufferPolicy", "MixedBuffer", "MixedBufferCollector", "row_bytes"]
 
 Policy = Literal["priority", "uniform", "fifo"]
 Importance = Literal["none", "loss"]
-COUNTS = ("offered", "kept", "sampled_out", "evicted", "delayed", "taken")
+COUNTS = ("offered", "kept", "sampled_out", "evicted", "expired", "delayed", "taken")
 
 
 def row_bytes(batch: Batch) -> npt.NDArray[np.int64]:
@@ -102,6 +106,9 @@ class BufferPolicy:
             loss, at the configured learning rate); ``False``: the raw 1 / q
             (Horvitz-Thompson: the weighted sum is unbiased for the offered sum,
             but a step of heavily sampled rows weighs up to 1 / min_keep more).
+        max_age_rows: a bound on staleness: a row still waiting once this many
+            rows were offered after it is dropped unseen (``expired``) instead
+            of being trained late; ``None`` (the default): no bound.
         seed: the sampling's random seed.
     """
 
@@ -118,6 +125,7 @@ class BufferPolicy:
     shed: Literal["sample", "evict"] = "sample"
     normalize_weights: bool = True
     order_by_importance: float = 0.0
+    max_age_rows: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -139,6 +147,8 @@ class BufferPolicy:
             raise ValueError(f"loss_floor: expected in (0, 1], got {self.loss_floor}")
         if self.half_life_rows <= 0 or self.label_weight <= 0:
             raise ValueError("half_life_rows and label_weight must be > 0")
+        if self.max_age_rows is not None and not self.max_age_rows > 0:
+            raise ValueError(f"max_age_rows: expected > 0 or None, got {self.max_age_rows}")
         for source, weight in self.source_weights.items():
             if not weight > 0:
                 raise ValueError(f"source_weights[{source!r}]: expected > 0, got {weight}")
@@ -260,9 +270,9 @@ class MixedBuffer:
                 kept = Batch(
                     kept.labels, kept.dense, kept.sparse, kept.row_ids, kept.origin, weights
                 )
-                self._admit(kept, source, nbytes[rows], imp[rows])
+                self._admit(kept, source, nbytes[rows], imp[rows], at=rows)
                 self._count(source, "kept", rows.size)
-            self._seq += n - rows.size  # sampled-out rows age the clock too
+            self._seq += n  # every offered row ages the clock, sampled out or not
             self._evict()  # the offered batch is the caller's until then
             self.peak_bytes = max(self.peak_bytes, self.bytes)
             return n
@@ -280,11 +290,22 @@ class MixedBuffer:
         return min(1.0, room / max(1, incoming)) * (1 - pressure) ** 0.5
 
     def _admit(
-        self, batch: Batch, source: str, nbytes: npt.NDArray[np.int64], imp: np.ndarray
+        self,
+        batch: Batch,
+        source: str,
+        nbytes: npt.NDArray[np.int64],
+        imp: np.ndarray,
+        at: npt.NDArray[np.int64] | None = None,
     ) -> None:
+        """Hold ``batch``'s rows; ``at``: their positions among the rows just
+        offered (the caller then advances the clock past the offer), else they
+        are the next rows of the clock."""
         n = batch.num_rows
-        seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
-        self._seq += n
+        if at is None:
+            seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
+            self._seq += n
+        else:
+            seq = self._seq + at.astype(np.int64)
         self._chunks.append(_Chunk(batch, source, seq, np.asarray(imp, np.float64), nbytes))
         self.bytes += int(nbytes.sum())
 
@@ -313,6 +334,18 @@ class MixedBuffer:
         for part in self._remove(which[order[:cut]], row[order[:cut]], "evicted"):
             if part.row_ids is not None:
                 self._dropped.append(part.row_ids)
+
+    def _expire(self) -> None:
+        """Drop the rows older than ``max_age_rows`` (rows offered since)."""
+        limit = self.policy.max_age_rows
+        if limit is None or not self._chunks:
+            return
+        which, row, _, seq = self._priorities()
+        old = self._seq - seq > limit
+        if old.any():
+            for part in self._remove(which[old], row[old], "expired"):
+                if part.row_ids is not None:
+                    self._dropped.append(part.row_ids)
 
     def _remove(self, which: np.ndarray, row: np.ndarray, count: str) -> list[Batch]:
         """Take rows (chunk, row) out; returns the removed rows per chunk."""
@@ -345,6 +378,7 @@ class MixedBuffer:
         the policy); their ``weights`` are the importance weights. ``None``
         when empty. The batch's origin is its rows' source when they share one."""
         with self._lock:
+            self._expire()
             if not self._chunks:
                 return None
             which, row, prio, seq = self._priorities()
@@ -382,7 +416,7 @@ class MixedBuffer:
 
 class MixedBufferCollector(Collector):
     """Prometheus figures of a ``MixedBuffer``: ``estuary_mixed_rows_total{source,
-    what}`` (what: offered, kept, sampled_out, evicted, delayed, taken) and
+    what}`` (what: offered, kept, sampled_out, evicted, expired, delayed, taken) and
     ``estuary_mixed_buffer_bytes{kind}`` (now, peak, capacity)."""
 
     def __init__(self, buffer: MixedBuffer) -> None:

@@ -92,6 +92,7 @@ def policy_for(spec: MixedBufferSpec, seed: int) -> BufferPolicy:
         importance_from=spec.importance,
         loss_floor=spec.loss_floor,
         shed=spec.shed,
+        max_age_rows=spec.max_age_rows,
         seed=seed,
     )
 
