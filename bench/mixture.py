@@ -50,7 +50,8 @@ Floors: mixture's mean windowed progressive AUC >= the best other variant + 0.00
 on each synthetic scenario, and >= the best - 0.001 on Avazu. Times are wall
 clock on a shared machine: noisy.
 
-``surge`` (``surge_run``): the mixture over the abrupt scenario's stream through
+``surge`` (``surge_run``): the mixture over a scenario's stream (abrupt; and
+``surge_<scenario>`` for the others of ``--surge-scenarios``) through
 a ``MixedBuffer`` of ``--surge-buffer-rows`` rows, one step a tick, rows
 arriving at 0.8x the training rate and at 10x through stream window 1; every
 arriving row (dropped or not) scored on arrival under every policy; fifo's
@@ -64,10 +65,11 @@ rows among them), arriving at 10x the training rate for as many ticks as the
 window lasts without the surge, against ``surge``'s no-surge runs.
 ``--surge-seeds`` (10) seeds; each policy's ``priority_minus_it``: priority's
 AUC minus its, paired by seed (mean, sd, seeds priority is ahead).
-``--surge-importance``, ``--surge-shed``, ``--surge-order``,
-``--surge-high-water``, ``--surge-min-keep``, ``--surge-raw-weights``,
-``--surge-label-weight`` change the priority buffer only (what was tried:
-docs/mixture.md).
+Priority's buffer: recency order, ``--surge-label-weight`` (1),
+``--surge-max-age`` (the buffer's rows; 0: no bound). ``--surge-importance``,
+``--surge-shed``, ``--surge-order``, ``--surge-high-water``,
+``--surge-min-keep``, ``--surge-raw-weights`` change the priority buffer too
+(what was tried: docs/mixture.md).
 """
 
 from __future__ import annotations
