@@ -254,7 +254,8 @@ def test_live_arrival_reads_the_live_origins_of_the_job() -> None:
         (False, {"live": "arrival"}, "train.mixed_buffer.live", "no live source"),
         (True, {"live": "arrival", "offer_per_take": 2}, "offer_per_take", "set it to 1"),
         (True, {"live": "sometimes"}, "train.mixed_buffer.live", "'paced', 'arrival'"),
-        (True, {"max_age_rows": 0}, "train.mixed_buffer.max_age_rows", "must be > 0"),
+        (True, {"max_age_rows": 0.5}, "train.mixed_buffer.max_age_rows", "must be >= 1"),
+        (True, {"max_age_rows": 5}, "train.mixed_buffer.max_age_rows", "at least 10"),
     ],
 )
 def test_bad_live_settings_name_their_field(

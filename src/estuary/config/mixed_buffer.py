@@ -12,7 +12,13 @@ from estuary.config.errors import ConfigError
 if TYPE_CHECKING:
     from estuary.config.spec import JobSpec
 
-__all__ = ["MixedBufferSpec", "check_mixed_buffer", "live_origins", "min_row_bytes"]
+__all__ = [
+    "MixedBufferSpec",
+    "check_max_age",
+    "check_mixed_buffer",
+    "live_origins",
+    "min_row_bytes",
+]
 
 # Rows that must fit: the rows waiting for a step and the rows of the next offer.
 STEPS_HELD = 2
@@ -96,8 +102,8 @@ class MixedBufferSpec:
             raise ConfigError(f"{path}.loss_floor", "must be in (0, 1]")
         if self.shed not in ("sample", "evict"):
             raise ConfigError(f"{path}.shed", f"expected sample or evict, got {self.shed!r}")
-        if self.max_age_rows is not None and not self.max_age_rows > 0:
-            raise ConfigError(f"{path}.max_age_rows", "must be > 0 (or null: no bound)")
+        if self.max_age_rows is not None and not self.max_age_rows >= 1:
+            raise ConfigError(f"{path}.max_age_rows", "must be >= 1 (or null: no bound)")
         if self.live not in ("paced", "arrival"):
             raise ConfigError(f"{path}.live", f"expected paced or arrival, got {self.live!r}")
         if self.live == "arrival" and self.offer_per_take != 1:
@@ -129,6 +135,23 @@ def live_origins(job: JobSpec) -> frozenset[str]:
         for source in stream.sources
         if source.type == "stream"
     )
+
+
+def check_max_age(spec: MixedBufferSpec, step_rows: int) -> None:
+    """``max_age_rows`` must outlast one step's offers (``offer_per_take`` x the
+    step's rows, all trainers'), else every step expires rows with no surge.
+
+    Raises:
+        ConfigError: names ``train.mixed_buffer.max_age_rows`` and the least value.
+    """
+    least = spec.offer_per_take * step_rows
+    if spec.max_age_rows is not None and spec.max_age_rows < least:
+        raise ConfigError(
+            "train.mixed_buffer.max_age_rows",
+            f"{spec.max_age_rows:g} rows is less than one step's offers "
+            f"(offer_per_take {spec.offer_per_take:g} x {step_rows} rows a step), so "
+            f"every step would expire rows; set it to at least {least:g} (or null)",
+        )
 
 
 def check_mixed_buffer(job: JobSpec) -> None:
@@ -164,6 +187,7 @@ def check_mixed_buffer(job: JobSpec) -> None:
             "is arrival, but data.dataset has no live source (type: stream) to read "
             "as it arrives; use paced",
         )
+    check_max_age(spec, job.train.batch_size)
     per_row = min_row_bytes(job)
     need = STEPS_HELD * job.train.batch_size * per_row
     if spec.capacity_bytes < need:

@@ -28,7 +28,12 @@ import numpy as np
 
 from estuary.config import JobSpec
 from estuary.config.errors import ConfigError
-from estuary.config.mixed_buffer import STEPS_HELD, live_origins, min_row_bytes
+from estuary.config.mixed_buffer import (
+    STEPS_HELD,
+    check_max_age,
+    live_origins,
+    min_row_bytes,
+)
 from estuary.data import DataError, DataPart, TabularDataset
 from estuary.data.decode import RowDecoder
 from estuary.data.graph import Driver, Progress
@@ -398,6 +403,7 @@ class GraphFeed:
                 "train.mixed_buffer", "is not supported with direct data delivery (data executors)"
             )
         step_rows = job.train.batch_size * world_size
+        check_max_age(spec, step_rows)  # the load checked one trainer's step
         need = STEPS_HELD * step_rows * min_row_bytes(job)
         if spec.capacity_bytes < need:
             raise ConfigError(

@@ -34,8 +34,10 @@ never holds more than ``capacity_bytes``. Policies:
             backlog, and the rows' lag, grow), taken oldest first
 
 With ``max_age_rows`` a row still waiting once that many rows were offered
-after it is dropped (``expired``) at the next ``take``: a bound on how stale a
-trained row (and its 1 / q weight) can be.
+after it is dropped (``expired``), at the offer that aged it (before any
+eviction) or the next ``take``: a bound on how stale a trained row (and its
+1 / q weight) can be. Under fifo the clock counts only the rows admitted, so
+rows waiting in the producer's backlog do not age.
 
 Every count is per source: offered, kept, sampled_out, evicted, expired, delayed (rows
 passed over by a ``take`` that took a younger row, once per such take), taken; ``stats()`` for a
@@ -147,8 +149,8 @@ class BufferPolicy:
             raise ValueError(f"loss_floor: expected in (0, 1], got {self.loss_floor}")
         if self.half_life_rows <= 0 or self.label_weight <= 0:
             raise ValueError("half_life_rows and label_weight must be > 0")
-        if self.max_age_rows is not None and not self.max_age_rows > 0:
-            raise ValueError(f"max_age_rows: expected > 0 or None, got {self.max_age_rows}")
+        if self.max_age_rows is not None and not self.max_age_rows >= 1:
+            raise ValueError(f"max_age_rows: expected >= 1 or None, got {self.max_age_rows}")
         for source, weight in self.source_weights.items():
             if not weight > 0:
                 raise ValueError(f"source_weights[{source!r}]: expected > 0, got {weight}")
@@ -178,10 +180,10 @@ class MixedBuffer:
         self.bytes = 0
         self.peak_bytes = 0
         self.counts: dict[str, dict[str, int]] = {}
-        self._dropped: list[npt.NDArray[np.int64]] = []  # row ids sampled out or evicted
+        self._dropped: list[npt.NDArray[np.int64]] = []  # row ids sampled out, evicted or expired
 
     def pop_dropped(self) -> npt.NDArray[np.int64]:
-        """The ``row_ids`` of rows sampled out or evicted since the last call
+        """The ``row_ids`` of rows sampled out, evicted or expired since the last call
         (rows of batches without ``row_ids`` are counted but not listed), so the
         caller can record them as consumed and dropped."""
         with self._lock:
@@ -273,6 +275,7 @@ class MixedBuffer:
                 self._admit(kept, source, nbytes[rows], imp[rows], at=rows)
                 self._count(source, "kept", rows.size)
             self._seq += n  # every offered row ages the clock, sampled out or not
+            self._expire()  # rows the offer aged past the bound leave before evicting
             self._evict()  # the offered batch is the caller's until then
             self.peak_bytes = max(self.peak_bytes, self.bytes)
             return n
@@ -338,8 +341,8 @@ class MixedBuffer:
     def _expire(self) -> None:
         """Drop the rows older than ``max_age_rows`` (rows offered since)."""
         limit = self.policy.max_age_rows
-        if limit is None or not self._chunks:
-            return
+        if limit is None or not any(self._seq - c.seq[0] > limit for c in self._chunks):
+            return  # a chunk's first row is its oldest
         which, row, _, seq = self._priorities()
         old = self._seq - seq > limit
         if old.any():

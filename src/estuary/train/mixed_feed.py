@@ -372,7 +372,7 @@ class BufferedSource:
 
     def summary(self) -> dict[str, Any]:
         """``summary.json``'s ``mixed_buffer``: the buffer's stats (per source:
-        offered, kept, sampled_out, evicted, delayed, taken) and rows dropped."""
+        offered, kept, sampled_out, evicted, expired, delayed, taken) and rows dropped."""
         return {
             **self.buffer.stats(),
             "offer_per_take": self.spec.offer_per_take,
