@@ -733,7 +733,7 @@ def main() -> None:
             print(f"  {v:<12} {m:.4f}  (mixture - it: {means['mixture'] - m:+.4f})  [{wins}]{rep}")
     if not args.no_surge:
         report.update(surge(args))
-    for key in [k for k in report if k.startswith("surge")]:  # the floors need all three
+    for key in [k for k in report if k.startswith("surge")]:  # with all three policies
         if args.no_surge or key not in report or not set(POLICIES) <= set(report[key]):
             continue
         s = report[key]
