@@ -311,7 +311,10 @@ def test_estuary_train_on_ray_adds_a_shard_mid_run_on_either_plane(
     ray_instance: Any, tmp_path: Path, plane: str
 ) -> None:
     """End to end: ``estuary train`` on Ray with one PS shard, a 1 MB PS memory
-    budget (one shard would pass it: ~1.1 MB by the end) and room for a second.
+    budget (one shard would pass it: ~1.45 MB by the end; 16,000 rows, so the
+    split lands well before the last step even on a loaded machine: at 12,000
+    rows the socket plane's came at step 498 of 563 and once at the last) and
+    room for a second.
     The manager adds it mid-run, between two steps while the trainer runs; the
     trainers follow over their data plane (on the actor plane they find the new
     server actor by its name). No shard passes the budget, the checkpoint
@@ -320,7 +323,7 @@ def test_estuary_train_on_ray_adds_a_shard_mid_run_on_either_plane(
 
     from .test_ray_runtime import assert_same_tables, sets
 
-    job_path = write_growing_job(tmp_path, 12_000)
+    job_path = write_growing_job(tmp_path, 16_000)
     elastic = [
         "runtime.backend=ray",
         "runtime.roles.ps.min=1",

@@ -64,7 +64,7 @@ class SlowSteps(Callback):
         self.last, self.steps = time.monotonic(), self.steps + 1
 
 
-def fit_until_idle(trainer: Trainer, slow: SlowSteps, idle_s: float = 2.0) -> FitResult:
+def fit_until_idle(trainer: Trainer, slow: SlowSteps, idle_s: float = 3.0) -> FitResult:
     """Fit; once steps came and then none for ``idle_s`` (the reader waits for
     the stream), stop."""
 
