@@ -50,21 +50,23 @@ def write_history(root: Path) -> None:
     write_synthetic(spec, root / "data", SynthOutput(format="criteo_tsv"))
 
 
-def push(url: str, key: str, minutes: range, seed: int) -> int:
-    """PER_MINUTE csv rows per minute ``m`` of ``minutes``, at broker time
+def push(url: str, key: str, minutes: range, seed: int, per_minute: int = PER_MINUTE) -> int:
+    """``per_minute`` csv rows per minute ``m`` of ``minutes``, at broker time
     START + HISTORY_HOURS h + m min (+ i ms); returns how many."""
     import redis
 
     rng = np.random.default_rng(seed)
     client = redis.Redis.from_url(url)
+    pipe = client.pipeline(transaction=False)
     n = 0
     for minute in minutes:
         at = START_MS + HISTORY_HOURS * 3_600_000 + minute * 60_000
-        for i in range(PER_MINUTE):
+        for i in range(per_minute):
             label = int(rng.random() < 0.3)
             i1, i2, c1, c2 = (int(v) for v in rng.integers(0, 20, 4))
-            client.xadd(key, {"data": f"{label},{i1},{i2},{c1:x},{c2:x}"}, id=f"{at + i}-0")
+            pipe.xadd(key, {"data": f"{label},{i1},{i2},{c1:x},{c2:x}"}, id=f"{at + i}-0")
             n += 1
+    pipe.execute()
     client.close()
     return n
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from estuary.config import JobSpec, job_from_dict
@@ -24,9 +23,9 @@ from .test_continuous import (
     BATCH,
     HISTORY_HOURS,
     PER_HOUR,
-    START_MS,
     continuous_dict,
     publish,
+    push,
     write_history,
 )
 
@@ -36,22 +35,8 @@ SURGE_MINUTES, SURGE_PER_MINUTE = 4, 600
 def push_surge(url: str, key: str, first_minute: int = 0) -> int:
     """SURGE_PER_MINUTE csv rows in each of SURGE_MINUTES minutes after the
     history, from ``first_minute`` on."""
-    import redis
-
-    rng = np.random.default_rng(5 + first_minute)
-    client = redis.Redis.from_url(url)
-    pipe = client.pipeline(transaction=False)
-    n = 0
-    for minute in range(first_minute, first_minute + SURGE_MINUTES):
-        at = START_MS + HISTORY_HOURS * 3_600_000 + minute * 60_000
-        for i in range(SURGE_PER_MINUTE):
-            label = int(rng.random() < 0.3)
-            i1, i2, c1, c2 = (int(v) for v in rng.integers(0, 20, 4))
-            pipe.xadd(key, {"data": f"{label},{i1},{i2},{c1:x},{c2:x}"}, id=f"{at + i}-0")
-            n += 1
-    pipe.execute()
-    client.close()
-    return n
+    minutes = range(first_minute, first_minute + SURGE_MINUTES)
+    return push(url, key, minutes, seed=5 + first_minute, per_minute=SURGE_PER_MINUTE)
 
 
 class SlowSteps(Callback):
