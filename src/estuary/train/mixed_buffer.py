@@ -334,9 +334,7 @@ class MixedBuffer:
         nbytes = np.concatenate([c.nbytes for c in self._chunks])
         order = np.lexsort((-seq, prio))  # lowest priority first, then newest
         cut = int(np.searchsorted(np.cumsum(nbytes[order]), over, side="left")) + 1
-        for part in self._remove(which[order[:cut]], row[order[:cut]], "evicted"):
-            if part.row_ids is not None:
-                self._dropped.append(part.row_ids)
+        self._drop(which[order[:cut]], row[order[:cut]], "evicted")
 
     def _expire(self) -> None:
         """Drop the rows older than ``max_age_rows`` (rows offered since)."""
@@ -346,9 +344,13 @@ class MixedBuffer:
         which, row, _, seq = self._priorities()
         old = self._seq - seq > limit
         if old.any():
-            for part in self._remove(which[old], row[old], "expired"):
-                if part.row_ids is not None:
-                    self._dropped.append(part.row_ids)
+            self._drop(which[old], row[old], "expired")
+
+    def _drop(self, which: np.ndarray, row: np.ndarray, count: str) -> None:
+        """Remove rows (chunk, row) unseen, counted ``count``, for ``pop_dropped``."""
+        for part in self._remove(which, row, count):
+            if part.row_ids is not None:
+                self._dropped.append(part.row_ids)
 
     def _remove(self, which: np.ndarray, row: np.ndarray, count: str) -> list[Batch]:
         """Take rows (chunk, row) out; returns the removed rows per chunk."""
