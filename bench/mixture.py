@@ -4,6 +4,7 @@
                             [--hours 8] [--datasets abrupt,gradual,recurring,avazu]
                             [--batch-size 100] [--no-river] [--no-surge]
                             [--surge-seeds 10] [--no-surge-traffic]
+                            [--no-surge-keep-pace]
                             [--evidence-rows 200] [--memory-new-ids-frozen]
 
 Each dataset is a **history** followed by a **stream**, cut into event-time
@@ -63,6 +64,11 @@ own no-surge runs). ``surge_traffic``: a traffic surge, not a faster replay: the
 same window with 12.5x its rows (more draws of the same hour, the window's own
 rows among them), arriving at 10x the training rate for as many ticks as the
 window lasts without the surge, against ``surge``'s no-surge runs.
+``<key>.keep_pace`` (``--no-surge-keep-pace`` skips it): the reference, not a
+policy: a trainer with the compute to keep pace with the surge (10x the steps
+during it, through a fifo buffer that sheds nothing), scored on arrival as the
+policies are. Its drop is what the surge costs with nothing shed and no step
+skipped, which no policy taking one step a tick can be expected to beat.
 ``--surge-seeds`` (10) seeds; each policy's ``priority_minus_it``: priority's
 AUC minus its, paired by seed (mean, sd, seeds priority is ahead).
 Priority's buffer: recency order, ``--surge-label-weight`` (1),
@@ -411,6 +417,7 @@ def surge_run(
     policy: Policy | None,
     at: int = 1,
     traffic: tuple[Batch, np.ndarray] | None = None,
+    keep_pace: bool = False,
 ) -> dict[str, Any]:
     """The mixture over the stream through a ``MixedBuffer``, one training step
     (``batch_size`` rows) per tick. Rows arrive at 0.8x the training rate, and
@@ -424,16 +431,27 @@ def surge_run(
     replay. Window ``at`` arrives as those rows (12.5x its rows at 10x the
     training rate, so it lasts as many ticks as without the surge); its AUC is
     over all of them, and ``surge_window_own_rows_auc`` over the no-surge
-    window's own rows among them."""
+    window's own rows among them.
+
+    ``keep_pace``: the reference no policy can reach with one step a tick. The
+    trainer takes as many steps a tick as it takes to train every row that came
+    (10 during the replay), through a fifo buffer large enough to shed nothing;
+    rows are still scored on arrival. Its drop is what the surge costs when
+    nothing is shed and no step is skipped: the cost of the rows arriving faster
+    than event time."""
     run = build(data, seed, True, args)
     for batch in data.history:
         run.step(batch)
     size = args.batch_size
     per_row = int(row_bytes(data.windows[0][0]).max())
     prio = policy in (None, "priority")
+    capacity_rows = args.surge_buffer_rows
+    if keep_pace:
+        policy, prio = "fifo", False
+        capacity_rows = sum(b.num_rows for w in data.windows for b in w) * 13
     buffer = MixedBuffer(
         BufferPolicy(
-            capacity_bytes=args.surge_buffer_rows * per_row,
+            capacity_bytes=capacity_rows * per_row,
             policy=policy or "priority",
             label_weight=args.surge_label_weight if prio else 2.0,
             half_life_rows=args.surge_buffer_rows,
@@ -490,7 +508,8 @@ def surge_run(
                     backlog[0] = (rest.slice(taken, rest.num_rows), scores[taken:])
                     break
                 backlog.pop(0)
-            train_one()
+            for _ in range(-(-arriving.num_rows // size) if keep_pace else 1):
+                train_one()
             tick += 1
         scored = np.concatenate(probs)
         window_aucs.append(float(evaluate_predictions(rows.labels, scored).auc))
@@ -562,6 +581,10 @@ def surge(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                 runs[key].setdefault(policy, []).append(
                     surge_run(data, seed, args, policy, at, rows)
                 )
+            if not args.no_surge_keep_pace:
+                runs[key].setdefault("keep_pace", []).append(
+                    surge_run(data, seed, args, "fifo", at, rows, keep_pace=True)
+                )
     return {
         key: surge_figures(runs[key], policies, at, args, key, scenario)
         for key, (scenario, _, at, _) in placements.items()
@@ -604,6 +627,14 @@ def surge_figures(
         f"(no-surge {base_windows[at]:.4f}): auc_drop >= {bound:.4f} from that window alone "
         "if it trained nothing and every other window matched the no-surge run"
     )
+    if "keep_pace" in runs:
+        out["keep_pace"] = keep_pace_figures(runs, base, base_windows)
+        k = out["keep_pace"]
+        print(
+            f"  keep pace (10x the steps in the surge, nothing shed): auc_drop "
+            f"{k['auc_drop']:+.4f} [{' '.join(f'{a:.4f}' for a in k['windows'])}]; "
+            f"drop over 0.003 in {k['seeds_over_0.003']} of {len(k['auc_by_seed'])} seeds"
+        )
     for policy in policies:
         rs = runs[policy]
         fig = {
@@ -653,6 +684,26 @@ def surge_figures(
     return out
 
 
+def keep_pace_figures(
+    runs: dict[str, list[dict[str, Any]]], base: float, base_windows: np.ndarray
+) -> dict[str, Any]:
+    """``surge_run(keep_pace=True)``'s figures: its drop from the no-surge run
+    (mean, per window, per seed paired with the no-surge run's seeds)."""
+    rs = runs["keep_pace"]
+    means = np.array([r["mean"] for r in rs])
+    drops = np.array([r["mean"] for r in runs["no_surge"]]) - means
+    windows = np.mean([r["windows"] for r in rs], axis=0)
+    return {
+        "auc": float(means.mean()),
+        "auc_drop": base - float(means.mean()),
+        "auc_by_seed": [round(float(m), 4) for m in means],
+        "drop_by_seed": [round(float(d), 4) for d in drops],
+        "seeds_over_0.003": int((drops > 0.003).sum()),
+        "windows": windows.round(4).tolist(),
+        "kept_fraction": float(np.mean([r["kept_fraction"] for r in rs])),
+    }
+
+
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
@@ -686,6 +737,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--surge-steady-at", type=int, default=4)
     parser.add_argument("--surge-steady-hours", type=int, default=12)
     parser.add_argument("--no-surge-traffic", action="store_true")
+    parser.add_argument("--no-surge-keep-pace", action="store_true")
     parser.add_argument("--adapt-lr-scale", type=float, default=2.0)
     parser.add_argument("--stream-embedding-scale", type=float, default=1.0)
     return parser

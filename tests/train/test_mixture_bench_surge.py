@@ -71,3 +71,40 @@ def test_traffic_surge_run_scores_every_row_within_the_buffer(
     else:
         assert run["backlog_rows_at_end"] == 0
         assert counts["sampled_out"] + counts["evicted"] + counts["expired"] > 4000
+
+
+@pytest.mark.parametrize("traffic", [False, True])
+def test_keep_pace_trains_every_row_with_as_many_steps_as_the_surge_needs(
+    bench: ModuleType, traffic: bool
+) -> None:
+    args = bench.arguments().parse_args(["--batch-size", "50", "--surge-buffer-rows", "200"])
+    data = bench.synthetic("abrupt", 0, 400, 4, 50)
+    rows = bench.traffic_window("abrupt", 0, 400, 4, 1, 12.5) if traffic else None
+    run = bench.surge_run(data, 0, args, "priority", 1, rows, keep_pace=True)
+    counts = run["counts"]
+    arrived = 400 + (5000 if traffic else 400)
+    assert counts["offered"] == counts["taken"] == arrived  # nothing shed, nothing left
+    assert run["kept_fraction"] == 1.0 and run["backlog_rows_at_end"] == 0
+    assert counts["sampled_out"] == counts["evicted"] == counts["expired"] == 0
+    # window 0 at 40 rows a tick (one step each); the surge at 500 a tick: 10 steps a tick
+    assert run["lag_p99_ticks"] <= 1
+    assert len(run["windows"]) == 2 and all(0.4 < a <= 1 for a in run["windows"])
+
+
+def test_surge_reports_keep_pace_paired_with_the_no_surge_runs(bench: ModuleType) -> None:
+    args = bench.arguments().parse_args(
+        [
+            "--batch-size", "50", "--surge-buffer-rows", "200", "--rows-per-hour", "400",
+            "--hours", "4", "--surge-seeds", "2", "--surge-scenarios", "abrupt",
+            "--surge-steady-at", "-1", "--no-surge-traffic",
+        ]
+    )  # fmt: skip
+    report = bench.surge(args)
+    keep = report["surge"]["keep_pace"]
+    assert len(keep["drop_by_seed"]) == 2 and keep["kept_fraction"] == 1.0
+    no_surge = report["surge"]["no_surge"]["auc_by_seed"]
+    for base, auc, drop in zip(no_surge, keep["auc_by_seed"], keep["drop_by_seed"], strict=True):
+        assert drop == pytest.approx(base - auc, abs=2e-4)
+    assert keep["seeds_over_0.003"] == sum(d > 0.003 for d in keep["drop_by_seed"])
+    args.no_surge_keep_pace = True
+    assert "keep_pace" not in bench.surge(args)["surge"]
