@@ -68,7 +68,8 @@ window lasts without the surge, against ``surge``'s no-surge runs.
 policy: a trainer with the compute to keep pace with the surge (10x the steps
 during it, through a fifo buffer that sheds nothing), scored on arrival as the
 policies are. Its drop is what the surge costs with nothing shed and no step
-skipped, which no policy taking one step a tick can be expected to beat.
+skipped: a policy with one step a tick trains a tenth of its steps in the surge
+(docs/mixture.md has where that still comes level).
 ``--surge-seeds`` (10) seeds; each policy's ``priority_minus_it``: priority's
 AUC minus its, paired by seed (mean, sd, seeds priority is ahead).
 Priority's buffer: recency order, ``--surge-label-weight`` (1),
@@ -433,9 +434,9 @@ def surge_run(
     over all of them, and ``surge_window_own_rows_auc`` over the no-surge
     window's own rows among them.
 
-    ``keep_pace``: the reference no policy can reach with one step a tick. The
-    trainer takes as many steps a tick as it takes to train every row that came
-    (10 during the replay), through a fifo buffer large enough to shed nothing;
+    ``keep_pace``: a reference, not a policy. The trainer takes as many steps
+    a tick as it takes to train every row that came (10 during the replay),
+    through a fifo buffer large enough to shed nothing;
     rows are still scored on arrival. Its drop is what the surge costs when
     nothing is shed and no step is skipped: the cost of the rows arriving faster
     than event time."""
