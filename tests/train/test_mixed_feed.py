@@ -21,6 +21,7 @@ from estuary.train import Trainer
 from estuary.train.arrival import ArrivalScorer
 from estuary.train.callbacks import Callback, LoopState
 from estuary.train.checkpoint import load_checkpoint
+from estuary.train.checkpointer import Checkpointer
 from estuary.train.feeds import GraphFeed
 from estuary.train.mixed_feed import StreamWeights
 from estuary.train.result import TrainingStopped
@@ -239,6 +240,60 @@ def test_a_stop_and_resume_neither_loses_nor_repeats_a_row(data_root: Path, tmp_
     # first arrival; it still counts as holding a new id if it did then.
     whole = Trainer(job_for(data_root, SURGE)).fit().extra["progressive"]["origins"]
     assert extra["progressive"]["origins"][NEW_IDS]["rows"] == whole[NEW_IDS]["rows"] > 0
+
+
+def test_in_hybrid_mode_a_checkpoint_takes_the_position_and_the_figures_together(
+    data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hybrid: the buffer drops rows on the read-ahead thread while the step runs
+    (their scores filed, then recorded in the data position). Both happen under
+    the feed's commit lock, and a checkpoint takes the position and the
+    progressive figures under it, so neither holds a drop the other lacks and a
+    resume from any of them counts every row once."""
+    feeds: list[GraphFeed] = []
+    init = GraphFeed.__init__
+
+    def made(self: GraphFeed, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        feeds.append(self)
+
+    def lock_held() -> bool:
+        assert feeds[-1].mixed is not None
+        return feeds[-1].mixed.commit_lock.locked()
+
+    drops: list[tuple[str, bool]] = []  # (thread, lock held) of each recorded drop
+    record = Progress.record
+
+    def recorded(self: Progress, row_ids: Any, dropped: bool = False) -> None:
+        if dropped:
+            drops.append((threading.current_thread().name, lock_held()))
+        record(self, row_ids, dropped=dropped)
+
+    captures: list[bool] = []
+    capture = Checkpointer.capture_extras
+
+    def captured(self: Checkpointer) -> Any:
+        captures.append(lock_held())
+        return capture(self)
+
+    monkeypatch.setattr(GraphFeed, "__init__", made)
+    monkeypatch.setattr(Progress, "record", recorded)
+    monkeypatch.setattr(Checkpointer, "capture_extras", captured)
+    out = {
+        "output": {"dir": str(tmp_path / "out"), "checkpoint": True, "checkpoint_every_steps": 2}
+    }
+    job = job_for(data_root, SURGE, train_mode="hybrid", **out)
+    with pytest.raises(TrainingStopped):
+        Trainer(job, callbacks=[StopAt(7)]).fit()
+    resumed = Trainer(job)
+    resumed.load_checkpoint(tmp_path / "out")
+    extra = resumed.fit().extra
+    assert captures and all(captures)  # every checkpoint, under the lock
+    assert drops and all(held for _, held in drops)
+    assert {thread for thread, _ in drops} != {threading.current_thread().name}  # read-ahead
+    assert extra["duplicate_rows"] == 0
+    assert extra["rows_committed"] + extra["rows_dropped"] == HOURS * ROWS
+    assert extra["progressive"]["rows"] == HOURS * ROWS
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,9 @@ from estuary.train.sparse_updates import LockedStore, SparseUpdater
 
 __all__ = ["KEEP_CHECKPOINTS", "CheckpointExtra", "Checkpointer"]
 
+# extra name -> its state (``CheckpointExtra.checkpoint_state``)
+ExtraStates = dict[str, dict[str, torch.Tensor]]
+
 
 class CheckpointExtra(Protocol):
     """Training state beyond model, optimizer and tables, saved with each
@@ -207,7 +210,14 @@ class Checkpointer:
         for listener in list(self.listeners):
             listener(step, duration_s)
 
-    def _write(self, state: LoopState, root: Path | None = None) -> Path:
+    def capture_extras(self) -> ExtraStates:
+        """Every extra's state now (``add_extra``), to save with a checkpoint
+        whose data position was captured at the same moment."""
+        return {name: extra.checkpoint_state() for name, extra in self.extras.items()}
+
+    def _write(
+        self, state: LoopState, root: Path | None = None, extras: ExtraStates | None = None
+    ) -> Path:
         root = root or self.root()
         plan = plan_checkpoint(
             self.link, root=root, step=state.step, full_every=self.job.output.checkpoint_full_every
@@ -227,7 +237,7 @@ class Checkpointer:
             tables=tables,
             parent=parent,
             metadata=self._metadata(state),
-            extras={name: extra.checkpoint_state() for name, extra in self.extras.items()},
+            extras=self.capture_extras() if extras is None else extras,
         )
         self.link = read_link(path)
         return path
@@ -247,11 +257,14 @@ class Checkpointer:
             **({ROUTING_METADATA: routing} if routing is not None else {}),
         }
 
-    def save_consistent(self, updater: SparseUpdater, state: LoopState) -> Path:
+    def save_consistent(
+        self, updater: SparseUpdater, state: LoopState, extras: ExtraStates | None = None
+    ) -> Path:
         """A checkpoint in the middle of training, consistent with itself: every
         submitted sparse update lands first and no prefetch lookup runs during the
         snapshot. Keeps the ``KEEP_CHECKPOINTS`` newest (and the checkpoints their
-        delta chains are built on)."""
+        delta chains are built on). ``extras``: ``capture_extras()`` taken with
+        the data position (``None``: captured now)."""
         self.wait()
         started = time.perf_counter()
         updater.flush()  # Blocking wait: every submitted sparse update lands first
@@ -259,7 +272,7 @@ class Checkpointer:
             for store in self.engine.stores.values():
                 if isinstance(store, LockedStore):
                     stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
-            path = self._write(state)
+            path = self._write(state, extras=extras)
         prune_checkpoints(path.parent, keep=KEEP_CHECKPOINTS, newest=path)
         took = time.perf_counter() - started
         self._saved(path, state.step, took)
@@ -268,7 +281,9 @@ class Checkpointer:
         self.timings["checkpoints"] += 1
         return path
 
-    def save_async(self, updater: SparseUpdater, state: LoopState) -> Path:
+    def save_async(
+        self, updater: SparseUpdater, state: LoopState, extras: ExtraStates | None = None
+    ) -> Path:
         """A checkpoint in the middle of training that stalls it only while its
         parts are set apart (``output.checkpoint_async``): every submitted sparse
         update is sent; tables on parameter servers are captured by each server
@@ -291,7 +306,7 @@ class Checkpointer:
             for store in self.engine.stores.values():
                 if isinstance(store, LockedStore):
                     stack.enter_context(store.lock)  # no prefetch lookup mid-snapshot
-            snapshot = self._snapshot(state, updater)
+            snapshot = self._snapshot(state, updater, extras)
         self._pending = threading.Thread(
             target=self._commit, args=(snapshot, started), name="estuary-checkpoint", daemon=True
         )
@@ -299,7 +314,9 @@ class Checkpointer:
         self.timings["checkpoint_stall_s"] += time.perf_counter() - started
         return snapshot.staged.final
 
-    def _snapshot(self, state: LoopState, updater: SparseUpdater) -> _Snapshot:
+    def _snapshot(
+        self, state: LoopState, updater: SparseUpdater, extras: ExtraStates | None = None
+    ) -> _Snapshot:
         root = self.root()
         plan = plan_checkpoint(
             self.link, root=root, step=state.step, full_every=self.job.output.checkpoint_full_every
@@ -332,7 +349,7 @@ class Checkpointer:
             dense={k: v.detach().clone() for k, v in self.engine.model.state_dict().items()},
             optimizer=None if optimizer is None else _cloned(optimizer.state_dict()),
             metadata=metadata,
-            extras={name: extra.checkpoint_state() for name, extra in self.extras.items()},
+            extras=self.capture_extras() if extras is None else extras,
         )
 
     def _commit(self, snapshot: _Snapshot, started: float) -> None:

@@ -19,8 +19,10 @@ loop their checkpoint rules (``CheckpointRules``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -129,6 +131,11 @@ class Feed(Protocol):
     def position(self) -> dict[str, Any] | None:
         """How far the data was trained (``data_progress``), or ``None`` when the
         loop state's (epoch, epoch_step) says it all."""
+        ...
+
+    def commits_paused(self) -> AbstractContextManager[object]:
+        """While held, no row is recorded in the position by another thread (a
+        checkpoint captures the position with the state that goes with it)."""
         ...
 
     def bad_rows(self) -> int:
@@ -253,6 +260,9 @@ class EpochFeed:
 
     def position(self) -> dict[str, Any] | None:
         return None
+
+    def commits_paused(self) -> AbstractContextManager[object]:
+        return contextlib.nullcontext()  # rows are committed on the loop's thread only
 
     def bad_rows(self) -> int:
         return self.dataset.bad_rows.count
@@ -431,6 +441,11 @@ class GraphFeed:
 
     def position(self) -> dict[str, Any] | None:
         return self.progress.to_json()
+
+    def commits_paused(self) -> AbstractContextManager[object]:
+        # The mixed buffer's dropped rows are recorded as they drop, in hybrid
+        # or async mode on the read-ahead thread, with their progressive scores.
+        return self.mixed.commit_lock if self.mixed is not None else contextlib.nullcontext()
 
     def bad_rows(self) -> int:
         return self.driver.bad_rows.count if self.driver is not None else 0

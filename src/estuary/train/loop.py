@@ -226,12 +226,17 @@ class FitLoop:
         return rows_done, time.perf_counter() - t_start
 
     def _save(self, updater: SparseUpdater) -> Path:
-        position = self.feed.position()
+        # The data position and the state that goes with it (progressive figures:
+        # rows dropped by the mixed buffer are filed and recorded together, in
+        # hybrid/async mode on the read-ahead thread) are captured at one moment.
+        with self.feed.commits_paused():
+            position = self.feed.position()
+            extras = self.checkpointer.capture_extras()
         if position is not None:  # the data position goes with the model state
             self.checkpointer.data_progress = position
         if self.checkpointer.job.output.checkpoint_async and not self._final:
-            return self.checkpointer.save_async(updater, self.state)
-        return self.checkpointer.save_consistent(updater, self.state)
+            return self.checkpointer.save_async(updater, self.state, extras)
+        return self.checkpointer.save_consistent(updater, self.state, extras)
 
     def _stop(self, cadence: CheckpointCadence) -> None:
         """Checkpoint the current step (rank 0, when the feed's rules ask for it

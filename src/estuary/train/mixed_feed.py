@@ -26,7 +26,10 @@ feed's close stops the reader (``stop_reader``, ``join_reader``).
 Trained rows are recorded by the feed after their step (``GraphFeed.commit``);
 rows still in the buffer (or the arrival queue) at a checkpoint are in neither
 count, so a resume reads them again: every row is trained once or counted
-dropped once.
+dropped once. A drop is filed (``on_dropped``) and recorded under
+``commit_lock``, which a checkpoint holds while it takes the data position and
+the progressive figures (``GraphFeed.commits_paused``): in hybrid/async mode
+drops happen on the read-ahead thread, and both or neither hold each one.
 """
 
 from __future__ import annotations
@@ -232,6 +235,10 @@ class BufferedSource:
         self.on_dropped: Callable[[np.ndarray], None] | None = None
         self._arrivals: Arrivals | None = None  # live: arrival, while reading
         self._reader: threading.Thread | None = None
+        # Held while dropped rows are filed and recorded (on the read-ahead
+        # thread in hybrid/async mode) and while a checkpoint captures the data
+        # position with the progressive figures: both or neither hold them.
+        self.commit_lock = threading.Lock()
 
     @property
     def scores_on_arrival(self) -> bool:
@@ -365,10 +372,11 @@ class BufferedSource:
     def _record_dropped(self) -> None:
         dropped = self.buffer.pop_dropped()
         if dropped.size:
-            if self.on_dropped is not None:  # first: the record may end the rows' task,
-                self.on_dropped(dropped)  # after which their ids no longer decode
-            self.progress.record(dropped, dropped=True)
-            self.rows_dropped += int(dropped.size)
+            with self.commit_lock:
+                if self.on_dropped is not None:  # first: the record may end the rows' task,
+                    self.on_dropped(dropped)  # after which their ids no longer decode
+                self.progress.record(dropped, dropped=True)
+                self.rows_dropped += int(dropped.size)
 
     def summary(self) -> dict[str, Any]:
         """``summary.json``'s ``mixed_buffer``: the buffer's stats (per source:
