@@ -14,12 +14,14 @@ import pytest
 import torch
 
 from estuary.data.synthetic import SynthOutput, write_synthetic
+from estuary.data.types import Batch, JaggedIds
 from estuary.metrics import progressive_groups
 from estuary.metrics.progressive import ProgressiveStats
 from estuary.train import Trainer, TrainingStopped, checkpointer
 from estuary.train.callbacks import FaultInjection, LoopState
 from estuary.train.checkpoint import MANIFEST, read_extra
-from estuary.train.progressive import CHECKPOINT_NAME, ProgressiveEval, SeenIds
+from estuary.train.pending_scores import PendingScores
+from estuary.train.progressive import CHECKPOINT_NAME, HELD_NEW, ProgressiveEval, SeenIds
 
 from .test_progressive_eval import ROWS, STEADY, job_for
 
@@ -142,3 +144,36 @@ def test_an_unreadable_progressive_state_starts_the_figures_afresh_without_faili
     assert any("format 99" in r.getMessage() for r in caplog.records)
     fresh.restore_state(progressive.checkpoint_state())  # a readable one goes on from it
     assert fresh.stats.report() == stats.report()
+
+
+def test_a_row_read_again_stays_held_new_in_a_checkpoint_taken_as_it_arrives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A row that waited in the buffer at a checkpoint and held a new id is read
+    again after the resume; in hybrid/async mode it arrives on the read-ahead
+    thread while a checkpoint may be taken. A checkpoint just before or just
+    after its scores are held still lists it as held new."""
+    rows = np.arange(10, dtype=np.int64)
+    batch = Batch(
+        labels=np.zeros(10, np.float32),
+        dense=np.zeros((10, 1), np.float32),
+        sparse={"C1": JaggedIds.single(rows + 1_000)},
+        row_ids=rows,
+    )
+    probs = np.full(10, 0.5, np.float32)
+    first = ProgressiveEval(cast(Any, None), ProgressiveStats("all rows"))
+    first.hold_scores(batch, probs)  # every row holds a new id, and waits
+    resumed = ProgressiveEval(cast(Any, None), ProgressiveStats("all rows"))
+    resumed.restore_state(first.checkpoint_state())
+    captured: list[set[int]] = []
+    hold = PendingScores.hold
+
+    def holding(self: PendingScores, *args: Any, **kwargs: Any) -> None:
+        captured.append(set(resumed.checkpoint_state()[HELD_NEW].tolist()))
+        hold(self, *args, **kwargs)
+        captured.append(set(resumed.checkpoint_state()[HELD_NEW].tolist()))
+
+    monkeypatch.setattr(PendingScores, "hold", holding)
+    resumed.hold_scores(batch, probs)  # read again
+    assert captured == [set(rows.tolist())] * 2
+    assert set(resumed.checkpoint_state()[HELD_NEW].tolist()) == set(rows.tolist())

@@ -187,9 +187,14 @@ class ProgressiveEval:
         stats = {f"stats.{k}": v for k, v in stats_arrays(self.stats).items()}
         seen = {f"seen_ids.{k}": v for k, v in self.seen.state().items()}
         # After the bitmap: a row arriving between the two copies is in both.
+        # Rows waiting since before the last resume, not yet read again, before
+        # the held rows: ``hold_scores`` (on the read-ahead thread in hybrid or
+        # async mode) holds a row before it leaves ``_held_new``, so a row read
+        # again meanwhile is in one of the two.
+        before = self._held_new
         held_new = self.pending.new_row_ids()
-        if self._held_new is not None:  # waiting since before the last resume, not yet read again
-            held_new = np.union1d(held_new, self._held_new)
+        if before is not None:
+            held_new = np.union1d(held_new, before)
         tensors = {**stats, **seen, HELD_NEW: held_new}
         return {k: torch.from_numpy(v) for k, v in tensors.items()}
 
@@ -233,13 +238,14 @@ class ProgressiveEval:
         labels = batch.labels.astype(np.int8)
         new = self.seen.new_rows(batch)
         held = self._held_new
-        if held is not None:  # read again after a resume: new as on the first arrival
-            again = np.isin(batch.row_ids, held)
-            if again.any():
-                new |= again
-                rest = np.setdiff1d(held, batch.row_ids[again], assume_unique=True)
-                self._held_new = rest if rest.shape[0] else None
+        again = None if held is None else np.isin(batch.row_ids, held)
+        if again is not None:  # read again after a resume: new as on the first arrival
+            new |= again
         self.pending.hold(batch.row_ids, labels, np.asarray(probs, np.float32), new)
+        if held is not None and again is not None and again.any():
+            # Out of _held_new once held (checkpoint_state reads it first).
+            rest = np.setdiff1d(held, batch.row_ids[again], assume_unique=True)
+            self._held_new = rest if rest.shape[0] else None
 
     def file_trained(self, row_ids: Int64Array | None) -> None:
         """The held scores of a step's rows ``row_ids`` (every rank's), with their
