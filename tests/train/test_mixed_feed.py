@@ -66,6 +66,8 @@ def job_for(root: Path, buffer: dict[str, Any] | None, **over: Any) -> JobSpec:
     }
     if "train_mode" in over:
         train["mode"] = over.pop("train_mode")
+    if "sparse_placement" in over:
+        train["sparse_placement"] = over.pop("sparse_placement")
     output = {"dir": "out", "progress": False, **over.pop("output", {})}
     return job_from_dict(
         {
@@ -282,7 +284,8 @@ def test_in_hybrid_mode_a_checkpoint_takes_the_position_and_the_figures_together
     out = {
         "output": {"dir": str(tmp_path / "out"), "checkpoint": True, "checkpoint_every_steps": 2}
     }
-    job = job_for(data_root, SURGE, train_mode="hybrid", **out)
+    # background: the read-ahead thread even on a one-core machine (auto would run inline)
+    job = job_for(data_root, SURGE, train_mode="hybrid", sparse_placement="background", **out)
     with pytest.raises(TrainingStopped):
         Trainer(job, callbacks=[StopAt(7)]).fit()
     resumed = Trainer(job)
