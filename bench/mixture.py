@@ -65,11 +65,11 @@ same window with 12.5x its rows (more draws of the same hour, the window's own
 rows among them), arriving at 10x the training rate for as many ticks as the
 window lasts without the surge, against ``surge``'s no-surge runs.
 ``<key>.keep_pace`` (``--no-surge-keep-pace`` skips it): the reference, not a
-policy: a trainer with the compute to keep pace with the surge (10x the steps
-during it, through a fifo buffer that sheds nothing), scored on arrival as the
-policies are. Its drop is what the surge costs with nothing shed and no step
-skipped: a policy with one step a tick trains a tenth of its steps in the surge
-(docs/mixture.md has where that still comes level).
+policy: a trainer with the compute to keep pace with the surge (it trains every
+row that came each tick, in the no-surge run's 80-row steps, through a fifo
+buffer that sheds nothing), scored on arrival as the policies are. Its drop is
+what the surge costs with nothing shed and no step skipped; a policy with one
+step a tick takes about a twelfth of its steps in the replayed hour.
 ``--surge-seeds`` (10) seeds; each policy's ``priority_minus_it``: priority's
 AUC minus its, paired by seed (mean, sd, seeds priority is ahead).
 Priority's buffer: recency order, ``--surge-label-weight`` (1),
@@ -434,12 +434,16 @@ def surge_run(
     over all of them, and ``surge_window_own_rows_auc`` over the no-surge
     window's own rows among them.
 
-    ``keep_pace``: a reference, not a policy. The trainer takes as many steps
-    a tick as it takes to train every row that came (10 during the replay),
-    through a fifo buffer large enough to shed nothing;
-    rows are still scored on arrival. Its drop is what the surge costs when
-    nothing is shed and no step is skipped: the cost of the rows arriving faster
-    than event time."""
+    ``keep_pace`` (with a ``policy``): a reference, not a policy. Each tick the
+    trainer trains every row that came, in steps of the no-surge run's (0.8x
+    ``batch_size`` rows: what arrives in a tick), through a fifo buffer large
+    enough to shed nothing, so during the replay it takes the steps the
+    no-surge run takes for the same rows (13 a tick where the no-surge run
+    takes 12.5); rows are still scored on arrival. Its drop is what the surge
+    costs when nothing is shed and no step is skipped: the cost of the rows
+    arriving faster than event time, scored before they can be trained."""
+    if keep_pace and policy is None:
+        raise ValueError("keep_pace is a surge run: give it a policy (its buffer is fifo)")
     run = build(data, seed, True, args)
     for batch in data.history:
         run.step(batch)
@@ -473,9 +477,14 @@ def surge_run(
     tick = 0
     window_aucs = []
 
-    def train_one() -> None:
-        batch = buffer.take(size)
+    steps = 0
+    pace = size * 4 // 5  # keep_pace's step: a no-surge tick's rows
+
+    def train_one(rows: int = size) -> None:
+        nonlocal steps
+        batch = buffer.take(rows)
         if batch is not None:
+            steps += 1
             run.step(batch)
             assert batch.row_ids is not None
             lags.append(tick - batch.row_ids)
@@ -509,7 +518,10 @@ def surge_run(
                     backlog[0] = (rest.slice(taken, rest.num_rows), scores[taken:])
                     break
                 backlog.pop(0)
-            for _ in range(-(-arriving.num_rows // size) if keep_pace else 1):
+            if keep_pace:  # every row that came, in the no-surge run's steps
+                while buffer.rows:
+                    train_one(pace)
+            else:
                 train_one()
             tick += 1
         scored = np.concatenate(probs)
@@ -521,6 +533,7 @@ def surge_run(
     return {
         "windows": window_aucs,
         "mean": float(np.mean(window_aucs)),
+        "steps": steps,
         "kept_fraction": (stats["taken"])
         / max(1, stats["offered"] + sum(b.num_rows for b, _ in backlog)),
         "lag_p50_ticks": float(np.percentile(lag, 50)),
@@ -628,14 +641,6 @@ def surge_figures(
         f"(no-surge {base_windows[at]:.4f}): auc_drop >= {bound:.4f} from that window alone "
         "if it trained nothing and every other window matched the no-surge run"
     )
-    if "keep_pace" in runs:
-        out["keep_pace"] = keep_pace_figures(runs, base, base_windows)
-        k = out["keep_pace"]
-        print(
-            f"  keep pace (10x the steps in the surge, nothing shed): auc_drop "
-            f"{k['auc_drop']:+.4f} [{' '.join(f'{a:.4f}' for a in k['windows'])}]; "
-            f"drop over 0.003 in {k['seeds_over_0.003']} of {len(k['auc_by_seed'])} seeds"
-        )
     for policy in policies:
         rs = runs[policy]
         fig = {
@@ -682,27 +687,52 @@ def surge_figures(
                 f"            priority - {policy}: {d['mean']:+.4f} (sd {d['sd']:.4f} over seeds; "
                 f"priority ahead in {d['seeds_priority_ahead']} of {d['seeds']})"
             )
+    if "keep_pace" in runs:
+        k = out["keep_pace"] = keep_pace_figures(runs, base, out.get("priority"))
+        print(
+            f"  keep pace (every row trained, in the no-surge run's steps; a reference): "
+            f"auc_drop {k['auc_drop']:+.4f} [{' '.join(f'{a:.4f}' for a in k['windows'])}]; "
+            f"drop over 0.003 in {k['seeds_over_0.003']} of {len(k['auc_by_seed'])} seeds"
+        )
+        if "priority_minus_it" in k:
+            d = k["priority_minus_it"]
+            print(
+                f"            priority - keep pace: {d['mean']:+.4f} (sd {d['sd']:.4f} over "
+                f"seeds; priority ahead in {d['seeds_priority_ahead']} of {d['seeds']})"
+            )
     return out
 
 
 def keep_pace_figures(
-    runs: dict[str, list[dict[str, Any]]], base: float, base_windows: np.ndarray
+    runs: dict[str, list[dict[str, Any]]], base: float, priority: dict[str, Any] | None
 ) -> dict[str, Any]:
     """``surge_run(keep_pace=True)``'s figures: its drop from the no-surge run
-    (mean, per window, per seed paired with the no-surge run's seeds)."""
+    (mean, per window, per seed paired with the no-surge run's seeds), and
+    ``priority``'s AUC minus it, paired by seed."""
     rs = runs["keep_pace"]
     means = np.array([r["mean"] for r in rs])
     drops = np.array([r["mean"] for r in runs["no_surge"]]) - means
     windows = np.mean([r["windows"] for r in rs], axis=0)
-    return {
+    out: dict[str, Any] = {
         "auc": float(means.mean()),
         "auc_drop": base - float(means.mean()),
         "auc_by_seed": [round(float(m), 4) for m in means],
-        "drop_by_seed": [round(float(d), 4) for d in drops],
+        "drop_by_seed": [float(d) for d in drops],
         "seeds_over_0.003": int((drops > 0.003).sum()),
         "windows": windows.round(4).tolist(),
         "kept_fraction": float(np.mean([r["kept_fraction"] for r in rs])),
+        "steps": float(np.mean([r["steps"] for r in rs])),
+        "no_surge_steps": float(np.mean([r["steps"] for r in runs["no_surge"]])),
     }
+    if priority is not None:
+        diff = np.array(priority["auc_by_seed"]) - np.array(out["auc_by_seed"])
+        out["priority_minus_it"] = {
+            "mean": float(diff.mean()),
+            "sd": float(diff.std(ddof=1)) if diff.size > 1 else float("nan"),
+            "seeds_priority_ahead": int((diff > 0).sum()),
+            "seeds": int(diff.size),
+        }
+    return out
 
 
 def arguments() -> argparse.ArgumentParser:

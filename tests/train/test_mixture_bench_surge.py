@@ -74,7 +74,7 @@ def test_traffic_surge_run_scores_every_row_within_the_buffer(
 
 
 @pytest.mark.parametrize("traffic", [False, True])
-def test_keep_pace_trains_every_row_with_as_many_steps_as_the_surge_needs(
+def test_keep_pace_trains_every_row_in_the_no_surge_runs_steps(
     bench: ModuleType, traffic: bool
 ) -> None:
     args = bench.arguments().parse_args(["--batch-size", "50", "--surge-buffer-rows", "200"])
@@ -86,9 +86,22 @@ def test_keep_pace_trains_every_row_with_as_many_steps_as_the_surge_needs(
     assert counts["offered"] == counts["taken"] == arrived  # nothing shed, nothing left
     assert run["kept_fraction"] == 1.0 and run["backlog_rows_at_end"] == 0
     assert counts["sampled_out"] == counts["evicted"] == counts["expired"] == 0
-    # window 0 at 40 rows a tick (one step each); the surge at 500 a tick: 10 steps a tick
-    assert run["lag_p99_ticks"] <= 1
+    assert run["lag_p99_ticks"] == 0  # every row trained in the tick it came
+    # Steps of 40 rows (a no-surge tick's): window 0 is 10 ticks of 40 rows; the
+    # surge arrives 500 rows a tick: the replay's 400 rows in one tick (10
+    # steps, as many as the no-surge run takes for them), the traffic's 5,000 in
+    # 10 ticks of 13 steps (12 of 40 rows, one of 20).
+    no_surge = bench.surge_run(data, 0, args, None)
+    assert no_surge["steps"] == 20
+    assert run["steps"] == (10 + 10 * 13 if traffic else 20)
     assert len(run["windows"]) == 2 and all(0.4 < a <= 1 for a in run["windows"])
+
+
+def test_keep_pace_needs_a_surge(bench: ModuleType) -> None:
+    args = bench.arguments().parse_args(["--batch-size", "50", "--surge-buffer-rows", "200"])
+    data = bench.synthetic("abrupt", 0, 400, 4, 50)
+    with pytest.raises(ValueError, match="keep_pace"):
+        bench.surge_run(data, 0, args, None, keep_pace=True)
 
 
 def test_surge_reports_keep_pace_paired_with_the_no_surge_runs(bench: ModuleType) -> None:
@@ -99,12 +112,17 @@ def test_surge_reports_keep_pace_paired_with_the_no_surge_runs(bench: ModuleType
             "--surge-steady-at", "-1", "--no-surge-traffic",
         ]
     )  # fmt: skip
-    report = bench.surge(args)
-    keep = report["surge"]["keep_pace"]
+    report = bench.surge(args)["surge"]
+    keep = report["keep_pace"]
     assert len(keep["drop_by_seed"]) == 2 and keep["kept_fraction"] == 1.0
-    no_surge = report["surge"]["no_surge"]["auc_by_seed"]
-    for base, auc, drop in zip(no_surge, keep["auc_by_seed"], keep["drop_by_seed"], strict=True):
-        assert drop == pytest.approx(base - auc, abs=2e-4)
+    assert keep["steps"] == keep["no_surge_steps"]  # the replay: as many steps, all at once
+    for base, auc, drop in zip(
+        report["no_surge"]["auc_by_seed"], keep["auc_by_seed"], keep["drop_by_seed"], strict=True
+    ):
+        assert drop == pytest.approx(base - auc, abs=2e-4)  # by seed (the AUCs are rounded)
     assert keep["seeds_over_0.003"] == sum(d > 0.003 for d in keep["drop_by_seed"])
+    paired = np.array(report["priority"]["auc_by_seed"]) - np.array(keep["auc_by_seed"])
+    assert keep["priority_minus_it"]["mean"] == pytest.approx(paired.mean())
+    assert keep["priority_minus_it"]["seeds_priority_ahead"] == int((paired > 0).sum())
     args.no_surge_keep_pace = True
     assert "keep_pace" not in bench.surge(args)["surge"]
