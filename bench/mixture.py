@@ -665,13 +665,7 @@ def surge_figures(
             ),
         }
         if policy != "priority" and "priority" in out:  # paired by seed: the same data
-            diff = np.array(out["priority"]["auc_by_seed"]) - np.array(fig["auc_by_seed"])
-            fig["priority_minus_it"] = {
-                "mean": float(diff.mean()),
-                "sd": float(diff.std(ddof=1)) if diff.size > 1 else float("nan"),
-                "seeds_priority_ahead": int((diff > 0).sum()),
-                "seeds": int(diff.size),
-            }
+            fig["priority_minus_it"] = priority_minus(out["priority"], fig)
         out[policy] = fig
         print(
             f"  {policy:<9} auc_drop {fig['auc_drop']:+.4f}  kept {fig['kept_fraction']:.3f}  "
@@ -681,12 +675,7 @@ def surge_figures(
             f"[{' '.join(f'{a:.0f}' for a in fig['lag_p99_ticks_by_window'])}]  "
             f"window {at} on its own rows {fig['surge_window_own_rows_auc']:.4f}"
         )
-        if "priority_minus_it" in fig:
-            d = fig["priority_minus_it"]
-            print(
-                f"            priority - {policy}: {d['mean']:+.4f} (sd {d['sd']:.4f} over seeds; "
-                f"priority ahead in {d['seeds_priority_ahead']} of {d['seeds']})"
-            )
+        print_priority_minus(fig, policy)
     if "keep_pace" in runs:
         k = out["keep_pace"] = keep_pace_figures(runs, base, out.get("priority"))
         print(
@@ -694,12 +683,7 @@ def surge_figures(
             f"auc_drop {k['auc_drop']:+.4f} [{' '.join(f'{a:.4f}' for a in k['windows'])}]; "
             f"drop over 0.003 in {k['seeds_over_0.003']} of {len(k['auc_by_seed'])} seeds"
         )
-        if "priority_minus_it" in k:
-            d = k["priority_minus_it"]
-            print(
-                f"            priority - keep pace: {d['mean']:+.4f} (sd {d['sd']:.4f} over "
-                f"seeds; priority ahead in {d['seeds_priority_ahead']} of {d['seeds']})"
-            )
+        print_priority_minus(k, "keep pace")
     return out
 
 
@@ -725,14 +709,28 @@ def keep_pace_figures(
         "no_surge_steps": float(np.mean([r["steps"] for r in runs["no_surge"]])),
     }
     if priority is not None:
-        diff = np.array(priority["auc_by_seed"]) - np.array(out["auc_by_seed"])
-        out["priority_minus_it"] = {
-            "mean": float(diff.mean()),
-            "sd": float(diff.std(ddof=1)) if diff.size > 1 else float("nan"),
-            "seeds_priority_ahead": int((diff > 0).sum()),
-            "seeds": int(diff.size),
-        }
+        out["priority_minus_it"] = priority_minus(priority, out)
     return out
+
+
+def priority_minus(priority: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Priority's AUC minus ``other``'s, paired by seed (the same data)."""
+    diff = np.array(priority["auc_by_seed"]) - np.array(other["auc_by_seed"])
+    return {
+        "mean": float(diff.mean()),
+        "sd": float(diff.std(ddof=1)) if diff.size > 1 else float("nan"),
+        "seeds_priority_ahead": int((diff > 0).sum()),
+        "seeds": int(diff.size),
+    }
+
+
+def print_priority_minus(fig: dict[str, Any], name: str) -> None:
+    if "priority_minus_it" in fig:
+        d = fig["priority_minus_it"]
+        print(
+            f"            priority - {name}: {d['mean']:+.4f} (sd {d['sd']:.4f} over seeds; "
+            f"priority ahead in {d['seeds_priority_ahead']} of {d['seeds']})"
+        )
 
 
 def arguments() -> argparse.ArgumentParser:
