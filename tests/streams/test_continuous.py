@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -157,15 +158,17 @@ class Live(Callback):
             self.arrive()
 
 
-def run_until(trainer: Trainer, live: Live, rows: int, timeout_s: float = 90) -> FitResult:
-    """Fit; once ``rows`` rows were trained and the reader waits, stop it (SIGTERM's
-    ``request_stop``). The stop ends the run normally."""
+def fit_stopped_when(
+    trainer: Trainer, ready: Callable[[], bool], timeout_s: float, then_s: float = 0.0
+) -> FitResult:
+    """Fit; once ``ready()`` (or after ``timeout_s``) and ``then_s`` more, stop
+    it (SIGTERM's ``request_stop``) from another thread."""
 
     def stopper() -> None:
         deadline = time.monotonic() + timeout_s
-        while live.rows < rows and time.monotonic() < deadline:
+        while not ready() and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.5)  # the reader now waits for the stream
+        time.sleep(then_s)
         trainer.request_stop("SIGTERM")
 
     thread = threading.Thread(target=stopper, daemon=True)
@@ -173,7 +176,13 @@ def run_until(trainer: Trainer, live: Live, rows: int, timeout_s: float = 90) ->
     try:
         return trainer.fit(progress=False)
     finally:
-        thread.join(timeout=timeout_s + 5)
+        thread.join(timeout=timeout_s + then_s + 5)
+
+
+def run_until(trainer: Trainer, live: Live, rows: int, timeout_s: float = 90) -> FitResult:
+    """Fit; once ``rows`` rows were trained and the reader waits (0.5 s later),
+    stop it. The stop ends the run normally."""
+    return fit_stopped_when(trainer, lambda: live.rows >= rows, timeout_s, then_s=0.5)
 
 
 def test_history_then_a_live_stream_until_stopped_then_resume(

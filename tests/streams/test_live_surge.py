@@ -24,6 +24,7 @@ from .test_continuous import (
     HISTORY_HOURS,
     PER_HOUR,
     continuous_dict,
+    fit_stopped_when,
     publish,
     push,
     write_history,
@@ -53,21 +54,9 @@ class SlowSteps(Callback):
 def fit_until_idle(trainer: Trainer, slow: SlowSteps, idle_s: float = 3.0) -> FitResult:
     """Fit; once steps came and then none for ``idle_s`` (the reader waits for
     the stream), stop."""
-
-    def stopper() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (
-            slow.steps == 0 or time.monotonic() - slow.last < idle_s
-        ):
-            time.sleep(0.05)
-        trainer.request_stop("SIGTERM")
-
-    thread = threading.Thread(target=stopper, daemon=True)
-    thread.start()
-    try:
-        return trainer.fit(progress=False)
-    finally:
-        thread.join(timeout=130)
+    return fit_stopped_when(
+        trainer, lambda: slow.steps > 0 and time.monotonic() - slow.last >= idle_s, 120
+    )
 
 
 def settle(spec: JobSpec, root: Path, total: int, extra: dict[str, Any]) -> dict[str, Any]:
